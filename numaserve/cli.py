@@ -1,0 +1,116 @@
+"""The `numaserve` command. Errors a user can fix print one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from numaserve import __version__
+from numaserve.config import ConfigError, load_config
+from numaserve.cpulist import CPUListError, parse_cpulist
+from numaserve.placement import PlacementError, format_plan, plan_placement
+from numaserve.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
+
+
+class UserError(click.ClickException):
+    """A mistake in what the user gave us (config, flags): exit 2, like a usage error."""
+
+    exit_code = 2
+
+
+class MachineError(click.ClickException):
+    """The machine could not be read."""
+
+    exit_code = 1
+
+
+def _topology(sysfs_root: str | None, allowed_cpus: str | None):
+    try:
+        allowed = parse_cpulist(allowed_cpus) if allowed_cpus is not None else None
+    except CPUListError as e:
+        raise UserError(f"--allowed-cpus: {e}") from None
+    try:
+        return read_topology(sysfs_root or LIVE_SYSFS, allowed_cpus=allowed)
+    except TopologyError as e:
+        raise MachineError(str(e)) from None
+
+
+def _print_json(data: dict) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+sysfs_option = click.option(
+    "--sysfs-root",
+    type=click.Path(file_okay=False),
+    help="Read the topology from DIR instead of /sys (DIR/devices/system/cpu/...).",
+)
+allowed_option = click.option(
+    "--allowed-cpus",
+    metavar="LIST",
+    help="Place only on these CPUs (kernel list format, e.g. 0-23,48-71). Default: this "
+    "process's affinity on /sys, every online CPU with --sysfs-root.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print stable JSON.")
+config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="YAML config file (see docs/configuration.md).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="numaserve")
+def main() -> None:
+    """Serve BERT-like models from pinned, NUMA-local CPU instances."""
+
+
+@main.command()
+@sysfs_option
+@allowed_option
+@json_option
+def topology(sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) -> None:
+    """Show sockets, NUMA nodes, physical cores and their hardware threads."""
+    topo = _topology(sysfs_root, allowed_cpus)
+    if as_json:
+        _print_json(topo.to_json())
+    else:
+        click.echo(format_topology(topo))
+
+
+@main.command()
+@config_option
+@sysfs_option
+@allowed_option
+@json_option
+def plan(config_path: str, sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) -> None:
+    """Show where each instance of CONFIG would run, without starting anything."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    topo = _topology(sysfs_root, allowed_cpus)
+    try:
+        result = plan_placement(topo, config.placement)
+    except PlacementError as e:
+        raise UserError(f"{config_path}: cannot place: {e}") from None
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        click.echo(format_plan(result))
+
+
+@main.command()
+@config_option
+def start(config_path: str) -> None:
+    """Run the server in the foreground."""
+    try:
+        load_config(config_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    raise MachineError(
+        "serving is not available yet: the worker, router and supervisor are still being "
+        "built (see the README's status). `numaserve plan --config FILE` shows the placement."
+    )

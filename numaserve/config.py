@@ -1,0 +1,238 @@
+"""The YAML configuration, parsed into frozen dataclasses and validated key by key.
+
+Every field's type hint is its schema; `metadata` adds bounds. An error names the file and the
+dotted key (`placement.pools[1].cores_per_instance`) so the fix is obvious from one line.
+Every key is documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Union
+
+import yaml
+
+AUTO = "auto"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dict:
+    return {"min": lo, "max": hi}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
+    path: str = "bundled:minilm"
+    task: Literal["embed", "classify"] = "embed"
+    backend: Literal["torch"] = "torch"
+    quantize: Literal["int8", "none"] = "int8"
+    # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
+    padding: Literal["dynamic", "max_length"] = "dynamic"
+    max_length: int = field(default=256, metadata=_bounds(1, 8192))
+    # true: longer texts are cut to max_length and the reply says so; false: they are refused.
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    endpoint: str = "tcp://127.0.0.1:5555"
+    cache_entries: int = field(default=100_000, metadata=_bounds(0))
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    max_tokens: int = field(metadata=_bounds(1))
+    cores_per_instance: int = field(default=1, metadata=_bounds(1))
+    instances: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1))
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    reserved_cores: int = field(default=0, metadata=_bounds(0))
+    smt: bool = False
+    pools: tuple[PoolConfig, ...] = (PoolConfig(name="default", max_tokens=512),)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    server: ServerConfig = ServerConfig()
+    placement: PlacementConfig = PlacementConfig()
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    return parse_config(text, source=str(path))
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+    if data is None:
+        data = {}
+    config = _build(Config, data, source, "")
+    config = dataclasses.replace(config, source=source)
+    _check_semantics(config, source)
+    return config
+
+
+def _build(cls: type, data: object, source: str, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: {where or 'top level'}: expected a mapping, got {_kind(data)}"
+        )
+    hints = typing.get_type_hints(cls)
+    public = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    for key in data:
+        if key not in public:
+            known = ", ".join(public)
+            raise ConfigError(
+                f"{source}: {_join(where, str(key))}: unknown key (known keys: {known})"
+            )
+    values = {}
+    for name, f in public.items():
+        key = _join(where, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{source}: {key}: required key is missing")
+            continue
+        values[name] = _convert(hints[name], data[name], source, key, f.metadata)
+    return cls(**values)
+
+
+def _convert(hint, value, source: str, key: str, meta):
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, source, key)
+    if origin is tuple:  # tuple[X, ...]: a YAML list
+        (item, _) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {key}: expected a list, got {_kind(value)}")
+        return tuple(_convert(item, v, source, f"{key}[{i}]", {}) for i, v in enumerate(value))
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            allowed = ", ".join(str(c) for c in choices)
+            raise ConfigError(f"{source}: {key}: must be one of {allowed}; got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):  # a type or named words, as in `int | Literal["auto"]`
+        args = typing.get_args(hint)
+        words = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+        if value in words and not isinstance(value, bool):
+            return value
+        (other,) = [a for a in args if typing.get_origin(a) is not Literal]
+        if isinstance(value, bool) or not isinstance(value, other):
+            choices = " or ".join([_type_word(other)] + [repr(w) for w in words])
+            raise ConfigError(f"{source}: {key}: expected {choices}, got {_kind(value)}")
+        return _convert(other, value, source, key, meta)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key}: expected true or false, got {_kind(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {key}: expected an integer, got {_kind(value)}")
+        lo, hi = meta.get("min"), meta.get("max")
+        if lo is not None and value < lo:
+            raise ConfigError(f"{source}: {key}: must be >= {lo}; got {value}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{source}: {key}: must be <= {hi}; got {value}")
+        return value
+    if hint is str:
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{source}: {key}: expected a non-empty string, got {_kind(value)}")
+        return value
+    raise TypeError(f"config schema: unsupported type {hint!r} at {key}")  # a bug in this module
+
+
+def _check_semantics(config: Config, source: str) -> None:
+    """Rules that span keys, or that no field's type can say."""
+    if not re.fullmatch(r"(tcp|ipc)://\S+", config.server.endpoint):
+        raise ConfigError(
+            f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
+            f"or ipc:///run/numaserve.sock; got {config.server.endpoint!r}"
+        )
+    pools = config.placement.pools
+    if not pools:
+        raise ConfigError(f"{source}: placement.pools: at least one pool is required")
+    seen: dict[str, int] = {}
+    for i, pool in enumerate(pools):
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", pool.name):
+            raise ConfigError(
+                f"{source}: placement.pools[{i}].name: use 1-32 letters, digits, '-' or '_' "
+                f"(it names instances and log lines); got {pool.name!r}"
+            )
+        if pool.name in seen:
+            raise ConfigError(
+                f"{source}: placement.pools[{i}].name: {pool.name!r} is already the name of "
+                f"placement.pools[{seen[pool.name]}]"
+            )
+        seen[pool.name] = i
+    by_limit: dict[int, int] = {}
+    for i, pool in enumerate(pools):
+        if pool.max_tokens in by_limit:
+            raise ConfigError(
+                f"{source}: placement.pools[{i}].max_tokens: {pool.max_tokens} is also the limit "
+                f"of placement.pools[{by_limit[pool.max_tokens]}]; each pool needs its own length "
+                "band"
+            )
+        by_limit[pool.max_tokens] = i
+    autos = [i for i, p in enumerate(pools) if p.instances == AUTO]
+    if len(autos) > 1:
+        raise ConfigError(
+            f"{source}: placement.pools[{autos[1]}].instances: only one pool may be 'auto' "
+            f"(placement.pools[{autos[0]}] already is); give the others a number"
+        )
+    longest = max(p.max_tokens for p in pools)
+    if longest < config.model.max_length:
+        raise ConfigError(
+            f"{source}: placement.pools: the largest max_tokens is {longest} but "
+            f"model.max_length is {config.model.max_length}, so texts of {longest + 1}-"
+            f"{config.model.max_length} tokens would have no pool; raise a pool's max_tokens "
+            "or lower model.max_length"
+        )
+
+
+def pools_by_length(config: Config) -> tuple[PoolConfig, ...]:
+    """Pools in dispatch order: the smallest length band first."""
+    return tuple(sorted(config.placement.pools, key=lambda p: p.max_tokens))
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _type_word(hint) -> str:
+    return {int: "an integer", str: "a string", bool: "true or false"}.get(hint, str(hint))
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,204 @@
+"""Machines described as data, written out as sysfs trees the way Linux lays them out.
+
+`python tests/sysfs_machines.py` regenerates the committed trees in tests/fixtures/sysfs/,
+each named after the real machine whose numbering it copies. The property tests write
+random machines the same way and check that the reader recovers them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from numaserve.cpulist import format_cpulist
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+
+
+@dataclass(frozen=True)
+class Cpu:
+    id: int
+    package: int
+    die: int
+    core_id: int
+    node: int
+    online: bool = True
+
+
+@dataclass
+class Machine:
+    name: str
+    cpus: list[Cpu]
+    node_memory_mb: dict[int, int]  # every node, memory-only ones included
+    online_file: bool = True
+    smt_control: str = "on"
+    notes: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def siblings(self, cpu: Cpu) -> list[int]:
+        return sorted(
+            c.id
+            for c in self.cpus
+            if (c.package, c.die, c.core_id) == (cpu.package, cpu.die, cpu.core_id)
+        )
+
+    def expected_cores(self) -> list[tuple[int, ...]]:
+        """Online threads of each core that has one, lowest thread first."""
+        groups: dict[tuple, list[int]] = {}
+        for c in self.cpus:
+            if c.online:
+                groups.setdefault((c.package, c.die, c.core_id), []).append(c.id)
+        return sorted(tuple(sorted(v)) for v in groups.values())
+
+    def write(self, root: Path) -> Path:
+        cpu_dir = root / "devices" / "system" / "cpu"
+        node_dir = root / "devices" / "system" / "node"
+        cpu_dir.mkdir(parents=True, exist_ok=True)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        all_ids = [c.id for c in self.cpus]
+        online = [c.id for c in self.cpus if c.online]
+        _write(cpu_dir / "possible", format_cpulist(all_ids))
+        _write(cpu_dir / "present", format_cpulist(all_ids))
+        if self.online_file:
+            _write(cpu_dir / "online", format_cpulist(online))
+        _write(cpu_dir / "offline", format_cpulist(set(all_ids) - set(online)))
+        _write(cpu_dir / "smt" / "control", self.smt_control)
+        for c in self.cpus:
+            d = cpu_dir / f"cpu{c.id}"
+            d.mkdir(exist_ok=True)
+            if c.id != 0:  # the boot CPU has no online switch
+                _write(d / "online", "1" if c.online else "0")
+            if not c.online:
+                continue  # the kernel removes topology/ while a CPU is offline
+            sib = format_cpulist(self.siblings(c))
+            _write(d / "topology" / "physical_package_id", str(c.package))
+            _write(d / "topology" / "die_id", str(c.die))
+            _write(d / "topology" / "core_id", str(c.core_id))
+            _write(d / "topology" / "core_cpus_list", sib)
+            _write(d / "topology" / "thread_siblings_list", sib)
+        nodes = sorted(self.node_memory_mb)
+        _write(node_dir / "possible", format_cpulist(nodes))
+        _write(node_dir / "online", format_cpulist(nodes))
+        _write(node_dir / "has_cpu", format_cpulist({c.node for c in self.cpus if c.online}))
+        _write(node_dir / "has_memory", format_cpulist(n for n in nodes if self.node_memory_mb[n]))
+        for n in nodes:
+            cpus = [c.id for c in self.cpus if c.node == n]
+            _write(node_dir / f"node{n}" / "cpulist", format_cpulist(cpus))
+            kb = self.node_memory_mb[n] * 1024
+            _write(
+                node_dir / f"node{n}" / "meminfo",
+                f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb // 2} kB\n",
+            )
+        for rel, text in self.extra.items():
+            _write(root / rel, text)
+        return root
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + ("" if text.endswith("\n") else "\n"))
+
+
+def xeon8260_2socket() -> Machine:
+    """2x Xeon Platinum 8260, 24 cores each, HT on: 0-23,48-71 on node 0; 24-47,72-95 on node 1.
+
+    Cascade Lake core_ids are sparse (0-5, 8-13, 16-21, 24-29) and repeat in each package.
+    """
+    core_ids = [b + k for b in (0, 8, 16, 24) for k in range(6)]
+    cpus = [
+        Cpu(id=t * 48 + s * 24 + i, package=s, die=0, core_id=core_ids[i], node=s)
+        for t in range(2)
+        for s in range(2)
+        for i in range(24)
+    ]
+    return Machine("xeon8260_2socket", cpus, {0: 196608, 1: 196608})
+
+
+def epyc7402_2socket_nps4() -> Machine:
+    """2x EPYC 7402 (24 cores, 8 CCX of 3) in NPS4: 4 nodes of 6 cores per socket."""
+    cpus = [
+        Cpu(
+            id=t * 48 + s * 24 + i,
+            package=s,
+            die=0,
+            core_id=(i // 3) * 4 + i % 3,
+            node=s * 4 + i // 6,
+        )
+        for t in range(2)
+        for s in range(2)
+        for i in range(24)
+    ]
+    return Machine("epyc7402_2socket_nps4", cpus, {n: 32768 for n in range(8)})
+
+
+def xeon6980p_snc3() -> Machine:
+    """Xeon 6980P, 128 cores, HT on, SNC3: three sub-NUMA nodes of 43, 43 and 42 cores."""
+    cpus = [
+        Cpu(id=t * 128 + i, package=0, die=i // 43, core_id=i, node=min(i // 43, 2))
+        for t in range(2)
+        for i in range(128)
+    ]
+    return Machine("xeon6980p_snc3", cpus, {0: 262144, 1: 262144, 2: 253952})
+
+
+def xeon_e2288g_smt_off() -> Machine:
+    """Xeon E-2288G, 8 cores, booted with `nosmt`: siblings 8-15 exist but are offline."""
+    cpus = [
+        Cpu(id=t * 8 + i, package=0, die=0, core_id=i, node=0, online=t == 0)
+        for t in range(2)
+        for i in range(8)
+    ]
+    return Machine("xeon_e2288g_smt_off", cpus, {0: 65536}, smt_control="off")
+
+
+def xeon8380_cxl_offline() -> Machine:
+    """Xeon Platinum 8380 (40 cores, HT) with a CXL memory expander as memory-only node 1.
+
+    Cores 38 and 39 are offline entirely (CPUs 38, 39, 78, 79), and CPU 50, the sibling of
+    CPU 10, is offline alone.
+    """
+    offline = {38, 39, 78, 79, 50}
+    cpus = [
+        Cpu(id=t * 40 + i, package=0, die=0, core_id=i, node=0, online=(t * 40 + i) not in offline)
+        for t in range(2)
+        for i in range(40)
+    ]
+    return Machine("xeon8380_cxl_offline", cpus, {0: 524288, 1: 131072})
+
+
+def xeon_e5_2690v4_interleaved() -> Machine:
+    """2x Xeon E5-2690 v4 (14 cores, HT) whose firmware numbers CPUs alternately by socket."""
+    core_ids = [*range(7), *range(8, 15)]
+    cpus = [
+        Cpu(id=2 * (t * 14 + i) + s, package=s, die=0, core_id=core_ids[i], node=s)
+        for t in range(2)
+        for i in range(14)
+        for s in range(2)
+    ]
+    return Machine("xeon_e5_2690v4_interleaved", cpus, {0: 131072, 1: 131072})
+
+
+NAMED = [
+    xeon8260_2socket,
+    epyc7402_2socket_nps4,
+    xeon6980p_snc3,
+    xeon_e2288g_smt_off,
+    xeon8380_cxl_offline,
+    xeon_e5_2690v4_interleaved,
+]
+
+
+def regenerate() -> None:
+    for make in NAMED:
+        m = make()
+        target = FIXTURES / m.name
+        shutil.rmtree(target, ignore_errors=True)
+        m.write(target)
+        print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    regenerate()

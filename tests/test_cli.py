@@ -1,0 +1,131 @@
+"""`numaserve topology` and `numaserve plan`, run as a user runs them: the real console script."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def numaserve(*args):
+    exe = shutil.which("numaserve", path=os.path.dirname(sys.executable)) or "numaserve"
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def test_topology_json_on_a_fixture_has_the_documented_shape(sysfs):
+    r = numaserve("topology", "--sysfs-root", sysfs("xeon8260_2socket"), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data) == {"sockets", "nodes", "cores", "allowed_cpus", "isa"}
+    assert data["sockets"] == 2
+    assert data["nodes"][1]["cpus"] == [*range(24, 48), *range(72, 96)]
+    assert data["cores"][0] == {"socket": 0, "node": 0, "cpus": [0, 48]}
+    assert data["allowed_cpus"] == list(range(96))
+
+
+def test_topology_table_on_this_machine():
+    r = numaserve("topology")
+    assert r.returncode == 0, r.stderr
+    assert f"online CPUs: {os.cpu_count()}" in r.stdout
+    assert "node  socket  cores" in r.stdout
+
+
+def test_plan_json_for_the_default_config_on_this_machine():
+    r = numaserve("plan", "--config", CONFIGS / "default.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert [i["cpus"] for i in data["instances"]] == [[c] for c in cpus]
+    assert all(
+        set(i) == {"name", "pool", "cpus", "node", "nodes", "threads"} for i in data["instances"]
+    )
+    assert data["reserved_cpus"] == []
+
+
+def test_plan_of_the_2socket_example_on_its_fixture(sysfs):
+    r = numaserve(
+        "plan",
+        "--config",
+        CONFIGS / "example-2socket.yaml",
+        "--sysfs-root",
+        sysfs("xeon8260_2socket"),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    pools = [i["pool"] for i in data["instances"]]
+    assert (pools.count("short"), pools.count("medium"), pools.count("long")) == (23, 4, 4)
+    assert data["reserved_cpus"] == [0, 48]
+    assert all(i["threads"] == len(i["cpus"]) for i in data["instances"])
+
+
+def test_plan_honours_allowed_cpus(sysfs):
+    r = numaserve(
+        "plan",
+        "--config",
+        CONFIGS / "default.yaml",
+        "--sysfs-root",
+        sysfs("xeon8260_2socket"),
+        "--allowed-cpus",
+        "24-27",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    assert [i["cpus"] for i in json.loads(r.stdout)["instances"]] == [[24], [25], [26], [27]]
+
+
+def test_plan_table_is_readable(sysfs):
+    r = numaserve(
+        "plan",
+        "--config",
+        CONFIGS / "example-2socket.yaml",
+        "--sysfs-root",
+        sysfs("xeon8260_2socket"),
+    )
+    assert r.stdout.splitlines()[0].split() == ["instance", "pool", "node", "threads", "cpus"]
+    assert "reserved for router and supervisor: 0,48" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("model: {taks: embed}\n", "model.taks: unknown key"),
+        ("placement: {reserved_cores: -1}\n", "placement.reserved_cores: must be >= 0"),
+        ("placement: {smt: yes please}\n", "placement.smt: expected true or false"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_file_and_key(tmp_path, yaml_text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    r = numaserve("plan", "--config", path)
+    assert r.returncode == 2
+    assert f"{path}: {expected}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_impossible_plan_exits_2_and_says_what_would_fit(tmp_path, sysfs):
+    path = tmp_path / "big.yaml"
+    path.write_text(
+        "placement: {pools: [{name: big, max_tokens: 512, cores_per_instance: 4, instances: 3}]}\n"
+    )
+    r = numaserve("plan", "--config", path, "--sysfs-root", sysfs("xeon_e2288g_smt_off"))
+    assert r.returncode == 2
+    assert "cannot place" in r.stderr and "Would fit: 2 instance(s)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_allowed_cpus_is_a_usage_error(sysfs):
+    r = numaserve("plan", "--config", CONFIGS / "default.yaml", "--allowed-cpus", "x-1")
+    assert r.returncode == 2 and "--allowed-cpus" in r.stderr
+
+
+def test_missing_sysfs_root_is_a_clear_error(tmp_path):
+    r = numaserve("topology", "--sysfs-root", tmp_path)
+    assert r.returncode == 1 and "a sysfs tree?" in r.stderr and "Traceback" not in r.stderr

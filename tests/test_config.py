@@ -1,0 +1,139 @@
+"""The YAML config: typed, validated, with errors that name the file and the key."""
+
+from pathlib import Path
+
+import pytest
+
+from numaserve.config import AUTO, Config, ConfigError, load_config, parse_config
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+GOOD = """
+model: {path: bundled:minilm, task: embed, quantize: int8, max_length: 128}
+placement:
+  reserved_cores: 1
+  pools:
+    - {name: short, max_tokens: 32, cores_per_instance: 1, instances: auto}
+    - {name: long, max_tokens: 512, cores_per_instance: 4, instances: 2}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_shipped_configs_load(name):
+    config = load_config(CONFIGS / name)
+    assert config.source.endswith(name)
+
+
+def test_values_become_typed_objects():
+    config = parse_config(GOOD)
+    assert config.model.max_length == 128
+    assert config.placement.reserved_cores == 1
+    short, long = config.placement.pools
+    assert (short.instances, long.instances, long.cores_per_instance) == (AUTO, 2, 4)
+
+
+def test_empty_file_means_all_defaults():
+    assert parse_config("") == Config(source="<string>")
+
+
+def error(text):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="my.yaml")
+    return str(e.value)
+
+
+def test_unknown_key_is_named_with_its_path_and_the_known_keys():
+    msg = error("model: {path: x, taks: embed}")
+    assert msg.startswith("my.yaml: model.taks: unknown key")
+    assert "task" in msg
+
+
+def test_unknown_section_is_named():
+    assert error("modle: {}").startswith("my.yaml: modle: unknown key")
+
+
+def test_wrong_type_names_the_key_and_what_was_given():
+    assert error("model: {max_length: long}") == (
+        "my.yaml: model.max_length: expected an integer, got str 'long'"
+    )
+
+
+def test_boolean_is_not_accepted_as_an_integer():
+    assert "expected an integer" in error("placement: {reserved_cores: true}")
+
+
+def test_integer_is_not_accepted_as_a_boolean():
+    assert "expected true or false" in error("placement: {smt: 1}")
+
+
+def test_value_outside_the_choices_lists_them():
+    assert error("model: {task: summarize}") == (
+        "my.yaml: model.task: must be one of embed, classify; got 'summarize'"
+    )
+
+
+def test_impossible_number_names_the_bound():
+    msg = error("placement: {pools: [{name: a, max_tokens: 512, cores_per_instance: 0}]}")
+    assert msg == "my.yaml: placement.pools[0].cores_per_instance: must be >= 1; got 0"
+
+
+def test_instances_takes_a_number_or_auto_only():
+    msg = error("placement: {pools: [{name: a, max_tokens: 512, instances: many}]}")
+    assert (
+        msg
+        == "my.yaml: placement.pools[0].instances: expected an integer or 'auto', got str 'many'"
+    )
+
+
+def test_missing_required_key_is_named():
+    assert error("placement: {pools: [{name: a}]}") == (
+        "my.yaml: placement.pools[0].max_tokens: required key is missing"
+    )
+
+
+def test_duplicate_pool_names_are_refused():
+    assert "'a' is already the name of placement.pools[0]" in error(
+        "placement: {pools: [{name: a, max_tokens: 32}, {name: a, max_tokens: 512}]}"
+    )
+
+
+def test_two_pools_with_one_length_band_are_refused():
+    assert "each pool needs its own length band" in error(
+        "placement: {pools: [{name: a, max_tokens: 512}, {name: b, max_tokens: 512}]}"
+    )
+
+
+def test_only_one_pool_may_be_auto():
+    assert "only one pool may be 'auto'" in error(
+        "placement: {pools: [{name: a, max_tokens: 32}, {name: b, max_tokens: 512}]}"
+    )
+
+
+def test_texts_longer_than_every_pool_are_caught_before_serving():
+    msg = error("model: {max_length: 512}\nplacement: {pools: [{name: a, max_tokens: 128}]}")
+    assert "texts of 129-512 tokens would have no pool" in msg
+
+
+def test_pool_names_must_be_safe_to_print():
+    assert "placement.pools[0].name: use 1-32 letters" in error(
+        "placement: {pools: [{name: 'a b', max_tokens: 512}]}"
+    )
+
+
+def test_endpoint_must_be_a_zeromq_endpoint():
+    assert "server.endpoint: expected a ZeroMQ endpoint" in error(
+        "server: {endpoint: localhost:5555}"
+    )
+
+
+def test_invalid_yaml_gives_the_line():
+    msg = error("model:\n  path: [unclosed\n")
+    assert msg.startswith("my.yaml: not valid YAML (line")
+
+
+def test_a_list_where_a_mapping_belongs_is_named():
+    assert error("model: [a, b]") == "my.yaml: model: expected a mapping, got a list"
+
+
+def test_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")

@@ -1,0 +1,184 @@
+"""Topology read from sysfs fixture trees named after real machines, and from this machine."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numaserve.topology import TopologyError, cores_from_lscpu, read_topology
+from tests.sysfs_machines import Cpu, Machine
+
+
+def core_of(topo, cpu):
+    return next(c for c in topo.cores if cpu in c.cpus)
+
+
+def test_2socket_xeon_pairs_each_cpu_with_its_sibling_48_apart(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    assert topo.sockets == (0, 1)
+    assert len(topo.cores) == 48
+    assert [n.cpus for n in topo.nodes] == [
+        (*range(0, 24), *range(48, 72)),
+        (*range(24, 48), *range(72, 96)),
+    ]
+    assert core_of(topo, 5).cpus == (5, 53)
+    assert core_of(topo, 30) == core_of(topo, 78)
+
+
+def test_core_id_repeating_across_packages_does_not_merge_cores(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    # CPU 0 (package 0) and CPU 24 (package 1) both have core_id 0.
+    assert core_of(topo, 0).cpus == (0, 48)
+    assert core_of(topo, 24).cpus == (24, 72)
+
+
+def test_epyc_nps4_has_four_nodes_per_socket_of_six_cores(sysfs):
+    topo = read_topology(sysfs("epyc7402_2socket_nps4"))
+    assert len(topo.nodes) == 8
+    assert [len(topo.cores_in_node(n.id)) for n in topo.nodes] == [6] * 8
+    assert {c.socket for c in topo.cores_in_node(5)} == {1}
+    assert topo.nodes[1].cpus == (*range(6, 12), *range(54, 60))
+
+
+def test_uneven_sub_numa_clusters_keep_their_sizes(sysfs):
+    topo = read_topology(sysfs("xeon6980p_snc3"))
+    assert [len(topo.cores_in_node(n.id)) for n in topo.nodes] == [43, 43, 42]
+    assert [n.memory_mb for n in topo.nodes] == [262144, 262144, 253952]
+
+
+def test_smt_disabled_at_boot_leaves_one_thread_per_core(sysfs):
+    topo = read_topology(sysfs("xeon_e2288g_smt_off"))
+    assert not topo.smt
+    assert [c.cpus for c in topo.cores] == [(i,) for i in range(8)]
+
+
+def test_offline_cpus_are_left_out_and_memory_only_node_is_kept(sysfs):
+    topo = read_topology(sysfs("xeon8380_cxl_offline"))
+    online = set(topo.online_cpus)
+    assert not online & {38, 39, 78, 79, 50}
+    assert len(topo.cores) == 38
+    assert core_of(topo, 10).cpus == (10,)  # its sibling 50 is offline
+    cxl = topo.nodes[1]
+    assert (cxl.cpus, cxl.memory_mb) == ((), 131072)
+    assert topo.to_json()["nodes"][1] == {"id": 1, "cpus": [], "memory_mb": 131072}
+
+
+def test_cpus_numbered_alternately_across_sockets(sysfs):
+    topo = read_topology(sysfs("xeon_e5_2690v4_interleaved"))
+    assert topo.nodes[0].cpus == tuple(range(0, 56, 2))
+    assert core_of(topo, 1).cpus == (1, 29)
+    assert {c.socket for c in topo.cores_in_node(1)} == {1}
+
+
+def test_missing_online_file_falls_back_to_each_cpus_flag(sysfs, tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(sysfs("xeon8380_cxl_offline"), root)
+    (root / "devices/system/cpu/online").unlink()
+    topo = read_topology(root)
+    assert topo.online_cpus == read_topology(sysfs("xeon8380_cxl_offline")).online_cpus
+
+
+def test_incomplete_sysfs_uses_lscpu_output(sysfs, tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(sysfs("xeon_e5_2690v4_interleaved"), root)
+    for cpu in (3, 7):
+        shutil.rmtree(root / f"devices/system/cpu/cpu{cpu}/topology")
+    reference = read_topology(sysfs("xeon_e5_2690v4_interleaved"))
+    lscpu = "# CPU,Core,Socket,Node\n" + "".join(
+        f"{cpu},{i},{core.socket},{core.node}\n"
+        for i, core in enumerate(reference.cores)
+        for cpu in core.cpus
+    )
+    topo = read_topology(root, lscpu_text=lscpu)
+    assert topo.source == "lscpu"
+    assert topo.cores == reference.cores
+
+
+def test_incomplete_fixture_without_lscpu_output_is_a_clear_error(sysfs, tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(sysfs("epyc_kvm_2vcpu"), root)
+    shutil.rmtree(root / "devices/system/cpu/cpu1/topology")
+    with pytest.raises(TopologyError, match="no topology files"):
+        read_topology(root)
+
+
+def test_a_directory_that_is_not_sysfs_is_a_clear_error(tmp_path):
+    with pytest.raises(TopologyError, match=r"is .* a sysfs tree"):
+        read_topology(tmp_path)
+
+
+def test_allowed_cpus_restrict_what_is_placeable(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"), allowed_cpus=range(24, 48))
+    assert topo.allowed_cpus == frozenset(range(24, 48))
+
+
+def test_allowed_cpus_that_are_not_online_are_refused(sysfs):
+    with pytest.raises(TopologyError, match="38 are not online"):
+        read_topology(sysfs("xeon8380_cxl_offline"), allowed_cpus=[1, 38])
+
+
+def test_this_machine_matches_lscpu_and_our_affinity():
+    topo = read_topology()
+    lscpu = subprocess.run(
+        ["lscpu", "-p=CPU,CORE,SOCKET,NODE"], capture_output=True, text=True, check=True
+    ).stdout
+    assert topo.cores == cores_from_lscpu(lscpu, topo.online_cpus)
+    assert topo.allowed_cpus == frozenset(os.sched_getaffinity(0))
+    assert "avx2" in topo.isa  # every machine this project runs on has it
+
+
+def test_the_captured_dev_machine_fixture_reads_like_the_machine(sysfs):
+    topo = read_topology(sysfs("epyc_kvm_2vcpu"))
+    assert [c.cpus for c in topo.cores] == [(0,), (1,)]
+    assert topo.nodes[0].memory_mb > 0
+
+
+@st.composite
+def machines(draw):
+    """Random machines: packages x cores x threads, numbered in one of the real schemes."""
+    packages = draw(st.integers(1, 3))
+    cores = draw(st.integers(1, 8))
+    threads = draw(st.integers(1, 2))
+    nodes_per_package = draw(st.integers(1, min(cores, 3)))
+    scheme = draw(st.sampled_from(["thread-major", "interleaved", "core-major"]))
+    core_ids = draw(st.lists(st.integers(0, 63), min_size=cores, max_size=cores, unique=True))
+    cpus = []
+    for p in range(packages):
+        for i in range(cores):
+            for t in range(threads):
+                cpu_id = {
+                    "thread-major": t * packages * cores + p * cores + i,
+                    "interleaved": (t * cores + i) * packages + p,
+                    "core-major": (p * cores + i) * threads + t,
+                }[scheme]
+                node = p * nodes_per_package + min(
+                    i * nodes_per_package // cores, nodes_per_package - 1
+                )
+                cpus.append(Cpu(cpu_id, p, 0, core_ids[i], node))
+    n_cpus = len(cpus)
+    offline = (
+        draw(st.sets(st.integers(1, n_cpus - 1), max_size=n_cpus // 3)) if n_cpus > 1 else set()
+    )
+    cpus = [
+        Cpu(c.id, c.package, c.die, c.core_id, c.node, online=c.id not in offline) for c in cpus
+    ]
+    memory = {n: 1024 for n in range(packages * nodes_per_package)}
+    if draw(st.booleans()):
+        memory[len(memory)] = 4096  # a memory-only node
+    return Machine("random", cpus, memory, online_file=draw(st.booleans()))
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(machine=machines())
+def test_reader_recovers_every_random_machine(machine, tmp_path_factory):
+    root = machine.write(tmp_path_factory.mktemp("sys"))
+    topo = read_topology(root)
+    assert sorted(c.cpus for c in topo.cores) == machine.expected_cores()
+    node_of = {c.id: c.node for c in machine.cpus}
+    assert all(node_of[cpu] == core.node for core in topo.cores for cpu in core.cpus)
+    assert {n.id for n in topo.nodes} == set(machine.node_memory_mb)
