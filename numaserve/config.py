@@ -90,13 +90,14 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
     if data is None:
         data = {}
-    config = _build(Config, data, source, "")
+    config = from_mapping(Config, data, source, "")
     config = dataclasses.replace(config, source=source)
     _check_semantics(config, source)
     return config
 
 
-def _build(cls: type, data: object, source: str, where: str):
+def from_mapping(cls: type, data: object, source: str, where: str = ""):
+    """Build dataclass `cls` from parsed YAML/JSON, checking every key against its type hint."""
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: {where or 'top level'}: expected a mapping, got {_kind(data)}"
@@ -123,7 +124,7 @@ def _build(cls: type, data: object, source: str, where: str):
 def _convert(hint, value, source: str, key: str, meta):
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, source, key)
+        return from_mapping(hint, value, source, key)
     if origin is tuple:  # tuple[X, ...]: a YAML list
         (item, _) = typing.get_args(hint)
         if not isinstance(value, list):

@@ -1,0 +1,188 @@
+"""Bind the calling process to a slot's CPUs and NUMA memory, before any numeric runtime starts.
+
+CPU affinity and memory policy are inherited by threads created afterwards, so this must run
+before torch (and its OpenMP pool) is imported. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from numaserve.cpulist import format_cpulist, parse_cpulist
+
+MPOL_DEFAULT = 0
+MPOL_BIND = 2
+_MAX_NODES = 1024  # bits in the node masks we pass the kernel; more than any machine has
+_WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+# (set_mempolicy, get_mempolicy) syscall numbers; glibc has no wrapper, libnuma may be absent.
+_SYSCALLS = {"x86_64": (238, 239), "aarch64": (237, 236), "ppc64le": (261, 260)}
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+PINNED_BY_ENV = "NUMASERVE_PINNED_BY"  # set by the launcher when numactl did the binding
+
+
+class PinningError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PinReport:
+    cpus: tuple[int, ...]
+    nodes: tuple[int, ...]
+    membind: str  # "numactl" or "set_mempolicy": which one bound the memory
+    threads: int
+
+    def to_json(self) -> dict:
+        return {
+            "cpus": list(self.cpus),
+            "nodes": list(self.nodes),
+            "membind": self.membind,
+            "threads": self.threads,
+        }
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _syscall_numbers() -> tuple[int, int]:
+    try:
+        return _SYSCALLS[platform.machine()]
+    except KeyError:
+        raise PinningError(f"memory binding is not supported on {platform.machine()}") from None
+
+
+def _mask(nodes: Iterable[int]):
+    words = (ctypes.c_ulong * (_MAX_NODES // _WORD_BITS))()
+    for n in nodes:
+        if not 0 <= n < _MAX_NODES:
+            raise PinningError(f"NUMA node {n} is out of range")
+        words[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
+    return words
+
+
+def set_membind(nodes: Iterable[int]) -> None:
+    """set_mempolicy(MPOL_BIND): this thread, and threads it creates, allocate only on `nodes`."""
+    nodes = sorted(set(nodes))
+    if not nodes:
+        raise PinningError("no NUMA node to bind memory to")
+    mask = _mask(nodes)
+    number, _ = _syscall_numbers()
+    # maxnode counts one more than the bits the kernel reads (a long-standing quirk).
+    if _libc().syscall(number, MPOL_BIND, mask, ctypes.c_ulong(_MAX_NODES + 1)) != 0:
+        err = ctypes.get_errno()
+        raise PinningError(
+            f"set_mempolicy(MPOL_BIND, nodes {format_cpulist(nodes)}): {os.strerror(err)}"
+        )
+
+
+def get_mempolicy() -> tuple[int, tuple[int, ...]]:
+    """This thread's memory policy: (mode, nodes)."""
+    mode = ctypes.c_int(0)
+    mask = _mask(())
+    _, number = _syscall_numbers()
+    if (
+        _libc().syscall(number, ctypes.byref(mode), mask, ctypes.c_ulong(_MAX_NODES + 1), None, 0)
+        != 0
+    ):
+        raise PinningError(f"get_mempolicy: {os.strerror(ctypes.get_errno())}")
+    nodes = tuple(
+        w * _WORD_BITS + b
+        for w, word in enumerate(mask)
+        for b in range(_WORD_BITS)
+        if word >> b & 1
+    )
+    return mode.value, nodes
+
+
+def live_affinity(pid: int | str = "self") -> tuple[int, ...]:
+    """The CPUs a process may run on, as the kernel reports them in /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return tuple(parse_cpulist(line.split(":", 1)[1]))
+    raise PinningError(f"/proc/{pid}/status has no Cpus_allowed_list")
+
+
+def thread_settings(threads: int, environ: MutableMapping[str, str]) -> tuple[int, list[str]]:
+    """Set OMP/MKL thread counts for the slot, keeping (and warning about) any the user set."""
+    warnings = []
+    effective = threads
+    for var in THREAD_VARS:
+        given = environ.get(var)
+        if given is None:
+            environ[var] = str(threads)
+        elif given != str(threads):
+            warnings.append(
+                f"{var}={given} is set in the environment; keeping it, although the slot has "
+                f"{threads} CPU(s)"
+            )
+            if var == "OMP_NUM_THREADS" and given.isdigit() and int(given) > 0:
+                effective = int(given)
+    return effective, warnings
+
+
+def pin_current_process(
+    cpus: Iterable[int], nodes: Iterable[int], environ=os.environ
+) -> tuple[str, tuple, tuple]:
+    """Bind CPUs and memory and check the kernel agrees. Returns (method, cpus, nodes).
+
+    Under numactl (the launcher sets PINNED_BY_ENV) the binding is already done and only checked.
+    """
+    cpus, nodes = tuple(sorted(set(cpus))), tuple(sorted(set(nodes)))
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        raise PinningError(
+            f"sched_setaffinity to CPUs {format_cpulist(cpus)}: {e.strerror}"
+        ) from None
+    if tuple(sorted(os.sched_getaffinity(0))) != cpus:
+        raise PinningError(
+            f"affinity is {format_cpulist(os.sched_getaffinity(0))}, not {format_cpulist(cpus)}"
+        )
+    method = "numactl" if environ.get(PINNED_BY_ENV) == "numactl" else "set_mempolicy"
+    if method == "set_mempolicy":
+        set_membind(nodes)
+    mode, bound = get_mempolicy()
+    if (mode, bound) != (MPOL_BIND, nodes):
+        raise PinningError(
+            f"memory policy is mode {mode} on nodes {format_cpulist(bound) or '-'}, expected "
+            f"bind (mode {MPOL_BIND}) on nodes {format_cpulist(nodes)} (bound by {method})"
+        )
+    return method, cpus, nodes
+
+
+def numactl_argv(
+    numactl: str, cpus: Iterable[int], nodes: Iterable[int], argv: list[str]
+) -> list[str]:
+    return [
+        numactl,
+        f"--physcpubind={format_cpulist(cpus)}",
+        f"--membind={format_cpulist(nodes)}",
+        *argv,
+    ]
+
+
+@dataclass(frozen=True)
+class NumaMaps:
+    """What /proc/PID/numa_maps says: the policy of each mapping, and where its pages sit."""
+
+    policies: frozenset[str]  # e.g. {"bind:0"}; "default" where a mapping has no policy
+    pages_per_node: dict[int, int]
+
+
+def read_numa_maps(pid: int | str = "self") -> NumaMaps:
+    policies, pages = set(), {}
+    for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        policies.add(fields[1])
+        for f in fields[2:]:
+            if f.startswith("N") and "=" in f:
+                node, count = f[1:].split("=", 1)
+                pages[int(node)] = pages.get(int(node), 0) + int(count)
+    return NumaMaps(frozenset(policies), pages)

@@ -1,0 +1,75 @@
+"""The router's end of the worker protocol, held by a test: a real ROUTER socket on ipc.
+
+Until numaserve's router exists to drive workers, tests speak its side of the protocol
+themselves; nothing about the worker is faked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import zmq
+
+from numaserve import protocol
+from numaserve.topology import read_topology
+from numaserve.worker import WorkerSpec, command
+
+ISA = read_topology().isa
+
+
+class RouterSide:
+    def __init__(self, directory: Path):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.endpoint = f"ipc://{directory}/workers.sock"
+        self.sock.bind(self.endpoint)
+        self.job = 0
+
+    def recv(self, timeout: float = 30.0) -> tuple[bytes, dict]:
+        if not self.sock.poll(timeout * 1000):
+            raise TimeoutError(f"nothing from a worker in {timeout} s")
+        identity, *frames = self.sock.recv_multipart()
+        return identity, protocol.unpack(frames)
+
+    def wait_for(self, kind: str, timeout: float = 60.0) -> tuple[bytes, dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            identity, body = self.recv(max(0.01, deadline - time.monotonic()))
+            if body.get("type") == kind:
+                return identity, body
+
+    def send(self, identity: bytes, body: dict) -> None:
+        self.sock.send_multipart([identity, *protocol.pack(body)])
+
+    def run(self, identity: bytes, inputs: list[list[int]], timeout: float = 30.0) -> dict:
+        self.job += 1
+        self.send(identity, {"type": protocol.RUN, "job": self.job, "inputs": inputs})
+        _, body = self.wait_for(protocol.RESULT, timeout)
+        assert body["job"] == self.job
+        return body
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def worker_spec(router: RouterSide, **overrides) -> WorkerSpec:
+    spec = WorkerSpec(
+        name="main-0",
+        pool="main",
+        cpus=(1,),
+        nodes=(0,),
+        threads=1,
+        router=router.endpoint,
+        max_tokens=64,
+        isa=ISA,
+    )
+    return replace(spec, **overrides)
+
+
+def start_worker(spec: WorkerSpec, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(command(spec), stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -1,0 +1,134 @@
+"""Model loading, the forward pass and its switches, in this process with real weights."""
+
+import numpy as np
+import pytest
+
+from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
+from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.models import Model
+from numaserve.tokenization import Tokenizer, TooLongError
+from numaserve.topology import read_topology
+
+SENTENCES = stdlib_sentences(64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer("bundled:minilm", max_length=256)
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return Model(ModelConfig(quantize="none"))
+
+
+def ids(tokenizer, texts):
+    return [list(e.ids) for e in tokenizer.encode(texts)]
+
+
+def embed_each(model, batch):
+    return np.stack([model.run([x])[0] for x in batch])
+
+
+def test_bundled_minilm_matches_sentence_transformers(tokenizer, fp32):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(resolve_model_path("bundled:minilm"), device="cpu")
+    expected = reference.encode(SENTENCES, normalize_embeddings=True)
+    ours = embed_each(fp32, ids(tokenizer, SENTENCES))
+    cosine_distance = 1 - (ours * expected).sum(axis=1)
+    assert cosine_distance.max() < 1e-4
+
+
+def test_embeddings_are_unit_length(tokenizer, fp32):
+    vectors = embed_each(fp32, ids(tokenizer, SENTENCES[:5]))
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+
+
+def test_a_dynamically_padded_batch_equals_unpadded_singles(tokenizer, fp32):
+    batch = ids(tokenizer, SENTENCES[:8])
+    assert len({len(x) for x in batch}) > 1  # really of mixed lengths
+    batched = np.stack(fp32.run(batch))
+    assert np.allclose(batched, embed_each(fp32, batch), atol=1e-5)
+
+
+def test_padding_to_max_length_gives_the_same_embeddings(tokenizer, fp32):
+    padded = Model(ModelConfig(quantize="none", padding="max_length", max_length=64))
+    batch = ids(tokenizer, SENTENCES[:4])
+    assert np.allclose(embed_each(padded, batch), embed_each(fp32, batch), atol=1e-5)
+
+
+def test_int8_embeddings_stay_close_to_fp32(tokenizer, fp32):
+    int8 = Model(ModelConfig(quantize="int8"), isa=read_topology().isa)
+    batch = ids(tokenizer, SENTENCES)
+    cosine = (embed_each(int8, batch) * embed_each(fp32, batch)).sum(axis=1)
+    assert cosine.mean() >= 0.99, (cosine.mean(), cosine.min())
+
+
+def test_int8_replaces_every_linear_layer():
+    import torch
+
+    int8 = Model(ModelConfig(quantize="int8"))
+    assert not any(type(m) is torch.nn.Linear for m in int8.module.modules())
+
+
+def test_classifier_returns_its_labels_and_probabilities(classifier_dir, tokenizer):
+    model = Model(ModelConfig(path=str(classifier_dir), task="classify", quantize="none"))
+    results = model.run(ids(tokenizer, ["It works.", "A longer sentence about nothing much."]))
+    assert model.labels == ("negative", "neutral", "positive")
+    for r in results:
+        assert r.label in model.labels
+        assert abs(sum(r.probs) - 1) < 1e-5
+        assert r.label == model.labels[int(np.argmax(r.probs))]
+
+
+def test_long_text_is_truncated_and_says_so():
+    tok = Tokenizer("bundled:minilm", max_length=16)
+    (short, long) = tok.encode(["short text", "word " * 40])
+    assert (short.truncated, len(long.ids), long.truncated, long.tokens) == (False, 16, True, 42)
+    assert long.ids[-1] == tok.hf.sep_token_id
+
+
+def test_long_text_is_refused_when_truncation_is_off():
+    tok = Tokenizer("bundled:minilm", max_length=16, truncate=False)
+    with pytest.raises(TooLongError, match="text 1 has 42 tokens; the limit is 16"):
+        tok.encode(["fine", "word " * 40])
+
+
+def test_ids_outside_the_vocabulary_are_refused(fp32):
+    assert fp32.check_ids([101, 999999]) == "token ids must be in 0..30521"
+    assert fp32.check_ids([]) == "empty input"
+    assert fp32.check_ids([101] * 300) == "300 tokens exceed model.max_length 256"
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        Model(ModelConfig(path=str(tmp_path / "nope")))
+
+
+def test_directory_without_config_is_not_a_model(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        Model(ModelConfig(path=str(tmp_path)))
+
+
+def test_corrupt_weights_are_a_clear_error(classifier_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(classifier_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00not a safetensors file")
+    with pytest.raises(ModelLoadError, match=r"cannot load model .* for task classify"):
+        Model(ModelConfig(path=str(broken), task="classify"))
+
+
+def test_unknown_bundled_model_lists_the_bundled_ones():
+    with pytest.raises(
+        ModelLoadError, match=r"unknown bundled model 'bundled:gpt'.*bundled:minilm"
+    ):
+        resolve_model_path("bundled:gpt")
+
+
+def test_max_length_beyond_the_models_positions_is_refused(classifier_dir):
+    with pytest.raises(ModelLoadError, match="has only 512 positions"):
+        Model(ModelConfig(path=str(classifier_dir), task="classify", max_length=1024))

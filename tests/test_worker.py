@@ -1,0 +1,226 @@
+"""Real worker processes, pinned, loading real models, driven over real ZeroMQ sockets."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from numaserve import exitcodes, protocol
+from numaserve.config import ModelConfig
+from numaserve.pinning import live_affinity, read_numa_maps
+from numaserve.tokenization import Tokenizer
+from tests.router_side import RouterSide, start_worker, worker_spec
+
+TEXTS = ["Return the absolute value of the argument.", "Hello world"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer("bundled:minilm", max_length=256)
+
+
+@pytest.fixture
+def router(tmp_path):
+    side = RouterSide(tmp_path)
+    yield side
+    side.close()
+
+
+@pytest.fixture(scope="module")
+def embed_worker(tmp_path_factory):
+    """One embedding worker on CPU 1 via numactl, shared by the tests that only talk to it."""
+    directory = tmp_path_factory.mktemp("embed")
+    router = RouterSide(directory)
+    proc = start_worker(worker_spec(router, heartbeat_ms=100), directory / "worker.log")
+    identity, ready = router.wait_for(protocol.READY)
+    yield router, identity, ready, proc
+    proc.terminate()
+    proc.wait(30)
+    router.close()
+
+
+def stop(proc):
+    proc.terminate()
+    return proc.wait(30)
+
+
+def test_worker_is_pinned_to_its_cpu_with_memory_on_its_node(embed_worker):
+    _, _, ready, proc = embed_worker
+    assert live_affinity(proc.pid) == (1,)
+    maps = read_numa_maps(proc.pid)
+    # A native library may mbind() an arena MPOL_LOCAL itself: with the CPUs pinned to the
+    # node, "local" is the same node.
+    assert "bind:0" in maps.policies and maps.policies <= {"bind:0", "local"}
+    assert set(maps.pages_per_node) == {0}
+    assert (ready["cpus"], ready["nodes"], ready["threads"], ready["membind"]) == (
+        [1],
+        [0],
+        1,
+        "numactl",
+    )
+
+
+def test_worker_announces_what_it_serves(embed_worker):
+    _, _, ready, proc = embed_worker
+    assert ready["name"] == "main-0" and ready["pool"] == "main" and ready["pid"] == proc.pid
+    assert (ready["task"], ready["dim"], ready["max_length"]) == ("embed", 384, 256)
+
+
+def test_worker_answers_embed_requests_like_the_model_in_process(embed_worker, tokenizer):
+    from numaserve.models import Model
+
+    router, identity, _, _ = embed_worker
+    inputs = [list(e.ids) for e in tokenizer.encode(TEXTS)]
+    reply = router.run(identity, inputs)
+    got = np.stack([protocol.embedding_from_wire(r["embedding"]) for r in reply["results"]])
+    expected = np.stack(Model(ModelConfig(quantize="none")).run(inputs))
+    assert got.shape == (2, 384)
+    assert (got * expected).sum(axis=1).min() > 0.98  # int8 in the worker, fp32 here
+
+
+def test_bad_token_ids_get_an_error_and_the_worker_keeps_serving(embed_worker, tokenizer):
+    router, identity, _, _ = embed_worker
+    reply = router.run(identity, [[101, 10**7, 102]])
+    assert reply["error"]["code"] == "bad_request"
+    assert "token ids must be in 0..30521" in reply["error"]["message"]
+    assert "results" in router.run(identity, [list(tokenizer.encode(["fine"])[0].ids)])
+
+
+def test_malformed_frames_are_dropped_and_the_worker_keeps_serving(embed_worker, tokenizer):
+    router, identity, _, _ = embed_worker
+    router.sock.send_multipart([identity, b"garbage"])
+    router.sock.send_multipart([identity, protocol.VERSION, b"\xc1"])
+    router.send(identity, {"type": "nonsense"})
+    assert "results" in router.run(identity, [list(tokenizer.encode(["still here"])[0].ids)])
+
+
+def test_worker_heartbeats_and_announces_itself_again_to_a_silent_router(embed_worker):
+    router, _, _, _ = embed_worker
+    _, beat = router.wait_for(protocol.HEARTBEAT, timeout=5)
+    assert beat["busy"] == 0
+    _, again = router.wait_for(protocol.READY, timeout=5)  # we sent it no heartbeats
+    assert again["name"] == "main-0"
+
+
+def test_worker_binds_memory_itself_where_numactl_is_not_used(router, tmp_path):
+    proc = start_worker(worker_spec(router, use_numactl=False, cpus=(0,)), tmp_path / "w.log")
+    _, ready = router.wait_for(protocol.READY)
+    assert ready["membind"] == "set_mempolicy"
+    assert live_affinity(proc.pid) == (0,)
+    assert "bind:0" in read_numa_maps(proc.pid).policies
+    assert stop(proc) == exitcodes.OK
+
+
+def test_worker_classifies_with_a_saved_checkpoint(router, tmp_path, classifier_dir, tokenizer):
+    model = ModelConfig(path=str(classifier_dir), task="classify")
+    proc = start_worker(worker_spec(router, model=model), tmp_path / "w.log")
+    identity, ready = router.wait_for(protocol.READY)
+    assert ready["labels"] == ["negative", "neutral", "positive"]
+    reply = router.run(identity, [list(e.ids) for e in tokenizer.encode(TEXTS)])
+    for r in reply["results"]:
+        assert r["label"] in ready["labels"] and abs(sum(r["probs"]) - 1) < 1e-4
+    assert stop(proc) == exitcodes.OK
+
+
+def test_heartbeats_flow_during_a_long_forward_pass_and_sigterm_finishes_it(router, tmp_path):
+    proc = start_worker(worker_spec(router, heartbeat_ms=50, max_tokens=256), tmp_path / "w.log")
+    identity, _ = router.wait_for(protocol.READY)
+    long_batch = [[101] + [2000 + i for i in range(254)] + [102]] * 64
+    router.send(identity, {"type": protocol.RUN, "job": 7, "inputs": long_batch})
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    seen = []
+    while True:
+        _, body = router.recv()
+        seen.append(body)
+        if body["type"] == protocol.RESULT:
+            break
+    busy_beats = [b for b in seen if b["type"] == protocol.HEARTBEAT and b["busy"] == 1]
+    assert len(busy_beats) >= 3, [b["type"] for b in seen]
+    assert {"type": protocol.BYE} in seen
+    assert len(body["results"]) == 64
+    assert proc.wait(30) == exitcodes.OK
+
+
+def test_worker_exits_when_its_parent_dies(router, tmp_path):
+    spec = worker_spec(router)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            f"p = subprocess.Popen({spec_command(spec)!r}); print(p.pid, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker_pid = int(parent.stdout.readline())
+    router.wait_for(protocol.READY)
+    parent.kill()
+    parent.wait()
+    assert wait_gone(worker_pid, timeout=30)
+
+
+def spec_command(spec):
+    from numaserve.worker import command
+
+    return command(spec)
+
+
+def wait_gone(pid, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def exit_of(spec, tmp_path):
+    log = tmp_path / "w.log"
+    code = start_worker(spec, log).wait(60)
+    return code, log.read_text()
+
+
+def test_missing_model_exits_with_the_model_code(router, tmp_path):
+    spec = worker_spec(router, model=ModelConfig(path=str(tmp_path / "nope")))
+    code, log = exit_of(spec, tmp_path)
+    assert code == exitcodes.MODEL
+    assert "does not exist" in log and "Traceback" not in log
+
+
+def test_corrupt_checkpoint_exits_with_the_model_code(router, tmp_path, classifier_dir):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(classifier_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"garbage")
+    spec = worker_spec(router, model=ModelConfig(path=str(broken), task="classify"))
+    code, log = exit_of(spec, tmp_path)
+    assert code == exitcodes.MODEL
+    assert "cannot load model" in log
+
+
+def test_unknown_task_exits_with_the_model_code(router, tmp_path):
+    spec = worker_spec(router).to_json().replace('"task": "embed"', '"task": "summarize"')
+    log = tmp_path / "w.log"
+    code = subprocess.run(
+        [sys.executable, "-m", "numaserve.worker", "--spec", spec],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        timeout=60,
+    ).returncode
+    assert code == exitcodes.MODEL
+    assert "model.task: must be one of embed, classify; got 'summarize'" in log.read_text()
+
+
+def test_unpinnable_slot_exits_with_the_pinning_code(router, tmp_path):
+    code, log = exit_of(worker_spec(router, cpus=(4095,)), tmp_path)
+    assert code == exitcodes.PINNING
+    assert "cannot pin to CPUs 4095" in log
