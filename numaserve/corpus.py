@@ -87,9 +87,9 @@ def first_sentence(doc: str) -> str | None:
     return sentence
 
 
-def stdlib_sentences(limit: int | None = None) -> list[str]:
-    """Distinct first sentences, in a fixed order."""
-    seen: dict[str, None] = {}
+def stdlib_sentences_by_module() -> list[tuple[str, str]]:
+    """(module, sentence) for each distinct first sentence, in a fixed order."""
+    seen: dict[str, str] = {}
     for name in MODULES:
         try:
             module = importlib.import_module(name)
@@ -102,7 +102,9 @@ def stdlib_sentences(limit: int | None = None) -> list[str]:
             for member in members:
                 doc = getattr(member, "__doc__", None)
                 if isinstance(doc, str) and (s := first_sentence(doc)):
-                    seen.setdefault(s)
-                    if limit and len(seen) >= limit:
-                        return list(seen)
-    return list(seen)
+                    seen.setdefault(s, name)
+    return [(module, sentence) for sentence, module in seen.items()]
+
+
+def stdlib_sentences(limit: int | None = None) -> list[str]:
+    return [sentence for _, sentence in stdlib_sentences_by_module()[:limit]]

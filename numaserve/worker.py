@@ -148,10 +148,17 @@ class IOThread(threading.Thread):
         self.ctx, self.spec, self.ready, self.wake_fd = ctx, spec, ready, wake_fd
         self.parent = os.getppid()
         self.served = 0
-        self.in_flight: set = set()
+        self.in_flight = 0  # a count: job ids are the router's, and need not be unique
         self.stopping = False
 
     def run(self) -> None:
+        try:
+            self.loop()
+        except BaseException:  # without this thread the worker is deaf: die, to be restarted
+            log.exception("I/O thread failed")
+            os._exit(exitcodes.CRASH)
+
+    def loop(self) -> None:
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.linger = 1000
         self.dealer.connect(self.spec.router)
@@ -175,14 +182,13 @@ class IOThread(threading.Thread):
                     last_heard = time.monotonic()
                     self.from_router(self.dealer.recv_multipart())
                 else:
-                    frames = self.jobs.recv_multipart()
-                    self.in_flight.discard(protocol.unpack(frames).get("job"))
+                    self.dealer.send_multipart(self.jobs.recv_multipart())
+                    self.in_flight -= 1
                     self.served += 1
-                    self.dealer.send_multipart(frames)
             now = time.monotonic()
             if now >= next_beat:
                 self.send(
-                    {"type": protocol.HEARTBEAT, "busy": len(self.in_flight), "served": self.served}
+                    {"type": protocol.HEARTBEAT, "busy": self.in_flight, "served": self.served}
                 )
                 next_beat = now + interval
                 if now - last_heard > self.spec.liveness * interval and not self.stopping:
@@ -200,7 +206,7 @@ class IOThread(threading.Thread):
     def begin_stop(self, why: str) -> None:
         if not self.stopping:
             self.stopping = True
-            log.info("%s: finishing %d job(s) in flight, then exiting", why, len(self.in_flight))
+            log.info("%s: finishing %d job(s) in flight, then exiting", why, self.in_flight)
             self.send({"type": protocol.BYE})
 
     def from_router(self, frames: list[bytes]) -> None:
@@ -218,7 +224,7 @@ class IOThread(threading.Thread):
                     )
                 )
                 return
-            self.in_flight.add(body.get("job"))
+            self.in_flight += 1
             self.jobs.send_multipart(frames)
         elif kind != protocol.HEARTBEAT:
             log.warning("ignored a message of unknown type %r from the router", kind)

@@ -129,20 +129,18 @@ def test_worker_classifies_with_a_saved_checkpoint(router, tmp_path, classifier_
 def test_heartbeats_flow_during_a_long_forward_pass_and_sigterm_finishes_it(router, tmp_path):
     proc = start_worker(worker_spec(router, heartbeat_ms=50, max_tokens=256), tmp_path / "w.log")
     identity, _ = router.wait_for(protocol.READY)
-    long_batch = [[101] + [2000 + i for i in range(254)] + [102]] * 64
-    router.send(identity, {"type": protocol.RUN, "job": 7, "inputs": long_batch})
+    long_batch = [[101] + [2000 + i for i in range(254)] + [102]] * 48
+    for _ in range(2):  # job ids belong to the router and may repeat: both must be answered
+        router.send(identity, {"type": protocol.RUN, "job": 7, "inputs": long_batch})
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     seen = []
-    while True:
-        _, body = router.recv()
-        seen.append(body)
-        if body["type"] == protocol.RESULT:
-            break
-    busy_beats = [b for b in seen if b["type"] == protocol.HEARTBEAT and b["busy"] == 1]
+    while sum(b["type"] == protocol.RESULT for b in seen) < 2:
+        seen.append(router.recv()[1])
+    busy_beats = [b for b in seen if b["type"] == protocol.HEARTBEAT and b["busy"] >= 1]
     assert len(busy_beats) >= 3, [b["type"] for b in seen]
     assert {"type": protocol.BYE} in seen
-    assert len(body["results"]) == 64
+    assert all(len(b["results"]) == 48 for b in seen if b["type"] == protocol.RESULT)
     assert proc.wait(30) == exitcodes.OK
 
 
