@@ -102,6 +102,70 @@ def plan(config_path: str, sysfs_root: str | None, allowed_cpus: str | None, as_
         click.echo(format_plan(result))
 
 
+endpoint_option = click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    default=["tcp://127.0.0.1:5555"],
+    show_default=True,
+    help="The server's endpoint; repeat it to fail over between servers.",
+)
+timeout_option = click.option("--timeout", default=5.0, show_default=True, help="Seconds per try.")
+
+
+def _call(endpoints, timeout: float, method: str, texts):
+    from numaserve.client import Client, NumaserveError
+
+    try:
+        with Client(list(endpoints), timeout=timeout) as client:
+            return getattr(client, method)(list(texts))
+    except NumaserveError as e:
+        raise MachineError(f"{e.code}: {e.message}") from None
+
+
+@main.command()
+@click.argument("texts", nargs=-1, required=True)
+@endpoint_option
+@timeout_option
+def embed(texts, endpoints, timeout: float) -> None:
+    """Print the embeddings of TEXTS as JSON, one object per text."""
+    results = _call(endpoints, timeout, "embed", texts)
+    _print_json(
+        {
+            "results": [
+                {
+                    "embedding": [round(float(x), 7) for x in r.vector],
+                    "tokens": r.tokens,
+                    "truncated": r.truncated,
+                }
+                for r in results
+            ]
+        }
+    )
+
+
+@main.command()
+@click.argument("texts", nargs=-1, required=True)
+@endpoint_option
+@timeout_option
+def classify(texts, endpoints, timeout: float) -> None:
+    """Print the label and probabilities of each of TEXTS as JSON."""
+    results = _call(endpoints, timeout, "classify", texts)
+    _print_json(
+        {
+            "results": [
+                {
+                    "label": r.label,
+                    "probs": list(r.probs),
+                    "tokens": r.tokens,
+                    "truncated": r.truncated,
+                }
+                for r in results
+            ]
+        }
+    )
+
+
 @main.command()
 @config_option
 def start(config_path: str) -> None:

@@ -46,6 +46,18 @@ class ModelConfig:
 class ServerConfig:
     endpoint: str = "tcp://127.0.0.1:5555"
     cache_entries: int = field(default=100_000, metadata=_bounds(0))
+    # Texts waiting per pool; past this, requests are answered `overloaded` at once.
+    queue_size: int = field(default=256, metadata=_bounds(1))
+    # A text may run on a larger pool's idle instance when its own pool has none idle.
+    spillover: bool = True
+    # Micro-batching: up to max_batch queued texts of one pool share a forward pass; a lone
+    # text waits up to max_wait_ms for company. 1 turns it off (the lowest latency).
+    max_batch: int = field(default=1, metadata=_bounds(1, 256))
+    max_wait_ms: int = field(default=0, metadata=_bounds(0, 1000))
+    max_texts: int = field(default=64, metadata=_bounds(1, 10_000))  # texts in one request
+    max_message_bytes: int = field(default=4 << 20, metadata=_bounds(1024))
+    heartbeat_ms: int = field(default=500, metadata=_bounds(10, 60_000))
+    heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))
 
 
 @dataclass(frozen=True)

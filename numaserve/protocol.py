@@ -6,6 +6,7 @@ a peer in another language must be able to speak it from the doc alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import msgpack
@@ -45,7 +46,9 @@ def unpack(frames: list[bytes]) -> dict:
     if frames[0] != VERSION:
         raise ProtocolError(f"unsupported protocol version {frames[0][:16]!r}; this is {VERSION!r}")
     try:
-        body = msgpack.unpackb(frames[1], raw=False)
+        # Invalid UTF-8 becomes lone surrogates instead of failing the whole message, so the
+        # sender can be told which text was bad (see parse_request).
+        body = msgpack.unpackb(frames[1], raw=False, unicode_errors="surrogateescape")
     except Exception as e:  # msgpack raises several types, including for invalid UTF-8
         raise ProtocolError(f"body is not valid msgpack: {e}") from None
     if not isinstance(body, dict):
@@ -64,3 +67,74 @@ def embedding_to_wire(vector: np.ndarray) -> bytes:
 
 def embedding_from_wire(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<f4")
+
+
+# Client requests (the `op` key).
+TEXT_OPS = ("classify", "embed")
+OPS = (*TEXT_OPS, "status", "ping")
+REQUEST_KEYS = ("id", "op", "texts", "deadline_ms")
+
+
+class RequestError(ValueError):
+    """A request we can answer only with an error: its id (if known), a code and why."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id=None):
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int | str
+    op: str
+    texts: tuple[str, ...] = ()
+    deadline_ms: float | None = None
+
+
+def parse_request(body: dict, max_texts: int) -> Request:
+    """Check a client request completely; every problem is a RequestError naming it."""
+    request_id = body.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+        raise RequestError(ErrorCode.BAD_REQUEST, "id must be an integer or a string")
+
+    def bad(message: str) -> RequestError:
+        return RequestError(ErrorCode.BAD_REQUEST, message, request_id)
+
+    unknown = [k for k in body if k not in REQUEST_KEYS]
+    if unknown:
+        raise bad(f"unknown key {unknown[0]!r}; a request has {', '.join(REQUEST_KEYS)}")
+    op = body.get("op")
+    if op not in OPS:
+        raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
+    deadline = body.get("deadline_ms")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0
+    ):
+        raise bad("deadline_ms must be a positive number of milliseconds")
+    if op not in TEXT_OPS:
+        return Request(request_id, op, (), deadline)
+    texts = body.get("texts")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise bad(f"{op} needs texts: a string or a non-empty list of strings")
+    if len(texts) > max_texts:
+        raise bad(f"{len(texts)} texts in one request; the limit is {max_texts} (server.max_texts)")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise bad(f"text {i} is not a string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad(f"text {i} is not valid UTF-8") from None
+        if not text.strip():
+            raise bad(f"text {i} is empty")
+    return Request(request_id, op, tuple(texts), deadline)
+
+
+def ok_reply(request_id, **fields) -> dict:
+    return {"id": request_id, "status": "ok", **fields}
+
+
+def error_reply(request_id, code: ErrorCode, message: str) -> dict:
+    return {"id": request_id, "status": "error", "error": error_body(code, message)}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
@@ -29,6 +28,7 @@ import zmq
 from numaserve import exitcodes, protocol
 from numaserve.config import ConfigError, ModelConfig, from_mapping
 from numaserve.cpulist import format_cpulist
+from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
 from numaserve.pinning import (
     PINNED_BY_ENV,
@@ -42,7 +42,6 @@ from numaserve.pinning import (
 log = logging.getLogger("numaserve.worker")
 JOBS = "inproc://jobs"
 STOP = [b"stop"]
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -230,12 +229,6 @@ class IOThread(threading.Thread):
             log.warning("ignored a message of unknown type %r from the router", kind)
 
 
-def _set_parent_death_signal() -> None:
-    """Ask the kernel to send us SIGTERM when the process that started us dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: float) -> int:
     ctx = zmq.Context()
     jobs = ctx.socket(zmq.PAIR)
@@ -295,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad worker spec: %s", e)
         return exitcodes.MODEL
     log.name = f"numaserve.worker.{spec.name}"
-    _set_parent_death_signal()
+    die_with_parent()
     try:
         method, cpus, nodes = pin_current_process(spec.cpus, spec.nodes)
     except PinningError as e:

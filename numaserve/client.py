@@ -1,0 +1,312 @@
+"""Client library: `Client` (blocking) and `AsyncClient` (asyncio) for a numaserve server.
+
+Each request goes out on a DEALER socket and waits up to `timeout` for the reply with its id.
+On a timeout the socket is closed and a fresh one, to the next endpoint, sends the request
+again (the zguide's Lazy Pirate), up to `retries` times: requests are idempotent. `overloaded`
+and `no_instance` replies also move on to the next endpoint when there is more than one.
+
+    with Client(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"], timeout=1.0) as client:
+        vectors = [e.vector for e in client.embed(["first text", "second text"])]
+
+A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from numaserve import protocol
+from numaserve.protocol import ErrorCode
+
+
+class NumaserveError(Exception):
+    """An error reply from the server; `code` is the protocol's error code."""
+
+    code = "error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(NumaserveError):
+    code = ErrorCode.BAD_REQUEST.value
+
+
+class TooLong(NumaserveError):
+    code = ErrorCode.TOO_LONG.value
+
+
+class Overloaded(NumaserveError):
+    code = ErrorCode.OVERLOADED.value
+
+
+class DeadlineExceeded(NumaserveError):
+    code = ErrorCode.DEADLINE_EXCEEDED.value
+
+
+class NoInstance(NumaserveError):
+    code = ErrorCode.NO_INSTANCE.value
+
+
+class InternalError(NumaserveError):
+    code = ErrorCode.INTERNAL.value
+
+
+class Timeout(NumaserveError):
+    """No reply after every retry on every endpoint."""
+
+    code = "timeout"
+
+
+ERRORS = {
+    cls.code: cls
+    for cls in (BadRequest, TooLong, Overloaded, DeadlineExceeded, NoInstance, InternalError)
+}
+MOVE_ON = (Overloaded, NoInstance)  # worth trying on another endpoint
+
+
+@dataclass(frozen=True)
+class Embedding:
+    vector: np.ndarray  # float32, unit length
+    tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    probs: tuple[float, ...]  # in the model's label order
+    tokens: int
+    truncated: bool
+
+
+class _Calls:
+    """What both clients share: endpoints, request ids, and reading replies."""
+
+    def __init__(self, endpoints: str | Sequence[str], timeout: float, retries: int):
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.timeout, self.retries = timeout, retries
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid()}-{id(self):x}-"
+        self._endpoint = 0
+
+    def request(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
+        body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
+        if texts is not None:
+            body["texts"] = texts
+        if deadline_ms is not None:
+            body["deadline_ms"] = deadline_ms
+        return body
+
+    def next_endpoint(self) -> str:
+        endpoint = self.endpoints[self._endpoint % len(self.endpoints)]
+        self._endpoint += 1
+        return endpoint
+
+    def attempts(self) -> int:
+        return self.retries + 1
+
+    @staticmethod
+    def matches(frames: list[bytes], request_id) -> dict | None:
+        """The reply to request_id, or None for a stale reply to an earlier attempt."""
+        try:
+            body = protocol.unpack(frames)
+        except protocol.ProtocolError:
+            return None
+        return body if body.get("id") == request_id else None
+
+    @staticmethod
+    def result(body: dict):
+        if body.get("status") == "ok":
+            return body
+        error = body.get("error") or {}
+        raise ERRORS.get(error.get("code"), InternalError)(str(error.get("message")))
+
+    def timed_out(self, op: str) -> Timeout:
+        tried = ", ".join(self.endpoints)
+        return Timeout(
+            f"no reply to {op} within {self.timeout} s ({self.attempts()} tries on {tried})"
+        )
+
+    def should_move_on(self, error: NumaserveError) -> bool:
+        return isinstance(error, MOVE_ON) and len(self.endpoints) > 1
+
+
+def _socket(ctx, endpoint: str):
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    return sock
+
+
+def _results(op: str, body: dict, single: bool):
+    items = []
+    for r in body["results"]:
+        if op == "embed":
+            items.append(
+                Embedding(protocol.embedding_from_wire(r["embedding"]), r["tokens"], r["truncated"])
+            )
+        else:
+            items.append(Classification(r["label"], tuple(r["probs"]), r["tokens"], r["truncated"]))
+    return items[0] if single else items
+
+
+class Client(_Calls):
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
+        timeout: float = 5.0,
+        retries: int = 3,
+    ):
+        super().__init__(endpoints, timeout, retries)
+        self.ctx = zmq.Context.instance()
+        self.sock = _socket(self.ctx, self.next_endpoint())
+
+    def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        """One Embedding for a string, a list of them for a list of strings."""
+        single = isinstance(texts, str)
+        return _results(
+            "embed", self.call("embed", [texts] if single else list(texts), deadline_ms), single
+        )
+
+    def classify(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        """One Classification for a string, a list of them for a list of strings."""
+        single = isinstance(texts, str)
+        return _results(
+            "classify",
+            self.call("classify", [texts] if single else list(texts), deadline_ms),
+            single,
+        )
+
+    def status(self) -> dict:
+        return self.call("status")["server"]
+
+    def ping(self) -> float:
+        """Seconds for a round trip to the router."""
+        start = time.perf_counter()
+        self.call("ping")
+        return time.perf_counter() - start
+
+    def call(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
+        body = self.request(op, texts, deadline_ms)
+        frames = protocol.pack(body)
+        error: NumaserveError = Timeout(f"no reply to {op}")
+        for attempt in range(self.attempts()):
+            if attempt:
+                self._fresh_socket()
+            self.sock.send_multipart(frames)
+            reply, deadline = None, time.monotonic() + self.timeout
+            while reply is None and (left := deadline - time.monotonic()) > 0:
+                if self.sock.poll(left * 1000):
+                    reply = self.matches(self.sock.recv_multipart(), body["id"])
+            if reply is None:
+                error = self.timed_out(op)
+                continue
+            try:
+                return self.result(reply)
+            except NumaserveError as e:
+                if not self.should_move_on(e):
+                    raise
+                error = e
+        raise error
+
+    def _fresh_socket(self) -> None:
+        self.sock.close(linger=0)
+        self.sock = _socket(self.ctx, self.next_endpoint())
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient(_Calls):
+    """The asyncio twin of Client: each call borrows a socket of its own from a small pool."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
+        timeout: float = 5.0,
+        retries: int = 3,
+    ):
+        super().__init__(endpoints, timeout, retries)
+        self.ctx = zmq.asyncio.Context.instance()
+        self._idle: list[tuple[str, zmq.asyncio.Socket]] = []
+
+    async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        single = isinstance(texts, str)
+        body = await self.call("embed", [texts] if single else list(texts), deadline_ms)
+        return _results("embed", body, single)
+
+    async def classify(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        single = isinstance(texts, str)
+        body = await self.call("classify", [texts] if single else list(texts), deadline_ms)
+        return _results("classify", body, single)
+
+    async def status(self) -> dict:
+        return (await self.call("status"))["server"]
+
+    async def ping(self) -> float:
+        start = time.perf_counter()
+        await self.call("ping")
+        return time.perf_counter() - start
+
+    async def call(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
+        body = self.request(op, texts, deadline_ms)
+        frames = protocol.pack(body)
+        error: NumaserveError = Timeout(f"no reply to {op}")
+        for attempt in range(self.attempts()):
+            # A socket that timed out is closed; a fresh one goes to the next endpoint.
+            endpoint, sock = self._idle.pop() if self._idle and not attempt else self._new()
+            await sock.send_multipart(frames)
+            try:
+                reply = await asyncio.wait_for(self._reply_to(sock, body["id"]), self.timeout)
+            except asyncio.TimeoutError:
+                sock.close(linger=0)
+                error = self.timed_out(op)
+                continue
+            self._idle.append((endpoint, sock))
+            try:
+                return self.result(reply)
+            except NumaserveError as e:
+                if not self.should_move_on(e):
+                    raise
+                error = e
+        raise error
+
+    def _new(self) -> tuple[str, zmq.asyncio.Socket]:
+        endpoint = self.next_endpoint()
+        return endpoint, _socket(self.ctx, endpoint)
+
+    async def _reply_to(self, sock, request_id) -> dict:
+        while True:
+            reply = self.matches(await sock.recv_multipart(), request_id)
+            if reply is not None:
+                return reply
+
+    def close(self) -> None:
+        for _, sock in self._idle:
+            sock.close(linger=0)
+        self._idle.clear()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()

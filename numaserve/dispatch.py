@@ -1,0 +1,257 @@
+"""Which worker runs which text: the router's dispatch state, pure (no sockets, no clock).
+
+Rules (tested in tests/test_dispatch.py):
+- a text goes to the smallest pool whose max_tokens fits it, to the instance idle longest
+  (the zguide's load-balancing broker: an instance takes one job at a time);
+- when its pool has no idle instance, a larger pool's idle instance may take it (spillover);
+- each pool's queue is bounded: a request that does not fit is refused whole (overloaded);
+- a job whose instance dies is retried once on another instance, then fails;
+- micro-batching: an idle instance takes up to max_batch queued texts of similar length,
+  waiting at most max_wait for a batch to fill.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from numaserve.config import PoolConfig
+
+
+class Owner(Protocol):
+    """The request a text belongs to: once done (answered), its texts are dropped."""
+
+    done: bool
+
+
+@dataclass(eq=False)
+class Item:
+    """One text on its way to a worker."""
+
+    owner: Owner
+    index: int
+    ids: tuple[int, ...]
+    pool: int  # its own pool: the smallest that fits
+    queued_at: float = 0.0
+    attempts: int = 0
+
+
+@dataclass(eq=False)
+class Job:
+    id: int
+    worker: bytes
+    items: list[Item]
+
+
+@dataclass(eq=False)
+class WorkerState:
+    identity: bytes
+    name: str
+    pool: int
+    info: dict
+    last_seen: float
+    idle_since: float
+    jobs: int = 0
+    served: int = 0
+    stopping: bool = False
+
+
+@dataclass
+class PoolState:
+    config: PoolConfig
+    queue: deque[Item] = field(default_factory=deque)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pools: list[PoolConfig],
+        queue_size: int,
+        spillover: bool = True,
+        max_batch: int = 1,
+        max_wait: float = 0.0,
+    ):
+        self.pools = [PoolState(p) for p in sorted(pools, key=lambda p: p.max_tokens)]
+        self.queue_size = queue_size
+        self.spillover = spillover
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self.workers: dict[bytes, WorkerState] = {}
+        self.jobs: dict[int, Job] = {}
+        self._next_job = 0
+
+    # -- pools -----------------------------------------------------------------------------
+
+    def pool_index(self, name: str) -> int | None:
+        return next((i for i, p in enumerate(self.pools) if p.config.name == name), None)
+
+    def pool_for(self, tokens: int) -> int | None:
+        """The smallest pool whose band fits `tokens`."""
+        return next((i for i, p in enumerate(self.pools) if tokens <= p.config.max_tokens), None)
+
+    def _takers(self, pool: int) -> list[int]:
+        """Pools whose instances may run a text of `pool`: itself, and larger ones if spilling."""
+        return list(range(pool, len(self.pools))) if self.spillover else [pool]
+
+    def _live(self, pool: int) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.pool == pool and not w.stopping]
+
+    def servable(self, pool: int) -> bool:
+        return any(self._live(p) for p in self._takers(pool))
+
+    # -- admission -------------------------------------------------------------------------
+
+    def admit(self, items: list[Item], now: float) -> str | None:
+        """Queue all of `items`, or none: returns why not ('no_instance', 'overloaded')."""
+        need: dict[int, int] = {}
+        for item in items:
+            need[item.pool] = need.get(item.pool, 0) + 1
+        for pool, count in need.items():
+            if not self.servable(pool):
+                return "no_instance"
+            idle = sum(1 for p in self._takers(pool) for w in self._live(p) if not w.jobs)
+            if len(self.pools[pool].queue) + count > self.queue_size + idle:
+                return "overloaded"
+        for item in items:
+            item.queued_at = now
+            self.pools[item.pool].queue.append(item)
+        return None
+
+    def drop_done(self) -> None:
+        """Forget queued texts of requests already answered (expired, failed)."""
+        for pool in self.pools:
+            if any(i.owner.done for i in pool.queue):
+                pool.queue = deque(i for i in pool.queue if not i.owner.done)
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> list[Job]:
+        """Give queued texts to idle instances, the one idle longest first.
+
+        Two passes: every idle instance first takes from its own pool's queue; only then do
+        the idle instances still left take a smaller pool's overflow (spillover), so a text
+        never spills while an instance of its own pool is free.
+        """
+        self.drop_done()
+        started = []
+        idle = sorted(
+            (w for w in self.workers.values() if not w.jobs and not w.stopping),
+            key=lambda w: w.idle_since,
+        )
+        spill_passes = [range(w.pool - 1, -1, -1) for w in idle] if self.spillover else []
+        for sources in ([[w.pool] for w in idle], spill_passes):
+            for worker, pools in zip(idle, sources, strict=False):
+                if worker.jobs:
+                    continue
+                items = self._take(pools, now)
+                if items:
+                    started.append(self._start(worker, items))
+        return started
+
+    def _take(self, pools, now: float) -> list[Item]:
+        for source in pools:
+            queue = self.pools[source].queue
+            if not queue:
+                continue
+            if len(queue) < self.max_batch and now - queue[0].queued_at < self.max_wait:
+                continue  # let the batch fill a little longer
+            return self._batch(queue)
+        return []
+
+    def _batch(self, queue: deque[Item]) -> list[Item]:
+        """The oldest text, plus the queued texts nearest its length (up to max_batch)."""
+        first = queue.popleft()
+        if self.max_batch == 1 or not queue:
+            return [first]
+        window = list(queue)[: 4 * self.max_batch]
+        window.sort(key=lambda i: abs(len(i.ids) - len(first.ids)))
+        chosen = window[: self.max_batch - 1]
+        picked = set(map(id, chosen))
+        remaining = [i for i in queue if id(i) not in picked]
+        queue.clear()
+        queue.extend(remaining)
+        return [first, *chosen]
+
+    def _start(self, worker: WorkerState, items: list[Item]) -> Job:
+        self._next_job += 1
+        job = Job(self._next_job, worker.identity, items)
+        self.jobs[job.id] = job
+        worker.jobs += 1
+        return job
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When a waiting micro-batch must be sent even if not full."""
+        if self.max_wait <= 0:
+            return None
+        waits = [p.queue[0].queued_at + self.max_wait for p in self.pools if p.queue]
+        return min(waits) if waits else None
+
+    # -- results and failures --------------------------------------------------------------
+
+    def finish(self, job_id: int, now: float) -> Job | None:
+        """A job's result came back; None for a job we no longer track."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return None
+        worker = self.workers.get(job.worker)
+        if worker is not None:
+            worker.jobs -= 1
+            worker.served += 1
+            worker.idle_since = now
+        return job
+
+    def requeue(self, items: list[Item], now: float, count_attempt: bool) -> list[Item]:
+        """Put texts back at the front of their pools; returns those that may not be retried."""
+        failed = []
+        for item in reversed(items):
+            if item.owner.done:
+                continue
+            if count_attempt:
+                item.attempts += 1
+            if item.attempts > 1 or not self.servable(item.pool):
+                failed.append(item)
+            else:
+                item.queued_at = now
+                self.pools[item.pool].queue.appendleft(item)
+        return failed
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def worker_ready(self, identity: bytes, info: dict, now: float) -> WorkerState | None:
+        """A READY: a new instance, or a known one announcing itself again."""
+        pool = self.pool_index(str(info.get("pool")))
+        if pool is None:
+            return None
+        worker = self.workers.get(identity)
+        if worker is None:
+            worker = WorkerState(identity, str(info.get("name")), pool, info, now, now)
+            self.workers[identity] = worker
+        worker.info, worker.last_seen = info, now
+        return worker
+
+    def worker_seen(self, identity: bytes, now: float) -> WorkerState | None:
+        worker = self.workers.get(identity)
+        if worker is not None:
+            worker.last_seen = now
+        return worker
+
+    def remove_worker(self, identity: bytes) -> tuple[WorkerState | None, list[Item]]:
+        """Forget an instance; returns it and the texts it was running."""
+        worker = self.workers.pop(identity, None)
+        lost = [job for job in self.jobs.values() if job.worker == identity]
+        for job in lost:
+            del self.jobs[job.id]
+        return worker, [item for job in lost for item in job.items]
+
+    def silent_workers(self, now: float, timeout: float) -> list[bytes]:
+        return [w.identity for w in self.workers.values() if now - w.last_seen > timeout]
+
+    def unservable_items(self) -> list[Item]:
+        """Queued texts no live instance can run any more (their pools emptied): take them out."""
+        stranded = []
+        for i, pool in enumerate(self.pools):
+            if pool.queue and not self.servable(i):
+                stranded += [item for item in pool.queue if not item.owner.done]
+                pool.queue.clear()
+        return stranded

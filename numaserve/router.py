@@ -1,0 +1,465 @@
+"""The router: one process between the clients and the worker pools.
+
+It tokenizes each text, answers repeats from the cache, and dispatches the rest by length
+(dispatch.py). Clients reach it on `server.endpoint` (a ROUTER socket); workers connect to a
+second ROUTER socket over ipc. Run as `python -m numaserve.router --spec JSON`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from numaserve import exitcodes, protocol
+from numaserve.cache import ResultCache
+from numaserve.config import ConfigError, ModelConfig, PoolConfig, ServerConfig, from_mapping
+from numaserve.dispatch import Dispatcher, Item, Job
+from numaserve.lifecycle import die_with_parent
+from numaserve.modelpath import ModelLoadError
+from numaserve.pinning import PinningError, pin_current_process
+from numaserve.protocol import ErrorCode
+from numaserve.tokenization import Tokenizer, TooLongError
+
+log = logging.getLogger("numaserve.router")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    workers_endpoint: str
+    pools: tuple[PoolConfig, ...]
+    model: ModelConfig = field(default_factory=ModelConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
+    nodes: tuple[int, ...] = ()
+
+    @classmethod
+    def from_json(cls, text: str) -> RouterSpec:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"router spec: not JSON: {e}") from None
+        return from_mapping(cls, data, "router spec")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+@dataclass(eq=False)
+class Pending:
+    """A client request waiting for its texts' results."""
+
+    envelope: list[bytes]
+    request: protocol.Request
+    encoded: list
+    results: list
+    deadline: float | None
+    remaining: int = 0
+    done: bool = False
+
+
+class Router:
+    def __init__(self, spec: RouterSpec, tokenizer: Tokenizer, ctx: zmq.Context | None = None):
+        self.spec = spec
+        self.server = spec.server
+        self.task = spec.model.task
+        self.tokenizer = tokenizer
+        self.model_key = (
+            spec.model.path,
+            spec.model.task,
+            spec.model.quantize,
+            spec.model.max_length,
+        )
+        self.cache = ResultCache(spec.server.cache_entries)
+        self.dispatch = Dispatcher(
+            list(spec.pools),
+            queue_size=spec.server.queue_size,
+            spillover=spec.server.spillover,
+            max_batch=spec.server.max_batch,
+            max_wait=spec.server.max_wait_ms / 1000,
+        )
+        self.heartbeat = spec.server.heartbeat_ms / 1000
+        self.expiry = self.heartbeat * spec.server.heartbeat_liveness
+        self.deadlines: list[tuple[float, int, Pending]] = []
+        self.counters = {"requests": 0, "replies_ok": 0, "dropped_frames": 0}
+        self.errors: dict[str, int] = {}
+        self.ctx = ctx or zmq.Context.instance()
+        self.clients = self.ctx.socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.MAXMSGSIZE, spec.server.max_message_bytes)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.clients.linger = 0
+        self.workers = self.ctx.socket(zmq.ROUTER)
+        self.workers.linger = 0
+        self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.stopping = False
+
+    def bind(self) -> None:
+        self.clients.bind(self.server.endpoint)
+        self.workers.bind(self.spec.workers_endpoint)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def serve(self, wake_fd: int | None = None) -> None:
+        poller = zmq.Poller()
+        poller.register(self.clients, zmq.POLLIN)
+        poller.register(self.workers, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        if wake_fd is not None:
+            poller.register(wake_fd, zmq.POLLIN)
+        next_beat = time.monotonic()
+        while not self.stopping:
+            now = time.monotonic()
+            timeout = next_beat - now
+            for when in (
+                self.deadlines[0][0] if self.deadlines else None,
+                self.dispatch.next_wakeup(now),
+            ):
+                if when is not None:
+                    timeout = min(timeout, when - now)
+            events = dict(poller.poll(max(0.0, timeout) * 1000))
+            if wake_fd is not None and wake_fd in events:
+                os.read(wake_fd, 64)
+                self.stopping = True
+            if self.workers in events:
+                self._drain(self.workers, self.on_worker)
+            if self.clients in events:
+                self._drain(self.clients, self.on_client)
+            if self.monitor in events:
+                self._on_disconnect()
+            now = time.monotonic()
+            self._expire_deadlines(now)
+            if now >= next_beat:
+                self._heartbeat(now)
+                next_beat = now + self.heartbeat
+            self._send_jobs(self.dispatch.schedule(now))
+
+    def _drain(self, sock: zmq.Socket, handle) -> None:
+        """Handle what is waiting, up to a batch, so neither socket starves the other."""
+        for _ in range(256):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _on_disconnect(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            log.info(
+                "a client connection closed (it left, or sent a message over "
+                "server.max_message_bytes=%d and was dropped): %s",
+                self.server.max_message_bytes,
+                event.get("endpoint", b"").decode(errors="replace"),
+            )
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def on_client(self, frames: list[bytes]) -> None:
+        if len(frames) < 3:
+            self._drop(f"a client message of {len(frames)} frame(s)")
+            return
+        envelope, version, raw = frames[:-2], frames[-2], frames[-1]
+        try:
+            body = protocol.unpack([protocol.VERSION, raw])
+        except protocol.ProtocolError as e:
+            self._drop(f"an unparseable client message: {e}")
+            return
+        request_id = body.get("id") if isinstance(body.get("id"), (int, str)) else None
+        if version != protocol.VERSION:
+            message = f"unsupported protocol version {version[:16]!r}; this server speaks {protocol.VERSION!r}"
+            self._reply_error(envelope, request_id, ErrorCode.BAD_REQUEST, message)
+            return
+        self.counters["requests"] += 1
+        try:
+            request = protocol.parse_request(body, self.server.max_texts)
+        except protocol.RequestError as e:
+            self._reply_error(envelope, e.request_id, e.code, e.message)
+            return
+        if request.op == "ping":
+            self._reply(envelope, protocol.ok_reply(request.id))
+        elif request.op == "status":
+            self._reply(envelope, protocol.ok_reply(request.id, server=self.status()))
+        elif request.op != self.task:
+            message = f"this server's model does {self.task}, not {request.op}"
+            self._reply_error(envelope, request.id, ErrorCode.BAD_REQUEST, message)
+        else:
+            self._start(envelope, request)
+
+    def _start(self, envelope: list[bytes], request: protocol.Request) -> None:
+        now = time.monotonic()
+        try:
+            encoded = self.tokenizer.encode(list(request.texts))
+        except TooLongError as e:
+            self._reply_error(envelope, request.id, ErrorCode.TOO_LONG, str(e))
+            return
+        deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
+        pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline)
+        misses = []
+        for i, enc in enumerate(encoded):
+            hit = self.cache.get((self.model_key, enc.ids))
+            if hit is not None:
+                pending.results[i] = hit
+            else:
+                misses.append(Item(pending, i, enc.ids, self.dispatch.pool_for(len(enc.ids))))
+        if not misses:
+            self._complete(pending)
+            return
+        refused = self.dispatch.admit(misses, now)
+        if refused == "overloaded":
+            self._fail(pending, ErrorCode.OVERLOADED, "the pool's queue is full; retry later")
+            return
+        if refused == "no_instance":
+            self._fail(
+                pending, ErrorCode.NO_INSTANCE, "no ready instance can serve texts this long"
+            )
+            return
+        pending.remaining = len(misses)
+        if deadline is not None:
+            heapq.heappush(self.deadlines, (deadline, id(pending), pending))
+
+    def _complete(self, pending: Pending) -> None:
+        pending.done = True
+        results = [
+            {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
+            for result, enc in zip(pending.results, pending.encoded, strict=True)
+        ]
+        self.counters["replies_ok"] += 1
+        self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
+
+    def _fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
+        if not pending.done:
+            pending.done = True
+            self._reply_error(pending.envelope, pending.request.id, code, message)
+
+    def _reply_error(self, envelope, request_id, code: ErrorCode, message: str) -> None:
+        self.errors[code.value] = self.errors.get(code.value, 0) + 1
+        self._reply(envelope, protocol.error_reply(request_id, code, message))
+
+    def _reply(self, envelope: list[bytes], body: dict) -> None:
+        try:
+            self.clients.send_multipart([*envelope, *protocol.pack(body)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the client is gone, or its queue is full: its loss
+            log.debug("reply not sent: %s", e)
+
+    def _drop(self, what: str) -> None:
+        self.counters["dropped_frames"] += 1
+        log.warning("dropped %s", what)
+
+    def _expire_deadlines(self, now: float) -> None:
+        expired = False
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, _, pending = heapq.heappop(self.deadlines)
+            if not pending.done:
+                self._fail(
+                    pending,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    "the deadline passed before it could be answered",
+                )
+                expired = True
+        if expired:
+            self.dispatch.drop_done()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def on_worker(self, frames: list[bytes]) -> None:
+        identity, rest = frames[0], frames[1:]
+        try:
+            body = protocol.unpack(rest)
+        except protocol.ProtocolError as e:
+            self._drop(f"a worker message: {e}")
+            return
+        now = time.monotonic()
+        kind = body.get("type")
+        if kind == protocol.READY:
+            known = identity in self.dispatch.workers
+            worker = self.dispatch.worker_ready(identity, body, now)
+            if worker is None:
+                log.warning(
+                    "ignored READY from %s: unknown pool %r", body.get("name"), body.get("pool")
+                )
+            elif not known:
+                log.info(
+                    "instance %s ready (pool %s, CPUs %s, pid %s)",
+                    worker.name,
+                    body.get("pool"),
+                    body.get("cpus"),
+                    body.get("pid"),
+                )
+            return
+        worker = self.dispatch.worker_seen(identity, now)
+        if worker is None:
+            return  # expired, or never announced: it will send READY again
+        if kind == protocol.RESULT:
+            self._on_result(body, now)
+        elif kind == protocol.BYE:
+            worker.stopping = True
+            log.info("instance %s is stopping", worker.name)
+
+    def _on_result(self, body: dict, now: float) -> None:
+        job = self.dispatch.finish(body.get("job"), now)
+        if job is None:
+            return
+        error = body.get("error")
+        if error is not None:
+            if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
+                self._retry(job.items, now, count_attempt=False)
+            else:
+                codes = {c.value: c for c in ErrorCode}
+                code = codes.get(error.get("code"), ErrorCode.INTERNAL)
+                for item in job.items:
+                    self._fail(item.owner, code, str(error.get("message")))
+            return
+        results = body.get("results") or []
+        if len(results) != len(job.items):
+            for item in job.items:
+                self._fail(
+                    item.owner,
+                    ErrorCode.INTERNAL,
+                    "an instance returned the wrong number of results",
+                )
+            return
+        for item, result in zip(job.items, results, strict=True):
+            self.cache.put((self.model_key, item.ids), result)
+            pending = item.owner
+            if pending.done:
+                continue
+            pending.results[item.index] = result
+            pending.remaining -= 1
+            if pending.remaining == 0:
+                self._complete(pending)
+
+    def _retry(self, items: list[Item], now: float, count_attempt: bool) -> None:
+        for item in self.dispatch.requeue(items, now, count_attempt):
+            reason = (
+                "its instance failed, and so did the retry"
+                if item.attempts > 1
+                else "no instance is left to retry it on"
+            )
+            self._fail(
+                item.owner,
+                ErrorCode.INTERNAL if item.attempts > 1 else ErrorCode.NO_INSTANCE,
+                reason,
+            )
+
+    def _heartbeat(self, now: float) -> None:
+        for identity in self.dispatch.silent_workers(now, self.expiry):
+            worker, lost = self.dispatch.remove_worker(identity)
+            log.warning(
+                "instance %s missed %d heartbeats: dropped; retrying its %d text(s)",
+                worker.name,
+                self.server.heartbeat_liveness,
+                len(lost),
+            )
+            self._retry(lost, now, count_attempt=True)
+        for item in self.dispatch.unservable_items():
+            self._fail(
+                item.owner, ErrorCode.NO_INSTANCE, "no ready instance is left for texts this long"
+            )
+        beat = protocol.pack({"type": protocol.HEARTBEAT})
+        for identity in self.dispatch.workers:
+            self.workers.send_multipart([identity, *beat])
+
+    def _send_jobs(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            body = {"type": protocol.RUN, "job": job.id, "inputs": [list(i.ids) for i in job.items]}
+            self.workers.send_multipart([job.worker, *protocol.pack(body)])
+
+    # -- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        instances = [
+            {
+                "name": w.name,
+                "pool": self.dispatch.pools[w.pool].config.name,
+                "state": "stopping" if w.stopping else "ready",
+                "pid": w.info.get("pid"),
+                "cpus": w.info.get("cpus"),
+                "nodes": w.info.get("nodes"),
+                "threads": w.info.get("threads"),
+                "membind": w.info.get("membind"),
+                "busy": w.jobs,
+                "served": w.served,
+            }
+            for w in sorted(self.dispatch.workers.values(), key=lambda w: w.name)
+        ]
+        pools = [
+            {
+                "name": p.config.name,
+                "max_tokens": p.config.max_tokens,
+                "queue": len(p.queue),
+                "ready": sum(
+                    1 for w in self.dispatch.workers.values() if w.pool == i and not w.stopping
+                ),
+            }
+            for i, p in enumerate(self.dispatch.pools)
+        ]
+        return {
+            "task": self.task,
+            "model": self.spec.model.path,
+            "instances": instances,
+            "pools": pools,
+            "cache": self.cache.stats(),
+            "requests": dict(self.counters),
+            "errors": dict(self.errors),
+        }
+
+    def close(self) -> None:
+        self.clients.disable_monitor()
+        for sock in (self.monitor, self.clients, self.workers):
+            sock.close(linger=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="numaserve.router", description=__doc__)
+    parser.add_argument("--spec", required=True, help="the RouterSpec as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        spec = RouterSpec.from_json(args.spec)
+    except ConfigError as e:
+        log.error("bad router spec: %s", e)
+        return exitcodes.MODEL
+    die_with_parent()
+    if spec.cpus:
+        try:
+            pin_current_process(spec.cpus, spec.nodes)
+        except PinningError as e:
+            log.error("cannot pin the router: %s", e)
+            return exitcodes.PINNING
+    try:
+        tokenizer = Tokenizer(spec.model.path, spec.model.max_length, spec.model.truncate)
+    except ModelLoadError as e:
+        log.error("%s", e)
+        return exitcodes.MODEL
+    router = Router(spec, tokenizer)
+    try:
+        router.bind()
+    except zmq.ZMQError as e:
+        log.error("cannot listen on %s or %s: %s", spec.server.endpoint, spec.workers_endpoint, e)
+        return exitcodes.CRASH
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: os.write(wake_w, b"s"))
+    log.info("listening on %s; workers on %s", spec.server.endpoint, spec.workers_endpoint)
+    router.serve(wake_r)
+    router.close()
+    log.info("stopped")
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

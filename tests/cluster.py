@@ -1,0 +1,94 @@
+"""A real numaserve (router + pinned workers) started from a config, for end-to-end tests.
+
+Until the supervisor exists, tests start the router and the workers themselves, from the
+same Deployment the supervisor will use: real processes, real sockets, real pinning.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from numaserve.client import Client
+from numaserve.config import parse_config
+from numaserve.deployment import deployment
+from numaserve.placement import plan_placement
+from numaserve.topology import read_topology
+from numaserve.worker import command as worker_command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, directory: Path, yaml_text: str):
+        self.directory = directory
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        config = parse_config(yaml_text)
+        config = replace(config, server=replace(config.server, endpoint=self.endpoint))
+        topo = read_topology()
+        self.deployment = deployment(
+            config, plan_placement(topo, config.placement), topo, directory
+        )
+        self.router = None
+        self.workers = {}
+
+    def start(self, wait: bool = True) -> Cluster:
+        self.router = self._spawn(
+            "router",
+            [sys.executable, "-m", "numaserve.router", "--spec", self.deployment.router.to_json()],
+        )
+        for spec in self.deployment.workers:
+            self.start_worker(spec.name)
+        if wait:
+            self.wait_ready(len(self.deployment.workers))
+        return self
+
+    def start_worker(self, name: str) -> subprocess.Popen:
+        spec = next(s for s in self.deployment.workers if s.name == name)
+        self.workers[name] = self._spawn(name, worker_command(spec))
+        return self.workers[name]
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = (self.directory / f"{name}.log").open("a")
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def client(self, **kw) -> Client:
+        return Client(self.endpoint, **kw)
+
+    def wait_ready(self, instances: int, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        with self.client(timeout=1, retries=0) as c:
+            while time.monotonic() < deadline:
+                try:
+                    status = c.status()
+                    if sum(i["state"] == "ready" for i in status["instances"]) >= instances:
+                        return status
+                except Exception:
+                    pass
+                time.sleep(0.2)
+        raise TimeoutError(
+            f"{instances} instance(s) not ready in {timeout} s; logs in {self.directory}"
+        )
+
+    def log(self, name: str) -> str:
+        return (self.directory / f"{name}.log").read_text()
+
+    def stop(self) -> None:
+        procs = [p for p in [self.router, *self.workers.values()] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -1,0 +1,202 @@
+"""Dispatch rules, on the pure state machine: no sockets, time passed in."""
+
+from dataclasses import dataclass
+
+from numaserve.config import PoolConfig
+from numaserve.dispatch import Dispatcher, Item
+
+SHORT, LONG = 0, 1
+
+
+@dataclass
+class Request:
+    done: bool = False
+
+
+def dispatcher(**kw):
+    pools = [PoolConfig("long", max_tokens=512), PoolConfig("short", max_tokens=32)]
+    return Dispatcher(pools, queue_size=kw.pop("queue_size", 4), **kw)
+
+
+def add_worker(d, name, pool, now=0.0):
+    identity = name.encode()
+    d.worker_ready(identity, {"name": name, "pool": pool}, now)
+    return identity
+
+
+def item(d, tokens, owner=None):
+    return Item(owner or Request(), 0, tuple(range(tokens)), d.pool_for(tokens))
+
+
+def test_pools_are_ordered_by_length_band():
+    d = dispatcher()
+    assert [p.config.name for p in d.pools] == ["short", "long"]
+
+
+def test_a_text_goes_to_the_smallest_pool_that_fits():
+    d = dispatcher()
+    assert d.pool_for(1) == SHORT and d.pool_for(32) == SHORT
+    assert d.pool_for(33) == LONG and d.pool_for(512) == LONG
+    assert d.pool_for(513) is None
+
+
+def test_short_text_runs_on_a_short_instance():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    add_worker(d, "long-0", "long")
+    assert d.admit([item(d, 10)], now=0) is None
+    (job,) = d.schedule(now=0)
+    assert job.worker == b"short-0"
+
+
+def test_the_instance_idle_longest_gets_the_next_text():
+    d = dispatcher()
+    add_worker(d, "short-0", "short", now=0)
+    add_worker(d, "short-1", "short", now=0)
+    d.workers[b"short-0"].idle_since = 5
+    d.workers[b"short-1"].idle_since = 3
+    d.admit([item(d, 10)], now=6)
+    assert [j.worker for j in d.schedule(now=6)] == [b"short-1"]
+
+
+def test_a_busy_instance_takes_no_second_job():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    d.admit([item(d, 10), item(d, 10)], now=0)
+    assert len(d.schedule(now=0)) == 1
+    assert d.schedule(now=0) == []
+    assert len(d.pools[SHORT].queue) == 1
+
+
+def test_short_text_spills_over_to_an_idle_long_instance():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    add_worker(d, "long-0", "long")
+    d.admit([item(d, 10), item(d, 10)], now=0)
+    assert sorted(j.worker for j in d.schedule(now=0)) == [b"long-0", b"short-0"]
+
+
+def test_no_spillover_while_the_texts_own_pool_has_an_idle_instance():
+    d = dispatcher()
+    add_worker(d, "long-0", "long", now=0)  # idle longest: first in line
+    add_worker(d, "short-0", "short", now=5)
+    d.admit([item(d, 10)], now=6)
+    assert [j.worker for j in d.schedule(now=6)] == [b"short-0"]
+
+
+def test_no_spillover_when_it_is_off():
+    d = dispatcher(spillover=False)
+    add_worker(d, "short-0", "short")
+    add_worker(d, "long-0", "long")
+    d.admit([item(d, 10), item(d, 10)], now=0)
+    assert [j.worker for j in d.schedule(now=0)] == [b"short-0"]
+
+
+def test_long_text_never_runs_on_a_short_instance():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    add_worker(d, "long-0", "long")
+    d.admit([item(d, 100), item(d, 100)], now=0)
+    assert [j.worker for j in d.schedule(now=0)] == [b"long-0"]
+
+
+def test_a_long_instance_serves_its_own_queue_before_spillover():
+    d = dispatcher()
+    add_worker(d, "long-0", "long")
+    add_worker(d, "short-0", "short")
+    d.workers[b"short-0"].jobs = 1  # busy
+    d.admit([item(d, 10)], now=0)
+    d.admit([item(d, 100)], now=1)
+    (job,) = d.schedule(now=1)
+    assert len(job.items[0].ids) == 100
+
+
+def test_a_full_queue_refuses_the_request_whole():
+    d = dispatcher(queue_size=2)
+    add_worker(d, "short-0", "short")
+    d.workers[b"short-0"].jobs = 1
+    assert d.admit([item(d, 10), item(d, 10)], now=0) is None
+    assert d.admit([item(d, 10)], now=0) == "overloaded"
+    assert len(d.pools[SHORT].queue) == 2
+
+
+def test_idle_instances_count_as_room():
+    d = dispatcher(queue_size=1)
+    add_worker(d, "short-0", "short")
+    add_worker(d, "short-1", "short")
+    assert d.admit([item(d, 10)] * 3, now=0) is None
+
+
+def test_a_pool_without_instances_is_no_instance():
+    d = dispatcher(spillover=False)
+    add_worker(d, "long-0", "long")
+    assert d.admit([item(d, 10)], now=0) == "no_instance"
+
+
+def test_texts_of_a_dead_instance_are_retried_once_elsewhere():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    add_worker(d, "short-1", "short")
+    d.admit([item(d, 10)], now=0)
+    (job,) = d.schedule(now=0)
+    _, lost = d.remove_worker(job.worker)
+    assert d.requeue(lost, now=1, count_attempt=True) == []
+    (retry,) = d.schedule(now=1)
+    assert retry.worker != job.worker
+    _, lost = d.remove_worker(retry.worker)
+    assert d.requeue(lost, now=2, count_attempt=True) == lost  # second failure: give up
+
+
+def test_texts_are_not_retried_where_no_instance_is_left():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    d.admit([item(d, 10)], now=0)
+    (job,) = d.schedule(now=0)
+    _, lost = d.remove_worker(job.worker)
+    assert d.requeue(lost, now=1, count_attempt=True) == lost
+
+
+def test_answered_requests_leave_the_queue():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    d.workers[b"short-0"].jobs = 1
+    gone, kept = Request(), Request()
+    d.admit([item(d, 10, gone), item(d, 10, kept)], now=0)
+    gone.done = True
+    d.workers[b"short-0"].jobs = 0
+    (job,) = d.schedule(now=1)
+    assert job.items[0].owner is kept
+
+
+def test_micro_batch_takes_texts_of_similar_length():
+    d = dispatcher(max_batch=3, queue_size=10)
+    add_worker(d, "long-0", "long")
+    d.workers[b"long-0"].jobs = 1
+    d.admit([item(d, n) for n in (100, 400, 110, 390, 105)], now=0)
+    d.workers[b"long-0"].jobs = 0
+    (job,) = d.schedule(now=0)
+    assert [len(i.ids) for i in job.items] == [100, 105, 110]
+
+
+def test_micro_batch_waits_up_to_max_wait_for_company():
+    d = dispatcher(max_batch=4, max_wait=0.005)
+    add_worker(d, "short-0", "short")
+    d.admit([item(d, 10)], now=0)
+    assert d.schedule(now=0.001) == []
+    assert d.next_wakeup(now=0.001) == 0.005
+    assert len(d.schedule(now=0.006)) == 1
+
+
+def test_silent_instances_are_found():
+    d = dispatcher()
+    add_worker(d, "short-0", "short", now=0)
+    add_worker(d, "short-1", "short", now=0)
+    d.worker_seen(b"short-1", now=2)
+    assert d.silent_workers(now=2.5, timeout=1.5) == [b"short-0"]
+
+
+def test_a_stopping_instance_gets_no_work():
+    d = dispatcher()
+    add_worker(d, "short-0", "short")
+    d.workers[b"short-0"].stopping = True
+    assert d.admit([item(d, 10)], now=0) == "no_instance"
