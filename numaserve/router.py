@@ -101,6 +101,7 @@ class Router:
         self.workers.linger = 0
         self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.stopping = False
+        self.changed = False  # something new to schedule: texts queued, or an instance freed
 
     def bind(self) -> None:
         self.clients.bind(self.server.endpoint)
@@ -136,20 +137,21 @@ class Router:
             if self.monitor in events:
                 self._on_disconnect()
             now = time.monotonic()
-            self._expire_deadlines(now)
+            if self.deadlines:
+                self._expire_deadlines(now)
             if now >= next_beat:
                 self._heartbeat(now)
                 next_beat = now + self.heartbeat
-            self._send_jobs(self.dispatch.schedule(now))
+            if self.changed or self.dispatch.max_wait:
+                self.changed = False
+                self._send_jobs(self.dispatch.schedule(now))
 
     def _drain(self, sock: zmq.Socket, handle) -> None:
         """Handle what is waiting, up to a batch, so neither socket starves the other."""
         for _ in range(256):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
-            handle(frames)
+            handle(sock.recv_multipart())
 
     def _on_disconnect(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -225,6 +227,7 @@ class Router:
             )
             return
         pending.remaining = len(misses)
+        self.changed = True
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, id(pending), pending))
 
@@ -288,13 +291,16 @@ class Router:
                 log.warning(
                     "ignored READY from %s: unknown pool %r", body.get("name"), body.get("pool")
                 )
-            elif not known:
+                return
+            self.changed = True
+            if not known:
+                cpus, pid = body.get("cpus"), body.get("pid")
                 log.info(
                     "instance %s ready (pool %s, CPUs %s, pid %s)",
                     worker.name,
                     body.get("pool"),
-                    body.get("cpus"),
-                    body.get("pid"),
+                    cpus,
+                    pid,
                 )
             return
         worker = self.dispatch.worker_seen(identity, now)
@@ -310,6 +316,7 @@ class Router:
         job = self.dispatch.finish(body.get("job"), now)
         if job is None:
             return
+        self.changed = True
         error = body.get("error")
         if error is not None:
             if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
@@ -340,6 +347,7 @@ class Router:
                 self._complete(pending)
 
     def _retry(self, items: list[Item], now: float, count_attempt: bool) -> None:
+        self.changed = True
         for item in self.dispatch.requeue(items, now, count_attempt):
             reason = (
                 "its instance failed, and so did the retry"
@@ -440,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
             log.error("cannot pin the router: %s", e)
             return exitcodes.PINNING
     try:
-        tokenizer = Tokenizer(spec.model.path, spec.model.max_length, spec.model.truncate)
+        tokenizer = Tokenizer(
+            spec.model.path,
+            spec.model.max_length,
+            spec.model.truncate,
+            recent=min(spec.server.cache_entries, 65536),
+        )
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL

@@ -29,7 +29,7 @@ class Tokenizer:
     truncation set to max_length so special tokens survive a cut.
     """
 
-    def __init__(self, model_path: str, max_length: int, truncate: bool = True):
+    def __init__(self, model_path: str, max_length: int, truncate: bool = True, recent: int = 0):
         from tokenizers import Tokenizer as RawTokenizer
         from transformers import AutoTokenizer
 
@@ -49,8 +49,23 @@ class Tokenizer:
         self.full = RawTokenizer.from_str(self.hf.backend_tokenizer.to_str())
         self.full.no_padding()
         self.full.no_truncation()
+        # Repeated texts (real traffic repeats: that is why there is a cache) skip the tokenizer.
+        self.recent: dict[str, Encoded] = {}
+        self.recent_size = recent
 
     def encode(self, texts: list[str]) -> list[Encoded]:
+        """Encodings of `texts`; a text seen recently is not tokenized again."""
+        if len(texts) == 1 and (known := self.recent.get(texts[0])) is not None:
+            return [known]
+        out = self._encode(texts)
+        if self.recent_size:
+            for text, enc in zip(texts, out, strict=True):
+                self.recent[text] = enc
+                if len(self.recent) > self.recent_size:
+                    del self.recent[next(iter(self.recent))]  # the oldest: dicts keep order
+        return out
+
+    def _encode(self, texts: list[str]) -> list[Encoded]:
         out = []
         for i, enc in enumerate(
             self.raw.encode_batch(texts) if len(texts) > 1 else [self.raw.encode(texts[0])]

@@ -1,0 +1,124 @@
+"""What the router costs: latency added to a request, and cache-hit throughput.
+
+Starts a real router (pinned to CPU 0, the reserved core) and one worker (CPU 1) with the
+default model (bundled MiniLM, int8). Measures, in one run:
+  in-process   tokenize + forward pass in a process pinned to CPU 1, one text at a time
+  via router   the same texts through client -> router -> worker (each text once: no cache)
+  cache hits   replies/s for texts the cache holds, from a pipelined load generator
+
+Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 300] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from numaserve import protocol
+from numaserve.corpus import stdlib_sentences
+from tests.cluster import Cluster  # starts router + workers until `numaserve start` exists
+
+CONFIG = """
+placement:
+  reserved_cores: 1
+  pools: [{name: main, max_tokens: 256, instances: 1}]
+"""
+
+
+def in_process_latencies(texts: list[str], cpu: int) -> list[float]:
+    code = f"""
+import json, os, time
+os.sched_setaffinity(0, {{{cpu}}})
+from numaserve.config import ModelConfig
+from numaserve.models import Model, configure_threads
+from numaserve.tokenization import Tokenizer
+from numaserve.topology import read_topology
+configure_threads(1)
+tok = Tokenizer("bundled:minilm", 256)
+model = Model(ModelConfig(), isa=read_topology().isa)
+texts = {texts!r}
+for t in texts[:20]:
+    model.run([list(tok.encode([t])[0].ids)])
+out = []
+for t in texts:
+    start = time.perf_counter()
+    model.run([list(tok.encode([t])[0].ids)])
+    out.append(time.perf_counter() - start)
+print(json.dumps(out))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def router_latencies(cluster: Cluster, texts: list[str]) -> list[float]:
+    out = []
+    with cluster.client(timeout=10) as client:
+        for t in texts:
+            start = time.perf_counter()
+            client.embed(t)
+            out.append(time.perf_counter() - start)
+    return out
+
+
+def cache_hit_rate(cluster: Cluster, texts: list[str], seconds: float, window: int = 128) -> float:
+    with cluster.client(timeout=10) as client:
+        for start in range(0, len(texts), 64):  # now all cached
+            client.embed(texts[start : start + 64])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(cluster.endpoint)
+    requests = [protocol.pack({"id": i, "op": "embed", "texts": [t]}) for i, t in enumerate(texts)]
+    for i in range(window):
+        sock.send_multipart(requests[i % len(requests)])
+    sent, done, start = window, 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        sock.recv_multipart()
+        done += 1
+        sock.send_multipart(requests[sent % len(requests)])
+        sent += 1
+    sock.close()
+    return done / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--texts", type=int, default=300)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    texts = [t for t in stdlib_sentences() if 8 <= len(t.split()) <= 14][: args.texts]
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(Path(tmp), CONFIG).start()
+        try:
+            worker_cpu = cluster.deployment.workers[0].cpus[0]
+            direct = in_process_latencies(texts, worker_cpu)
+            routed = router_latencies(cluster, texts)
+            hits = cache_hit_rate(cluster, texts, args.seconds)
+        finally:
+            cluster.stop()
+    med_direct, med_routed = statistics.median(direct), statistics.median(routed)
+    print(
+        f"{len(texts)} stdlib sentences of 8-14 words; bundled:minilm int8; router on CPU 0, worker on CPU {worker_cpu}"
+    )
+    print(f"median latency in-process (tokenize + model): {med_direct * 1000:.2f} ms")
+    print(f"median latency via client -> router -> worker: {med_routed * 1000:.2f} ms")
+    print(
+        f"router adds to the median: {(med_routed - med_direct) * 1000:.2f} ms ({med_routed / med_direct:.2f}x)"
+    )
+    print(f"cache hits: {hits:,.0f} requests/s (pipelined load generator, 128 in flight)")
+
+
+if __name__ == "__main__":
+    main()
