@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import time
 
 import click
 
@@ -118,7 +122,8 @@ def _call(endpoints, timeout: float, method: str, texts):
 
     try:
         with Client(list(endpoints), timeout=timeout) as client:
-            return getattr(client, method)(list(texts))
+            call = getattr(client, method)
+            return call() if texts is None else call(list(texts))
     except NumaserveError as e:
         raise MachineError(f"{e.code}: {e.message}") from None
 
@@ -169,12 +174,73 @@ def classify(texts, endpoints, timeout: float) -> None:
 @main.command()
 @config_option
 def start(config_path: str) -> None:
-    """Run the server in the foreground."""
+    """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
+    from numaserve.logs import setup_logging
+    from numaserve.supervisor import start as run
+
     try:
-        load_config(config_path)
+        config = load_config(config_path)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    raise MachineError(
-        "serving is not available yet: the worker, router and supervisor are still being "
-        "built (see the README's status). `numaserve plan --config FILE` shows the placement."
-    )
+    setup_logging(config.logging.level, config.logging.format)
+    try:
+        code = run(config_path)
+    except PlacementError as e:
+        raise UserError(f"{config_path}: cannot place: {e}") from None
+    except TopologyError as e:
+        raise MachineError(str(e)) from None
+    sys.exit(code)
+
+
+@main.command()
+@endpoint_option
+@timeout_option
+@json_option
+def status(endpoints, timeout: float, as_json: bool) -> None:
+    """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
+    from numaserve.status import format_status
+
+    report = _call(endpoints, timeout, "status", None)
+    if as_json:
+        _print_json(report)
+    else:
+        click.echo(format_status(report))
+
+
+@main.command()
+@endpoint_option
+@timeout_option
+@click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait until it has stopped."
+)
+def stop(endpoints, timeout: float, wait: bool) -> None:
+    """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
+    report = _call(endpoints, timeout, "status", None)
+    pid = report.get("supervisor", {}).get("pid")
+    if not pid:
+        raise MachineError(
+            "the server did not say which process supervises it (not started by `numaserve start`?)"
+        )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise MachineError(f"supervisor pid {pid} is not running on this host") from None
+    except PermissionError:
+        raise MachineError(
+            f"not allowed to signal supervisor pid {pid}: run as its user or root"
+        ) from None
+    click.echo(f"sent SIGTERM to the numaserve supervisor (pid {pid}); it drains, then stops")
+    if wait:
+        while _alive(pid):
+            time.sleep(0.2)
+        click.echo("stopped")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

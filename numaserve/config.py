@@ -76,10 +76,32 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True)
+class SupervisorConfig:
+    # SIGTERM: requests in flight get this long to finish before the server stops anyway.
+    drain_timeout_s: float = field(default=30.0, metadata=_bounds(0, 3600))
+    # An instance not READY this long after its start is killed and restarted.
+    start_timeout_s: float = field(default=180.0, metadata=_bounds(1, 3600))
+    # After SIGTERM, a process still alive this long later gets SIGKILL.
+    kill_timeout_s: float = field(default=10.0, metadata=_bounds(0.1, 600))
+    # Exits before READY, in a row, after which an instance is FATAL (never restarted).
+    max_quick_exits: int = field(default=3, metadata=_bounds(1, 100))
+    backoff_initial_s: float = field(default=0.5, metadata=_bounds(0, 600))
+    backoff_max_s: float = field(default=30.0, metadata=_bounds(0, 3600))
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = ModelConfig()
     server: ServerConfig = ServerConfig()
     placement: PlacementConfig = PlacementConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    logging: LoggingConfig = LoggingConfig()
     source: str = field(default="<defaults>", metadata={"internal": True})
 
 
@@ -162,15 +184,16 @@ def _convert(hint, value, source: str, key: str, meta):
         if not isinstance(value, bool):
             raise ConfigError(f"{source}: {key}: expected true or false, got {_kind(value)}")
         return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: {key}: expected an integer, got {_kind(value)}")
+    if hint in (int, float):
+        accepted = int if hint is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            raise ConfigError(f"{source}: {key}: expected {_type_word(hint)}, got {_kind(value)}")
         lo, hi = meta.get("min"), meta.get("max")
         if lo is not None and value < lo:
             raise ConfigError(f"{source}: {key}: must be >= {lo}; got {value}")
         if hi is not None and value > hi:
             raise ConfigError(f"{source}: {key}: must be <= {hi}; got {value}")
-        return value
+        return hint(value)
     if hint is str:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{source}: {key}: expected a non-empty string, got {_kind(value)}")
@@ -236,7 +259,8 @@ def _join(where: str, key: str) -> str:
 
 
 def _type_word(hint) -> str:
-    return {int: "an integer", str: "a string", bool: "true or false"}.get(hint, str(hint))
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    return words.get(hint, str(hint))
 
 
 def _kind(value) -> str:

@@ -29,6 +29,7 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
         server=config.server,
         cpus=plan.reserved_cpus,
         nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
+        drain_timeout_s=config.supervisor.drain_timeout_s,
     )
     pools = {p.name: p for p in config.placement.pools}
     workers = tuple(

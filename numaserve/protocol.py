@@ -34,6 +34,8 @@ HEARTBEAT = "heartbeat"  # both ways, every heartbeat interval, busy or not
 RUN = "run"  # router: run these inputs in one forward pass
 RESULT = "result"  # worker: the results of a run, or its error
 BYE = "bye"  # worker: I am stopping; send me nothing more
+SUPERVISOR = "supervisor"  # supervisor: my slot table; answer with your status
+STATUS = "status"  # router: the status, in answer to SUPERVISOR
 
 
 def pack(body: dict) -> list[bytes]:

@@ -25,8 +25,9 @@ from numaserve.cache import ResultCache
 from numaserve.config import ConfigError, ModelConfig, PoolConfig, ServerConfig, from_mapping
 from numaserve.dispatch import Dispatcher, Item, Job
 from numaserve.lifecycle import die_with_parent
+from numaserve.logs import setup_logging
 from numaserve.modelpath import ModelLoadError
-from numaserve.pinning import PinningError, pin_current_process
+from numaserve.pinning import PinningError, live_affinity, pin_current_process
 from numaserve.protocol import ErrorCode
 from numaserve.tokenization import Tokenizer, TooLongError
 
@@ -41,6 +42,7 @@ class RouterSpec:
     server: ServerConfig = field(default_factory=ServerConfig)
     cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
     nodes: tuple[int, ...] = ()
+    drain_timeout_s: float = 30.0
 
     @classmethod
     def from_json(cls, text: str) -> RouterSpec:
@@ -101,6 +103,9 @@ class Router:
         self.workers.linger = 0
         self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.stopping = False
+        self.draining_until: float | None = None  # set by SIGTERM: finish what is in flight
+        self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
+        self.supervisor: dict = {}  # the supervisor's slot table, for status
         self.changed = False  # something new to schedule: texts queued, or an instance freed
 
     def bind(self) -> None:
@@ -129,7 +134,7 @@ class Router:
             events = dict(poller.poll(max(0.0, timeout) * 1000))
             if wake_fd is not None and wake_fd in events:
                 os.read(wake_fd, 64)
-                self.stopping = True
+                self.begin_drain()
             if self.workers in events:
                 self._drain(self.workers, self.on_worker)
             if self.clients in events:
@@ -145,6 +150,8 @@ class Router:
             if self.changed or self.dispatch.max_wait:
                 self.changed = False
                 self._send_jobs(self.dispatch.schedule(now))
+            if self.draining_until is not None:
+                self._check_drained(now)
 
     def _drain(self, sock: zmq.Socket, handle) -> None:
         """Handle what is waiting, up to a batch, so neither socket starves the other."""
@@ -192,6 +199,9 @@ class Router:
             self._reply(envelope, protocol.ok_reply(request.id))
         elif request.op == "status":
             self._reply(envelope, protocol.ok_reply(request.id, server=self.status()))
+        elif self.draining_until is not None:
+            message = "the server is stopping; send it elsewhere"
+            self._reply_error(envelope, request.id, ErrorCode.NO_INSTANCE, message)
         elif request.op != self.task:
             message = f"this server's model does {self.task}, not {request.op}"
             self._reply_error(envelope, request.id, ErrorCode.BAD_REQUEST, message)
@@ -227,12 +237,14 @@ class Router:
             )
             return
         pending.remaining = len(misses)
+        self.active[id(pending)] = pending
         self.changed = True
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, id(pending), pending))
 
     def _complete(self, pending: Pending) -> None:
         pending.done = True
+        self.active.pop(id(pending), None)
         results = [
             {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
             for result, enc in zip(pending.results, pending.encoded, strict=True)
@@ -243,6 +255,7 @@ class Router:
     def _fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
         if not pending.done:
             pending.done = True
+            self.active.pop(id(pending), None)
             self._reply_error(pending.envelope, pending.request.id, code, message)
 
     def _reply_error(self, envelope, request_id, code: ErrorCode, message: str) -> None:
@@ -273,6 +286,33 @@ class Router:
         if expired:
             self.dispatch.drop_done()
 
+    # -- stopping --------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Stop taking requests; the loop ends when those in flight are answered, or at the
+        drain timeout."""
+        if self.draining_until is None:
+            self.draining_until = time.monotonic() + self.spec.drain_timeout_s
+            log.info(
+                "draining: %d request(s) in flight, %.0f s at most",
+                len(self.active),
+                self.spec.drain_timeout_s,
+            )
+
+    def _check_drained(self, now: float) -> None:
+        if not self.active:
+            self.stopping = True
+        elif now >= self.draining_until:
+            log.warning(
+                "drain timeout: %d request(s) still in flight are answered with an error",
+                len(self.active),
+            )
+            for pending in list(self.active.values()):
+                self._fail(
+                    pending, ErrorCode.NO_INSTANCE, "the server stopped before it could answer"
+                )
+            self.stopping = True
+
     # -- workers ---------------------------------------------------------------------------
 
     def on_worker(self, frames: list[bytes]) -> None:
@@ -284,6 +324,11 @@ class Router:
             return
         now = time.monotonic()
         kind = body.get("type")
+        if kind == protocol.SUPERVISOR:
+            self.supervisor = body
+            reply = {"type": protocol.STATUS, "server": self.status()}
+            self.workers.send_multipart([identity, *protocol.pack(reply)])
+            return
         if kind == protocol.READY:
             known = identity in self.dispatch.workers
             worker = self.dispatch.worker_ready(identity, body, now)
@@ -386,21 +431,37 @@ class Router:
     # -- status ----------------------------------------------------------------------------
 
     def status(self) -> dict:
-        instances = [
-            {
-                "name": w.name,
-                "pool": self.dispatch.pools[w.pool].config.name,
-                "state": "stopping" if w.stopping else "ready",
-                "pid": w.info.get("pid"),
-                "cpus": w.info.get("cpus"),
-                "nodes": w.info.get("nodes"),
-                "threads": w.info.get("threads"),
-                "membind": w.info.get("membind"),
-                "busy": w.jobs,
-                "served": w.served,
-            }
-            for w in sorted(self.dispatch.workers.values(), key=lambda w: w.name)
-        ]
+        """The server's state; where a supervisor runs, one entry per slot of its plan."""
+        live = {w.info.get("pid"): w for w in self.dispatch.workers.values()}
+        slots = self.supervisor.get("slots")
+        if slots is None:  # no supervisor: the instances the router knows
+            slots = [
+                {
+                    "name": w.name,
+                    "pool": self.dispatch.pools[w.pool].config.name,
+                    "state": "draining" if w.stopping else "ready",
+                    "pid": w.info.get("pid"),
+                    "cpus": w.info.get("cpus"),
+                    "nodes": w.info.get("nodes"),
+                }
+                for w in self.dispatch.workers.values()
+            ]
+        instances = []
+        for slot in sorted(slots, key=lambda s: s["name"]):
+            worker = live.get(slot.get("pid"))
+            live_cpus = _live_affinity(slot.get("pid"))
+            instances.append(
+                {
+                    **slot,
+                    "routed": worker is not None and not worker.stopping,
+                    "threads": worker.info.get("threads") if worker else None,
+                    "membind": worker.info.get("membind") if worker else None,
+                    "busy": worker.jobs if worker else 0,
+                    "served": worker.served if worker else 0,
+                    "live_cpus": live_cpus,
+                    "affinity_ok": live_cpus == slot.get("cpus") if live_cpus is not None else None,
+                }
+            )
         pools = [
             {
                 "name": p.config.name,
@@ -420,6 +481,11 @@ class Router:
             "cache": self.cache.stats(),
             "requests": dict(self.counters),
             "errors": dict(self.errors),
+            "draining": self.draining_until is not None,
+            "routed_pids": sorted(
+                w.info.get("pid") for w in self.dispatch.workers.values() if not w.stopping
+            ),
+            "supervisor": {k: v for k, v in self.supervisor.items() if k not in ("type", "slots")},
         }
 
     def close(self) -> None:
@@ -428,13 +494,21 @@ class Router:
             sock.close(linger=0)
 
 
+def _live_affinity(pid) -> list[int] | None:
+    """The CPUs the kernel lets `pid` run on now (this router shares the workers' host)."""
+    if not isinstance(pid, int):
+        return None
+    try:
+        return list(live_affinity(pid))
+    except (OSError, PinningError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="numaserve.router", description=__doc__)
     parser.add_argument("--spec", required=True, help="the RouterSpec as JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
-    )
+    setup_logging()
     try:
         spec = RouterSpec.from_json(args.spec)
     except ConfigError as e:

@@ -29,6 +29,7 @@ from numaserve import exitcodes, protocol
 from numaserve.config import ConfigError, ModelConfig, from_mapping
 from numaserve.cpulist import format_cpulist
 from numaserve.lifecycle import die_with_parent
+from numaserve.logs import setup_logging
 from numaserve.modelpath import ModelLoadError
 from numaserve.pinning import (
     PINNED_BY_ENV,
@@ -279,9 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="the WorkerSpec as JSON")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s"
-    )
+    setup_logging()
     try:
         spec = WorkerSpec.from_json(args.spec)
     except ConfigError as e:
