@@ -1,0 +1,285 @@
+"""`numaserve start` as an operator runs it: real processes, signals, and a client sending
+continuously throughout. Slow (each test starts a server): CI runs them in their own step."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from numaserve import exitcodes
+from numaserve.client import Client, NoInstance, NumaserveError
+from numaserve.modelpath import resolve_model_path
+from tests.cluster import free_port
+
+pytestmark = pytest.mark.slow
+
+BASE = """
+model: {{path: {model}}}
+server: {{endpoint: "{endpoint}", heartbeat_ms: 200, heartbeat_liveness: 3}}
+supervisor: {{drain_timeout_s: 15, kill_timeout_s: 3, backoff_initial_s: 0.2, backoff_max_s: 2}}
+logging: {{format: {format}}}
+placement:
+  pools: [{{name: main, max_tokens: 256, instances: auto}}]
+"""
+
+
+class Server:
+    def __init__(self, directory: Path, model: str = "bundled:minilm", fmt: str = "text"):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.config = directory / "numaserve.yaml"
+        self.config.write_text(BASE.format(model=model, endpoint=self.endpoint, format=fmt))
+        self.log_path = directory / "server.log"
+        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+        self.proc = subprocess.Popen(
+            [exe, "start", "--config", str(self.config)],
+            stdout=self.log_path.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def status(self) -> dict:
+        with Client(self.endpoint, timeout=2, retries=0) as c:
+            return c.status()
+
+    def instances(self) -> dict:
+        return {i["name"]: i for i in self.status()["instances"]}
+
+    def wait_for(self, check, timeout: float = 120, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+                if result:
+                    return result
+            except NumaserveError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"server exited {self.proc.returncode} waiting for {what}:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
+
+    def wait_ready(self) -> dict:
+        def ready():
+            inst = self.instances()
+            return (
+                inst
+                if inst and all(i["state"] == "ready" and i["routed"] for i in inst.values())
+                else None
+            )
+
+        return self.wait_for(ready, what="every instance ready")
+
+    def pids(self) -> list[int]:
+        status = self.status()
+        return [status["supervisor"]["pid"], *(i["pid"] for i in status["instances"] if i["pid"])]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path)
+    yield s
+    s.stop()
+
+
+class Load:
+    """Clients sending unique texts back to back, recording how each request ended."""
+
+    def __init__(self, endpoint: str, clients: int = 2):
+        self.endpoint = endpoint
+        self.outcomes: list[str] = []
+        self.running = True
+        self.threads = [
+            threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(clients)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, n: int) -> None:
+        with Client(self.endpoint, timeout=10, retries=3) as client:
+            i = 0
+            while self.running:
+                i += 1
+                try:
+                    client.embed(
+                        f"client {n} request {i}: the quick brown fox jumps over the lazy dog"
+                    )
+                    self.outcomes.append("ok")
+                except NumaserveError as e:
+                    self.outcomes.append(type(e).__name__)
+                    if isinstance(e, NoInstance):
+                        time.sleep(0.05)
+
+    def stop(self) -> dict:
+        self.running = False
+        for t in self.threads:
+            t.join(60)
+        counts: dict[str, int] = {}
+        for o in self.outcomes:
+            counts[o] = counts.get(o, 0) + 1
+        return counts
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1].startswith("Z")
+
+
+def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
+    before = server.wait_ready()
+    load = Load(server.endpoint)
+    time.sleep(1)
+    victim = before["main-0"]
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def back():
+        inst = server.instances()["main-0"]
+        return (
+            inst
+            if inst["pid"] != victim["pid"] and inst["state"] == "ready" and inst["routed"]
+            else None
+        )
+
+    after = server.wait_for(back, what="main-0 restarted")
+    time.sleep(1)
+    counts = load.stop()
+    assert (after["cpus"], after["nodes"], after["live_cpus"]) == (
+        victim["cpus"],
+        victim["nodes"],
+        victim["cpus"],
+    )
+    assert after["affinity_ok"] and after["restarts"] == 1
+    assert counts.get("ok", 0) > 50 and set(counts) == {"ok"}, counts
+    log = server.log()
+    assert (
+        "exit main-0: killed by SIGKILL (not by numaserve: possibly the out-of-memory killer" in log
+    )
+    assert "restart main-0 (restart 1)" in log
+
+
+def test_a_worker_whose_model_no_longer_loads_goes_fatal_without_crash_looping(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("bundled:minilm"), model)
+    server = Server(tmp_path, model=str(model))
+    try:
+        before = server.wait_ready()
+        load = Load(server.endpoint, clients=1)
+        (model / "model.safetensors").write_bytes(b"corrupted by a bad deploy")
+        os.kill(before["main-1"]["pid"], signal.SIGKILL)
+        server.wait_for(
+            lambda: server.instances()["main-1"]["state"] == "fatal", what="main-1 fatal"
+        )
+        time.sleep(2)  # would it loop? give it the time to
+        counts = load.stop()
+        log = server.log()
+        assert log.count("spawn main-1") == 2  # the first start, and one restart: no loop
+        assert "fatal: main-1 could not load its model; not restarting it" in log
+        assert "cannot load model" in log  # the worker's own line says why
+        assert server.instances()["main-0"]["state"] == "ready"
+        assert counts.get("ok", 0) > 10 and set(counts) == {"ok"}, counts
+    finally:
+        server.stop()
+
+
+def test_sigterm_answers_requests_in_flight_and_exits_0(tmp_path):
+    server = Server(tmp_path, fmt="json")
+    try:
+        server.wait_ready()
+        pids = server.pids()
+        load = Load(server.endpoint, clients=3)
+        time.sleep(1)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(30)
+        took = time.monotonic() - started
+        counts = load.stop()
+    finally:
+        server.stop()
+    assert code == 0 and took < 15
+    # accepted requests were answered; new ones during the drain got a clear `no_instance`
+    assert set(counts) <= {"ok", "NoInstance", "Timeout"} and counts.get("Timeout", 0) <= 3, counts
+    assert all(gone(p) for p in pids)
+    events = [json.loads(line) for line in server.log().splitlines()]  # every line is JSON
+    seen = {e.get("event") for e in events}
+    assert {"spawn", "ready", "serving", "drain", "exit", "stopped"} <= seen
+
+
+def test_sighup_reloads_one_instance_at_a_time_without_failing_a_request(server):
+    before = server.wait_ready()
+    load = Load(server.endpoint)
+    time.sleep(1)
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for(lambda: "reload: done" in server.log(), what="reload done")
+    after = server.wait_ready()
+    time.sleep(1)
+    counts = load.stop()
+    assert all(after[n]["pid"] != before[n]["pid"] for n in before)
+    assert all(after[n]["cpus"] == before[n]["cpus"] for n in before)
+    assert counts.get("ok", 0) > 50 and set(counts) == {"ok"}, counts
+
+
+def test_a_worker_that_stops_heartbeating_is_killed_and_restarted(server):
+    before = server.wait_ready()
+    victim = before["main-1"]["pid"]
+    os.kill(victim, signal.SIGSTOP)  # alive, but silent
+    back = server.wait_for(
+        lambda: (
+            (i := server.instances()["main-1"])["pid"] != victim and i["state"] == "ready" and i
+        ),
+        what="main-1 replaced",
+    )
+    assert back["cpus"] == before["main-1"]["cpus"]
+    log = server.log()
+    assert "main-1 stopped heartbeating: SIGTERM, then SIGKILL" in log
+    assert "main-1 did not stop in time: SIGKILL" in log
+
+
+def test_killing_the_supervisor_leaves_no_process_behind(server):
+    server.wait_ready()
+    supervisor, *children = server.pids()
+    router = server.status()  # the router answered: it is among the survivors to check
+    assert router
+    router_pid = int(
+        subprocess.check_output(["pgrep", "-f", "-P", str(supervisor), "numaserve.router"]).split()[
+            0
+        ]
+    )
+    os.kill(supervisor, signal.SIGKILL)
+    server.proc.wait(10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(gone(p) for p in [*children, router_pid]):
+        time.sleep(0.2)
+    assert all(gone(p) for p in [*children, router_pid])
+
+
+def test_a_model_that_never_loads_stops_the_server_with_the_model_code(tmp_path):
+    server = Server(tmp_path, model=str(tmp_path / "no-such-model"))
+    code = server.proc.wait(120)
+    log = server.log()
+    assert code == exitcodes.MODEL, log
+    assert "does not exist" in log and "fatal: no instance can serve" in log
+    assert log.count("spawn main-0") == 1  # FATAL at once: no restarts
