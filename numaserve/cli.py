@@ -128,25 +128,23 @@ def _call(endpoints, timeout: float, method: str, texts):
         raise MachineError(f"{e.code}: {e.message}") from None
 
 
+def _result_json(result) -> dict:
+    from numaserve.client import Embedding
+
+    if isinstance(result, Embedding):
+        fields = {"embedding": [round(float(x), 7) for x in result.vector]}
+    else:
+        fields = {"label": result.label, "probs": list(result.probs)}
+    return {**fields, "tokens": result.tokens, "truncated": result.truncated}
+
+
 @main.command()
 @click.argument("texts", nargs=-1, required=True)
 @endpoint_option
 @timeout_option
 def embed(texts, endpoints, timeout: float) -> None:
     """Print the embeddings of TEXTS as JSON, one object per text."""
-    results = _call(endpoints, timeout, "embed", texts)
-    _print_json(
-        {
-            "results": [
-                {
-                    "embedding": [round(float(x), 7) for x in r.vector],
-                    "tokens": r.tokens,
-                    "truncated": r.truncated,
-                }
-                for r in results
-            ]
-        }
-    )
+    _print_json({"results": [_result_json(r) for r in _call(endpoints, timeout, "embed", texts)]})
 
 
 @main.command()
@@ -155,19 +153,8 @@ def embed(texts, endpoints, timeout: float) -> None:
 @timeout_option
 def classify(texts, endpoints, timeout: float) -> None:
     """Print the label and probabilities of each of TEXTS as JSON."""
-    results = _call(endpoints, timeout, "classify", texts)
     _print_json(
-        {
-            "results": [
-                {
-                    "label": r.label,
-                    "probs": list(r.probs),
-                    "tokens": r.tokens,
-                    "truncated": r.truncated,
-                }
-                for r in results
-            ]
-        }
+        {"results": [_result_json(r) for r in _call(endpoints, timeout, "classify", texts)]}
     )
 
 

@@ -8,6 +8,7 @@ Every key is documented in docs/configuration.md.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -103,6 +104,22 @@ class Config:
     supervisor: SupervisorConfig = SupervisorConfig()
     logging: LoggingConfig = LoggingConfig()
     source: str = field(default="<defaults>", metadata={"internal": True})
+
+
+class JSONSpec:
+    """A frozen dataclass handed to a child process as JSON on its command line."""
+
+    @classmethod
+    def from_json(cls, text: str):
+        what = f"{cls.__name__} (JSON)"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{what}: not JSON: {e}") from None
+        return from_mapping(cls, data, what)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
 
 
 def load_config(path: str | Path) -> Config:

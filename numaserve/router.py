@@ -8,9 +8,7 @@ second ROUTER socket over ipc. Run as `python -m numaserve.router --spec JSON`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
-import json
 import logging
 import os
 import signal
@@ -22,7 +20,13 @@ import zmq
 
 from numaserve import exitcodes, protocol
 from numaserve.cache import ResultCache
-from numaserve.config import ConfigError, ModelConfig, PoolConfig, ServerConfig, from_mapping
+from numaserve.config import (
+    ConfigError,
+    JSONSpec,
+    ModelConfig,
+    PoolConfig,
+    ServerConfig,
+)
 from numaserve.dispatch import Dispatcher, Item, Job
 from numaserve.lifecycle import die_with_parent
 from numaserve.logs import setup_logging
@@ -35,7 +39,7 @@ log = logging.getLogger("numaserve.router")
 
 
 @dataclass(frozen=True)
-class RouterSpec:
+class RouterSpec(JSONSpec):
     workers_endpoint: str
     pools: tuple[PoolConfig, ...]
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -43,17 +47,6 @@ class RouterSpec:
     cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
     nodes: tuple[int, ...] = ()
     drain_timeout_s: float = 30.0
-
-    @classmethod
-    def from_json(cls, text: str) -> RouterSpec:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"router spec: not JSON: {e}") from None
-        return from_mapping(cls, data, "router spec")
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
 
 
 @dataclass(eq=False)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -26,7 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.config import ConfigError, ModelConfig, from_mapping
+from numaserve.config import ConfigError, JSONSpec, ModelConfig
 from numaserve.cpulist import format_cpulist
 from numaserve.lifecycle import die_with_parent
 from numaserve.logs import setup_logging
@@ -46,7 +44,7 @@ STOP = [b"stop"]
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(JSONSpec):
     """Everything a worker needs, passed as JSON on its command line."""
 
     name: str
@@ -61,17 +59,6 @@ class WorkerSpec:
     heartbeat_ms: int = 500
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
     use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerSpec:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"worker spec: not JSON: {e}") from None
-        return from_mapping(cls, data, "worker spec")
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
 
 
 def command(spec: WorkerSpec) -> list[str]:

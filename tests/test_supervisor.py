@@ -31,7 +31,7 @@ placement:
 
 
 class Server:
-    def __init__(self, directory: Path, model: str = "bundled:minilm", fmt: str = "text"):
+    def __init__(self, directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.config = directory / "numaserve.yaml"
         self.config.write_text(BASE.format(model=model, endpoint=self.endpoint, format=fmt))
@@ -283,3 +283,60 @@ def test_a_model_that_never_loads_stops_the_server_with_the_model_code(tmp_path)
     assert code == exitcodes.MODEL, log
     assert "does not exist" in log and "fatal: no instance can serve" in log
     assert log.count("spawn main-0") == 1  # FATAL at once: no restarts
+
+
+def test_systemd_hears_ready_only_once_every_instance_is_ready(tmp_path):
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = str(tmp_path / "notify.sock")
+    listener.bind(path)
+    listener.settimeout(120)
+    server = Server(tmp_path, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+    try:
+        messages = []
+        while not any(m.startswith("READY=1") for m in messages):
+            messages.append(listener.recv(4096).decode())
+        instances = server.instances()  # asked right after READY=1 arrived
+        assert all(i["state"] == "ready" for i in instances.values()), instances
+        assert any(m.startswith("STATUS=") and "starting" in m for m in messages[:-1])
+        assert f"MAINPID={server.proc.pid}" in messages[-1]
+        later = [listener.recv(4096).decode() for _ in range(3)]
+        assert "WATCHDOG=1" in later
+        server.proc.send_signal(signal.SIGTERM)
+        while not listener.recv(4096).decode().startswith("STOPPING=1"):
+            pass
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
+        listener.close()
+
+
+def test_status_and_stop_commands(server):
+    server.wait_ready()
+    exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+    status = subprocess.run(
+        [exe, "status", "--endpoint", server.endpoint], capture_output=True, text=True, timeout=30
+    )
+    assert status.returncode == 0, status.stderr
+    rows = [line for line in status.stdout.splitlines() if line.startswith("main-")]
+    assert len(rows) == len(os.sched_getaffinity(0)) and all(
+        "(as planned)" in r and " ready " in r for r in rows
+    )
+    assert "cache:" in status.stdout and f"supervisor: pid {server.proc.pid}" in status.stdout
+    stop = subprocess.run(
+        [exe, "stop", "--endpoint", server.endpoint], capture_output=True, text=True, timeout=60
+    )
+    assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stderr
+    assert server.proc.wait(10) == 0
+
+
+def test_a_second_sigint_stops_fast(server):
+    server.wait_ready()
+    pids = server.pids()
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(15) == 128 + signal.SIGINT
+    assert "fast stop: killing every process now" in server.log()
+    assert all(gone(p) for p in pids)
