@@ -41,6 +41,7 @@ from numaserve.worker import command as worker_command
 log = logging.getLogger("numaserve.supervisor")
 POLL_ROUTER_S = 0.25
 FAST_STOP_EXIT = 128 + signal.SIGINT
+SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
 class State(str, Enum):
@@ -205,7 +206,8 @@ class Supervisor:
     # -- processes ---------------------------------------------------------------------------
 
     def spawn(self, child: Child) -> None:
-        env = {**os.environ, **self.config_env}
+        # systemd's variables are the supervisor's alone (NotifyAccess=main).
+        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | self.config_env
         try:
             # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which
             # then stops the children in order (router drains first).
@@ -336,6 +338,7 @@ class Supervisor:
 
     def _set(self, child: Child, state: State, message: str, event: str) -> None:
         child.state = state
+        self.send_slots()
         level = logging.ERROR if state == State.FATAL else logging.INFO
         log.log(level, "%s", message, extra={"event": event, "instance": child.name})
 
@@ -352,14 +355,20 @@ class Supervisor:
                 self.router_status = body["server"]
                 self.router_heard_at = now
         if now >= self.next_poll:
-            self.next_poll = now + POLL_ROUTER_S
-            slots = [c.describe() for c in self.workers.values()]
-            message = {
-                "type": protocol.SUPERVISOR,
-                "pid": os.getpid(),
-                "state": self.summary(),
-                "slots": slots,
-            }
+            self.send_slots()
+
+    def send_slots(self) -> None:
+        """Our slot table to the router, for `numaserve status`: on a timer, and on every
+        change of state, so that status never lags what systemd was told."""
+        self.next_poll = time.monotonic() + POLL_ROUTER_S
+        slots = [c.describe() for c in self.workers.values()]
+        message = {
+            "type": protocol.SUPERVISOR,
+            "pid": os.getpid(),
+            "state": self.summary(),
+            "slots": slots,
+        }
+        with contextlib.suppress(zmq.Again):
             self.control.send_multipart(protocol.pack(message), zmq.NOBLOCK)
 
     def routed_pids(self, now: float) -> set[int] | None:

@@ -41,6 +41,7 @@ class Server:
             [exe, "start", "--config", str(self.config)],
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
 
     def log(self) -> str:
