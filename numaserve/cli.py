@@ -159,6 +159,70 @@ def classify(texts, endpoints, timeout: float) -> None:
 
 
 @main.command()
+@endpoint_option
+@click.option(
+    "--corpus",
+    type=click.Path(dir_okay=False),
+    help="Texts, one per line (default: stdlib docstring sentences).",
+)
+@click.option("--op", type=click.Choice(["embed", "classify"]), default="embed", show_default=True)
+@click.option("--clients", default=32, show_default=True, help="Closed loop: concurrent clients.")
+@click.option(
+    "--requests", default=1000, show_default=True, help="Closed loop: requests per client."
+)
+@click.option(
+    "--rate", type=float, help="Open loop: requests per second (instead of the closed loop)."
+)
+@click.option("--duration", type=float, default=30.0, show_default=True, help="Open loop: seconds.")
+@click.option(
+    "--timeout", default=10.0, show_default=True, help="Seconds before a request counts as failed."
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed for drawing texts from the corpus."
+)
+@json_option
+def bench(endpoints, corpus, op, clients, requests, rate, duration, timeout, seed, as_json) -> None:
+    """Load a running server and report throughput, latency percentiles and errors."""
+    from numaserve import bench as load
+
+    try:
+        texts = load.load_corpus(corpus)
+    except load.CorpusError as e:
+        raise UserError(str(e)) from None
+    total = int(rate * duration) if rate else clients * requests
+    show = not as_json and total >= 200
+    with (
+        click.progressbar(length=total, label="requests", file=sys.stderr)
+        if show
+        else _NoBar() as bar
+    ):
+        if rate:
+            result = load.open_loop(
+                list(endpoints), texts, rate, duration, op, timeout, bar.update, seed
+            )
+        else:
+            result = load.closed_loop(
+                list(endpoints), texts, clients, requests, op, timeout, bar.update, seed
+            )
+    summary = result.summary()
+    if as_json:
+        _print_json(summary)
+    else:
+        click.echo(load.format_result(summary))
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+@main.command()
 @config_option
 def start(config_path: str) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""

@@ -229,6 +229,30 @@ def test_cli_embed_prints_json(cluster):
     assert len(result["embedding"]) == 384 and result["truncated"] is False
 
 
+@pytest.mark.parametrize(
+    "mode", [["--clients", "3", "--requests", "5"], ["--rate", "20", "--duration", "1"]]
+)
+def test_bench_drives_a_live_server_and_reports_json(cluster, tmp_path, mode):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a short text\n" + "a much longer text " * 10 + "\n")
+    exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+    out = subprocess.run(
+        [exe, "bench", "--endpoint", cluster.endpoint, "--corpus", str(corpus), "--json", *mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["ok"] == summary["requests"] == 15 and summary["errors"] == {}
+    assert (
+        0
+        < summary["latency_ms"]["p50"]
+        <= summary["latency_ms"]["p99"]
+        <= summary["latency_ms"]["max"]
+    )
+
+
 STRICT = """
 model: {truncate: false, max_length: 256}
 server: {queue_size: 4, max_batch: 4, max_texts: 8, heartbeat_ms: 200}

@@ -1,0 +1,214 @@
+"""The published CPU recipe, step by step, each step a real numaserve server, in one run.
+
+  1 BERT-base, padded to 128 tokens (the baseline)      fp32
+  2 DistilBERT, padded to 128                           fp32
+  3 DistilBERT, dynamic shapes (no padding at batch 1)  fp32
+  4 + int8 dynamic quantization
+  5 + the response cache, on traffic that repeats like real traffic (Zipf)
+  6 placement: one pinned single-core instance per core against one instance on all cores
+
+Models have random weights in the published shapes (transformers' BertConfig() and
+DistilBertConfig() defaults): speed depends on the shape, not the weights. Texts are the stdlib
+docstring sentences (numaserve/corpus.py), tokenized with the bundled MiniLM tokenizer
+(bert-base-uncased's vocabulary). Steps 1-5 run one instance on one core and report the median
+latency of one client sending requests back to back; step 6 reports throughput under 8 clients.
+
+Run:  .venv/bin/python benchmarks/ladder.py [--requests 40] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from numaserve.bench import closed_loop
+from numaserve.client import Client, NumaserveError
+from numaserve.corpus import stdlib_sentences
+from numaserve.modelpath import resolve_model_path
+from tests.cluster import free_port
+
+CONFIG = """
+model: {{path: "{model}", quantize: {quantize}, padding: {padding}, max_length: 128}}
+server: {{endpoint: "{endpoint}", cache_entries: {cache}}}
+placement:
+  pools: [{{name: main, max_tokens: 128, cores_per_instance: {cores}, instances: {instances}}}]
+"""
+
+
+def save_models(directory: Path) -> dict[str, Path]:
+    import torch
+    import transformers
+    from transformers import AutoTokenizer, BertConfig, BertModel, DistilBertConfig, DistilBertModel
+
+    transformers.utils.logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm"))
+    paths = {}
+    for name, model in (
+        ("bert-base", BertModel(BertConfig())),
+        ("distilbert", DistilBertModel(DistilBertConfig())),
+    ):
+        torch.manual_seed(0)
+        paths[name] = directory / name
+        model.save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    return paths
+
+
+class Server:
+    def __init__(self, directory: Path, **settings):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        config = directory / f"ladder-{time.monotonic_ns()}.yaml"
+        config.write_text(CONFIG.format(endpoint=self.endpoint, **settings))
+        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+        self.proc = subprocess.Popen(
+            [exe, "start", "--config", str(config)], stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 180
+        with Client(self.endpoint, timeout=2, retries=0) as c:
+            while time.monotonic() < deadline:
+                try:
+                    instances = c.status()["instances"]
+                    if instances and all(i["state"] == "ready" and i["routed"] for i in instances):
+                        self.pids = [i["pid"] for i in instances]
+                        return
+                except NumaserveError:
+                    pass
+                time.sleep(0.3)
+        raise RuntimeError(f"server not ready: {settings}")
+
+    def rss_mb(self) -> list[float]:
+        return [psutil.Process(p).memory_info().rss / 2**20 for p in self.pids]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def zipf_traffic(texts: list[str], draws: int, s: float = 1.0, seed: int = 0) -> list[str]:
+    """Requests drawn from `texts` with Zipf popularity: a few texts are asked for often."""
+    rng = random.Random(seed)
+    weights = [1 / (rank + 1) ** s for rank in range(len(texts))]
+    return rng.choices(texts, weights=weights, k=draws)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=40, help="requests per latency step")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    texts = stdlib_sentences()
+    steps = [
+        (
+            "1 BERT-base, padded to 128",
+            dict(model="bert-base", quantize="none", padding="max_length"),
+        ),
+        (
+            "2 DistilBERT, padded to 128",
+            dict(model="distilbert", quantize="none", padding="max_length"),
+        ),
+        (
+            "3 DistilBERT, dynamic shapes",
+            dict(model="distilbert", quantize="none", padding="dynamic"),
+        ),
+        ("4 + int8", dict(model="distilbert", quantize="int8", padding="dynamic")),
+        (
+            "5 + cache, Zipf traffic",
+            dict(model="distilbert", quantize="int8", padding="dynamic", cache=1_000_000),
+        ),
+    ]
+    rows, memory = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        models = save_models(Path(tmp))
+        for name, step in steps:
+            settings = {
+                "cache": 0,
+                "cores": 1,
+                "instances": 1,
+                **step,
+                "model": models[step["model"]],
+            }
+            server = Server(Path(tmp), **settings)
+            try:
+                traffic = zipf_traffic(texts, 5000) if settings["cache"] else texts
+                closed_loop([server.endpoint], traffic[:50], 1, 5)  # warm the path
+                if settings["cache"]:
+                    closed_loop([server.endpoint], traffic, 1, 300)  # a cache that has seen traffic
+                result = closed_loop(
+                    [server.endpoint], traffic, 1, args.requests * (10 if settings["cache"] else 1)
+                )
+                memory[step["model"]] = server.rss_mb()[0]
+                with Client(server.endpoint) as c:
+                    hit_rate = c.status()["cache"]["hit_rate"]
+            finally:
+                server.stop()
+            summary = result.summary()
+            rows.append(
+                {
+                    "step": name,
+                    "p50_ms": summary["latency_ms"]["p50"],
+                    "mean_ms": summary["latency_ms"]["mean"],
+                    "hit_rate": hit_rate,
+                }
+            )
+        throughput = {}
+        cpus = len(os.sched_getaffinity(0))
+        for name, cores, instances in (
+            ("one instance on all cores", cpus, 1),
+            ("one single-core instance per core", 1, cpus),
+        ):
+            server = Server(
+                Path(tmp),
+                model=models["distilbert"],
+                quantize="int8",
+                padding="dynamic",
+                cache=0,
+                cores=cores,
+                instances=instances,
+            )
+            try:
+                closed_loop([server.endpoint], texts, 8, 5)
+                throughput[name] = closed_loop(
+                    [server.endpoint], texts, 8, args.requests * 3
+                ).summary()["throughput_rps"]
+            finally:
+                server.stop()
+    base = rows[0]["mean_ms"]
+    print(
+        f"{'step':<32}{'p50 ms':>9}{'mean ms':>9}{'speedup':>9}   (speedup: mean latency against step 1)"
+    )
+    for r in rows:
+        extra = f"   cache hit rate {r['hit_rate']:.0%}" if r["hit_rate"] else ""
+        print(
+            f"{r['step']:<32}{r['p50_ms']:>9.2f}{r['mean_ms']:>9.2f}{base / r['mean_ms']:>8.1f}x{extra}"
+        )
+    one, many = (
+        throughput["one instance on all cores"],
+        throughput["one single-core instance per core"],
+    )
+    print(f"\n6 placement on {cpus} cores, DistilBERT int8, 8 clients:")
+    print(f"  one instance on all cores         {one:8.1f} requests/s")
+    print(f"  one single-core instance per core {many:8.1f} requests/s   ({many / one:.2f}x)")
+    print(
+        "\nmemory (RSS of one instance): " + ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"steps": rows, "placement_rps": throughput, "rss_mb": memory}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""`numaserve bench`: a load generator for any running numaserve server.
+
+Closed loop: N clients, each sending M requests back to back (the published method was 32 x
+1000). Open loop: requests at a fixed rate, whatever the answers do; latency counts from the
+moment a request was due, so a server that falls behind cannot hide it (coordinated omission).
+Texts come from a corpus file, one per line, drawn at random so that its length distribution
+is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from numaserve.client import AsyncClient, Client, NumaserveError
+
+
+class CorpusError(ValueError):
+    pass
+
+
+def load_corpus(path: str | Path | None) -> list[str]:
+    """Non-blank lines of `path`; without a path, the stdlib docstring sentences."""
+    if path is None:
+        from numaserve.corpus import stdlib_sentences
+
+        return stdlib_sentences()
+    try:
+        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorpusError(f"cannot read corpus {path}: {e}") from None
+    texts = [line for line in lines if line]
+    if not texts:
+        raise CorpusError(f"corpus {path} has no non-blank line")
+    return texts
+
+
+@dataclass
+class Result:
+    mode: str
+    op: str
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)  # of successful requests, in seconds
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def record_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def summary(self) -> dict:
+        lat = sorted(self.latencies)
+
+        def pct(p: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1000, 3) if lat else None
+
+        return {
+            "mode": self.mode,
+            "op": self.op,
+            "requests": len(lat) + sum(self.errors.values()),
+            "ok": len(lat),
+            "errors": dict(self.errors),
+            "seconds": round(self.seconds, 3),
+            "throughput_rps": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
+            "latency_ms": {
+                "p50": round(statistics.median(lat) * 1000, 3) if lat else None,
+                "p95": pct(95),
+                "p99": pct(99),
+                "max": round(lat[-1] * 1000, 3) if lat else None,
+                "mean": round(statistics.fmean(lat) * 1000, 3) if lat else None,
+            },
+        }
+
+
+def format_result(summary: dict) -> str:
+    lat = summary["latency_ms"]
+
+    def ms(v):
+        return "-" if v is None else f"{v:.2f}"
+
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(summary["errors"].items())) or "none"
+    return "\n".join(
+        [
+            f"{summary['mode']} loop, {summary['op']}: {summary['requests']} requests in {summary['seconds']:.1f} s",
+            f"throughput  {summary['throughput_rps']:.1f} requests/s",
+            f"latency ms  p50 {ms(lat['p50'])}  p95 {ms(lat['p95'])}  p99 {ms(lat['p99'])}  max {ms(lat['max'])}",
+            f"errors      {errors}",
+        ]
+    )
+
+
+def closed_loop(
+    endpoints: list[str],
+    texts: list[str],
+    clients: int,
+    requests: int,
+    op: str = "embed",
+    timeout: float = 10.0,
+    progress: Callable[[int], None] | None = None,
+    seed: int = 0,
+) -> Result:
+    """`clients` threads, each with its own connection, sending `requests` requests in turn."""
+    result = Result("closed", op)
+    lock = threading.Lock()
+    start_gate = threading.Barrier(clients + 1)
+
+    def run(n: int) -> None:
+        rng = random.Random(seed * 1000 + n)
+        with Client(endpoints, timeout=timeout, retries=0) as client:
+            call = getattr(client, op)
+            start_gate.wait()
+            for _ in range(requests):
+                text = rng.choice(texts)
+                began = time.perf_counter()
+                try:
+                    call(text)
+                    elapsed, error = time.perf_counter() - began, None
+                except NumaserveError as e:
+                    error = e.code
+                with lock:  # the progress bar is not thread-safe either
+                    if error is None:
+                        result.latencies.append(elapsed)
+                    else:
+                        result.record_error(error)
+                    if progress:
+                        progress(1)
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    start_gate.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def open_loop(
+    endpoints: list[str],
+    texts: list[str],
+    rate: float,
+    duration: float,
+    op: str = "embed",
+    timeout: float = 10.0,
+    progress: Callable[[int], None] | None = None,
+    seed: int = 0,
+) -> Result:
+    """`rate` requests a second for `duration` seconds, each sent when due."""
+    result = Result("open", op)
+    rng = random.Random(seed)
+
+    async def one(client: AsyncClient, text: str, due: float) -> None:
+        try:
+            await getattr(client, op)(text)
+            result.latencies.append(time.perf_counter() - due)
+        except NumaserveError as e:
+            result.record_error(e.code)
+        if progress:
+            progress(1)
+
+    async def run() -> None:
+        async with AsyncClient(endpoints, timeout=timeout, retries=0) as client:
+            began = time.perf_counter()
+            tasks = []
+            for i in range(int(rate * duration)):
+                due = began + i / rate
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                tasks.append(asyncio.create_task(one(client, rng.choice(texts), due)))
+            await asyncio.gather(*tasks)
+            result.seconds = time.perf_counter() - began
+
+    asyncio.run(run())
+    return result
