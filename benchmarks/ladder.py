@@ -142,16 +142,18 @@ def main() -> None:
             }
             server = Server(Path(tmp), **settings)
             try:
-                traffic = zipf_traffic(texts, 5000) if settings["cache"] else texts
-                closed_loop([server.endpoint], traffic[:50], 1, 5)  # warm the path
-                if settings["cache"]:
-                    closed_loop([server.endpoint], traffic, 1, 300)  # a cache that has seen traffic
-                result = closed_loop(
-                    [server.endpoint], traffic, 1, args.requests * (10 if settings["cache"] else 1)
-                )
-                memory[step["model"]] = server.rss_mb()[0]
+                traffic = zipf_traffic(texts, 20_000) if settings["cache"] else texts
+                closed_loop([server.endpoint], traffic[:50], 1, 5, seed=1)  # warm the path
+                if settings["cache"]:  # a cache that has seen some traffic, not this run's
+                    closed_loop([server.endpoint], traffic, 1, 300, seed=2)
                 with Client(server.endpoint) as c:
-                    hit_rate = c.status()["cache"]["hit_rate"]
+                    before = c.status()["cache"]
+                    n = args.requests * (10 if settings["cache"] else 1)
+                    result = closed_loop([server.endpoint], traffic, 1, n, seed=3)
+                    after = c.status()["cache"]
+                looked_up = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
+                hit_rate = (after["hits"] - before["hits"]) / looked_up if looked_up else 0.0
+                memory[step["model"]] = server.rss_mb()[0]
             finally:
                 server.stop()
             summary = result.summary()
