@@ -7,7 +7,6 @@ second ROUTER socket over ipc. Run as `python -m numaserve.router --spec JSON`.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import logging
 import os
@@ -21,15 +20,13 @@ import zmq
 from numaserve import exitcodes, protocol
 from numaserve.cache import ResultCache
 from numaserve.config import (
-    ConfigError,
     JSONSpec,
     ModelConfig,
     PoolConfig,
     ServerConfig,
 )
 from numaserve.dispatch import Dispatcher, Item, Job
-from numaserve.lifecycle import die_with_parent
-from numaserve.logs import setup_logging
+from numaserve.lifecycle import die_with_parent, read_spec
 from numaserve.modelpath import ModelLoadError
 from numaserve.pinning import PinningError, live_affinity, pin_current_process
 from numaserve.protocol import ErrorCode
@@ -498,14 +495,8 @@ def _live_affinity(pid) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="numaserve.router", description=__doc__)
-    parser.add_argument("--spec", required=True, help="the RouterSpec as JSON")
-    args = parser.parse_args(argv)
-    setup_logging()
-    try:
-        spec = RouterSpec.from_json(args.spec)
-    except ConfigError as e:
-        log.error("bad router spec: %s", e)
+    spec = read_spec(RouterSpec, "numaserve.router", argv, log)
+    if spec is None:
         return exitcodes.MODEL
     die_with_parent()
     if spec.cpus:

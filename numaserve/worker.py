@@ -10,7 +10,6 @@ Run as `python -m numaserve.worker --spec JSON` (the supervisor builds the comma
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -24,10 +23,9 @@ from dataclasses import dataclass, field
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.config import ConfigError, JSONSpec, ModelConfig
+from numaserve.config import JSONSpec, ModelConfig
 from numaserve.cpulist import format_cpulist
-from numaserve.lifecycle import die_with_parent
-from numaserve.logs import setup_logging
+from numaserve.lifecycle import die_with_parent, read_spec
 from numaserve.modelpath import ModelLoadError
 from numaserve.pinning import (
     PINNED_BY_ENV,
@@ -263,15 +261,9 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="numaserve.worker", description=__doc__)
-    parser.add_argument("--spec", required=True, help="the WorkerSpec as JSON")
-    args = parser.parse_args(argv)
     started = time.monotonic()
-    setup_logging()
-    try:
-        spec = WorkerSpec.from_json(args.spec)
-    except ConfigError as e:
-        log.error("bad worker spec: %s", e)
+    spec = read_spec(WorkerSpec, "numaserve.worker", argv, log)
+    if spec is None:
         return exitcodes.MODEL
     log.name = f"numaserve.worker.{spec.name}"
     die_with_parent()
@@ -285,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     if numactl and method != "numactl":
         # Bound and checked in-process above (so a bad slot exits PINNING, not numactl's 1);
         # now start over under numactl, so even the interpreter's own memory is node-local.
-        argv = numactl_argv(numactl, cpus, nodes, command(spec))
+        under_numactl = numactl_argv(numactl, cpus, nodes, command(spec))
         try:
-            os.execve(numactl, argv, {**os.environ, PINNED_BY_ENV: "numactl"})
+            os.execve(numactl, under_numactl, {**os.environ, PINNED_BY_ENV: "numactl"})
         except OSError as e:
             log.warning("cannot run %s (%s); keeping the in-process binding", numactl, e.strerror)
     threads, warnings = thread_settings(spec.threads, os.environ)
