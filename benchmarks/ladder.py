@@ -22,8 +22,6 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,10 +31,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.bench import closed_loop
-from numaserve.client import Client, NumaserveError
+from numaserve.client import Client
 from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import resolve_model_path
-from tests.cluster import free_port
+from tests.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: "{model}", quantize: {quantize}, padding: {padding}, max_length: 128}}
@@ -54,45 +52,31 @@ def save_models(directory: Path) -> dict[str, Path]:
     transformers.utils.logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm"))
     paths = {}
-    for name, model in (
-        ("bert-base", BertModel(BertConfig())),
-        ("distilbert", DistilBertModel(DistilBertConfig())),
+    for name, build in (
+        ("bert-base", lambda: BertModel(BertConfig())),
+        ("distilbert", lambda: DistilBertModel(DistilBertConfig())),
     ):
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # before building: the same random weights every run
+        model = build()
         paths[name] = directory / name
         model.save_pretrained(paths[name])
         tokenizer.save_pretrained(paths[name])
     return paths
 
 
-class Server:
-    def __init__(self, directory: Path, **settings):
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        config = directory / f"ladder-{time.monotonic_ns()}.yaml"
-        config.write_text(CONFIG.format(endpoint=self.endpoint, **settings))
-        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
-        self.proc = subprocess.Popen(
-            [exe, "start", "--config", str(config)], stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 180
-        with Client(self.endpoint, timeout=2, retries=0) as c:
-            while time.monotonic() < deadline:
-                try:
-                    instances = c.status()["instances"]
-                    if instances and all(i["state"] == "ready" and i["routed"] for i in instances):
-                        self.pids = [i["pid"] for i in instances]
-                        return
-                except NumaserveError:
-                    pass
-                time.sleep(0.3)
-        raise RuntimeError(f"server not ready: {settings}")
+def start_server(directory: Path, **settings) -> Server:
+    """A `numaserve start` for one step, once every instance is ready."""
+    server = Server(
+        directory,
+        CONFIG.format(endpoint=ENDPOINT, **settings),
+        name=f"ladder-{time.monotonic_ns()}",
+    )
+    server.wait_ready()
+    return server
 
-    def rss_mb(self) -> list[float]:
-        return [psutil.Process(p).memory_info().rss / 2**20 for p in self.pids]
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def zipf_traffic(texts: list[str], draws: int, s: float = 1.0, seed: int = 0) -> list[str]:
@@ -140,7 +124,7 @@ def main() -> None:
                 **step,
                 "model": models[step["model"]],
             }
-            server = Server(Path(tmp), **settings)
+            server = start_server(Path(tmp), **settings)
             try:
                 traffic = zipf_traffic(texts, 20_000) if settings["cache"] else texts
                 closed_loop([server.endpoint], traffic[:50], 1, 5, seed=1)  # warm the path
@@ -153,7 +137,7 @@ def main() -> None:
                     after = c.status()["cache"]
                 looked_up = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
                 hit_rate = (after["hits"] - before["hits"]) / looked_up if looked_up else 0.0
-                memory[step["model"]] = server.rss_mb()[0]
+                memory[step["model"]] = rss_mb(server.pids()[1])  # [0] is the supervisor
             finally:
                 server.stop()
             summary = result.summary()
@@ -171,7 +155,7 @@ def main() -> None:
             ("one instance on all cores", cpus, 1),
             ("one single-core instance per core", 1, cpus),
         ):
-            server = Server(
+            server = start_server(
                 Path(tmp),
                 model=models["distilbert"],
                 quantize="int8",

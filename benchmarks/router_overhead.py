@@ -25,7 +25,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.corpus import stdlib_sentences
-from tests.cluster import Cluster  # starts router + workers until `numaserve start` exists
+from tests.cluster import Cluster  # the router and one worker, without a supervisor
 
 CONFIG = """
 placement:

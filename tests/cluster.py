@@ -1,7 +1,9 @@
 """A real numaserve (router + pinned workers) started from a config, for end-to-end tests.
 
-Until the supervisor exists, tests start the router and the workers themselves, from the
-same Deployment the supervisor will use: real processes, real sockets, real pinning.
+The router and the workers are started directly, without the supervisor, from the same
+Deployment `numaserve start` uses: the router's tests then see the router alone (no restarts
+behind their back). Real processes, real sockets, real pinning. tests/server.py runs the
+whole `numaserve start` instead.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from numaserve import exitcodes
 from numaserve.client import Client, NoInstance, NumaserveError
 from numaserve.modelpath import resolve_model_path
-from tests.cluster import free_port
+from tests import server as server_
 
 pytestmark = pytest.mark.slow
 
@@ -30,74 +30,17 @@ placement:
 """
 
 
-class Server:
-    def __init__(self, directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None):
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.config = directory / "numaserve.yaml"
-        self.config.write_text(BASE.format(model=model, endpoint=self.endpoint, format=fmt))
-        self.log_path = directory / "server.log"
-        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
-        self.proc = subprocess.Popen(
-            [exe, "start", "--config", str(self.config)],
-            stdout=self.log_path.open("w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def status(self) -> dict:
-        with Client(self.endpoint, timeout=2, retries=0) as c:
-            return c.status()
-
-    def instances(self) -> dict:
-        return {i["name"]: i for i in self.status()["instances"]}
-
-    def wait_for(self, check, timeout: float = 120, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                result = check()
-                if result:
-                    return result
-            except NumaserveError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"server exited {self.proc.returncode} waiting for {what}:\n{self.log()[-3000:]}"
-                )
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
-
-    def wait_ready(self) -> dict:
-        def ready():
-            inst = self.instances()
-            return (
-                inst
-                if inst and all(i["state"] == "ready" and i["routed"] for i in inst.values())
-                else None
-            )
-
-        return self.wait_for(ready, what="every instance ready")
-
-    def pids(self) -> list[int]:
-        status = self.status()
-        return [status["supervisor"]["pid"], *(i["pid"] for i in status["instances"] if i["pid"])]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_server(
+    directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None
+) -> server_.Server:
+    return server_.Server(
+        directory, BASE.format(model=model, endpoint=server_.ENDPOINT, format=fmt), env
+    )
 
 
 @pytest.fixture
 def server(tmp_path):
-    s = Server(tmp_path)
+    s = start_server(tmp_path)
     yield s
     s.stop()
 
@@ -185,7 +128,7 @@ def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
 def test_a_worker_whose_model_no_longer_loads_goes_fatal_without_crash_looping(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(resolve_model_path("bundled:minilm"), model)
-    server = Server(tmp_path, model=str(model))
+    server = start_server(tmp_path, model=str(model))
     try:
         before = server.wait_ready()
         load = Load(server.endpoint, clients=1)
@@ -207,7 +150,7 @@ def test_a_worker_whose_model_no_longer_loads_goes_fatal_without_crash_looping(t
 
 
 def test_sigterm_answers_requests_in_flight_and_exits_0(tmp_path):
-    server = Server(tmp_path, fmt="json")
+    server = start_server(tmp_path, fmt="json")
     try:
         server.wait_ready()
         pids = server.pids()
@@ -278,7 +221,7 @@ def test_killing_the_supervisor_leaves_no_process_behind(server):
 
 
 def test_a_model_that_never_loads_stops_the_server_with_the_model_code(tmp_path):
-    server = Server(tmp_path, model=str(tmp_path / "no-such-model"))
+    server = start_server(tmp_path, model=str(tmp_path / "no-such-model"))
     code = server.proc.wait(120)
     log = server.log()
     assert code == exitcodes.MODEL, log
@@ -293,7 +236,7 @@ def test_systemd_hears_ready_only_once_every_instance_is_ready(tmp_path):
     path = str(tmp_path / "notify.sock")
     listener.bind(path)
     listener.settimeout(120)
-    server = Server(tmp_path, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+    server = start_server(tmp_path, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
     try:
         messages = []
         while not any(m.startswith("READY=1") for m in messages):

@@ -1,0 +1,82 @@
+"""`numaserve start` run as an operator runs it, for end-to-end tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from numaserve.client import Client, NumaserveError
+from tests.cluster import free_port
+
+ENDPOINT = (
+    "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port
+)
+
+
+class Server:
+    def __init__(self, directory: Path, config_text: str, env=None, name: str = "numaserve"):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.config = directory / f"{name}.yaml"
+        self.config.write_text(config_text.replace(ENDPOINT, self.endpoint))
+        self.log_path = directory / f"{name}.log"
+        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+        self.proc = subprocess.Popen(
+            [exe, "start", "--config", str(self.config)],
+            stdout=self.log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def status(self) -> dict:
+        with Client(self.endpoint, timeout=2, retries=0) as c:
+            return c.status()
+
+    def instances(self) -> dict:
+        return {i["name"]: i for i in self.status()["instances"]}
+
+    def wait_for(self, check, timeout: float = 120, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+                if result:
+                    return result
+            except NumaserveError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"server exited {self.proc.returncode} waiting for {what}:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
+
+    def wait_ready(self) -> dict:
+        def ready():
+            inst = self.instances()
+            return (
+                inst
+                if inst and all(i["state"] == "ready" and i["routed"] for i in inst.values())
+                else None
+            )
+
+        return self.wait_for(ready, what="every instance ready")
+
+    def pids(self) -> list[int]:
+        status = self.status()
+        return [status["supervisor"]["pid"], *(i["pid"] for i in status["instances"] if i["pid"])]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
