@@ -316,7 +316,7 @@ class Router:
         kind = body.get("type")
         if kind == protocol.SUPERVISOR:
             self.supervisor = body
-            reply = {"type": protocol.STATUS, "server": self.status()}
+            reply = {"type": protocol.STATUS, "server": self.status(), "seq": body.get("seq")}
             self.workers.send_multipart([identity, *protocol.pack(reply)])
             return
         if kind == protocol.READY:

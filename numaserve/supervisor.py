@@ -117,6 +117,8 @@ class Supervisor:
         self.router_status: dict | None = None
         self.router_heard_at = 0.0
         self.next_poll = 0.0
+        self.slots_sent = 0  # sequence number of the latest slot table sent to the router
+        self.slots_acked = 0  # ... and of the latest one the router has answered
         self.next_watchdog = 0.0
         self.stopping = False  # a graceful stop is under way
         self.fast = False
@@ -354,6 +356,7 @@ class Supervisor:
             if body.get("type") == protocol.STATUS:
                 self.router_status = body["server"]
                 self.router_heard_at = now
+                self.slots_acked = max(self.slots_acked, body.get("seq") or 0)
         if now >= self.next_poll:
             self.send_slots()
 
@@ -361,9 +364,11 @@ class Supervisor:
         """Our slot table to the router, for `numaserve status`: on a timer, and on every
         change of state, so that status never lags what systemd was told."""
         self.next_poll = time.monotonic() + POLL_ROUTER_S
+        self.slots_sent += 1
         slots = [c.describe() for c in self.workers.values()]
         message = {
             "type": protocol.SUPERVISOR,
+            "seq": self.slots_sent,
             "pid": os.getpid(),
             "state": self.summary(),
             "slots": slots,
@@ -590,9 +595,13 @@ class Supervisor:
         serving = self.router.state == State.READY and any(w.state == State.READY for w in workers)
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
         status = self.summary()
+        # The router must have our latest slot table before systemd hears READY=1, so
+        # that `numaserve status` asked right after it shows what systemd was told.
+        router_current = self.slots_acked == self.slots_sent
         if (
             serving
             and settled
+            and router_current
             and not self.announced_ready
             and not self.stopping
             and not self.reload
