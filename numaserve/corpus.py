@@ -3,9 +3,13 @@ library's docstrings. Used to measure accuracy and to drive benchmarks with natu
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import json
 import re
+import subprocess
+import sys
 
 MODULES = (
     "argparse",
@@ -89,6 +93,24 @@ def first_sentence(doc: str) -> str | None:
 
 def stdlib_sentences_by_module() -> list[tuple[str, str]]:
     """(module, sentence) for each distinct first sentence, in a fixed order."""
+    return list(_read_in_fresh_interpreter())
+
+
+@functools.cache
+def _read_in_fresh_interpreter() -> tuple[tuple[str, str], ...]:
+    """Read in a fresh interpreter: packages patch the stdlib when imported (transformers adds
+    Logger methods, others wrap inspect functions), and the corpus must not depend on what the
+    caller happened to import."""
+    out = subprocess.run(
+        [sys.executable, "-I", "-m", "numaserve.corpus"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return tuple((module, sentence) for module, sentence in json.loads(out))
+
+
+def _read_docstrings() -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for name in MODULES:
         try:
@@ -96,6 +118,8 @@ def stdlib_sentences_by_module() -> list[tuple[str, str]]:
         except ImportError:
             continue
         for _, obj in sorted(vars(module).items()):
+            if inspect.ismodule(obj):  # a submodule is there only if something imported it
+                continue
             members = [obj]
             if inspect.isclass(obj) and getattr(obj, "__module__", "") == module.__name__:
                 members += [m for _, m in sorted(vars(obj).items()) if callable(m)]
@@ -108,3 +132,7 @@ def stdlib_sentences_by_module() -> list[tuple[str, str]]:
 
 def stdlib_sentences(limit: int | None = None) -> list[str]:
     return [sentence for _, sentence in stdlib_sentences_by_module()[:limit]]
+
+
+if __name__ == "__main__":
+    json.dump(_read_docstrings(), sys.stdout)
