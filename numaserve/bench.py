@@ -4,19 +4,25 @@ Closed loop: N clients, each sending M requests back to back (the published meth
 1000). Open loop: requests at a fixed rate, whatever the answers do; latency counts from the
 moment a request was due, so a server that falls behind cannot hide it (coordinated omission).
 Texts come from a corpus file, one per line, drawn at random so that its length distribution
-is kept.
+is kept. The closed loop can also drive an HTTP server (`--http URL`), so that numaserve and a
+peer are measured by the same generator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
+import json
 import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from numaserve.client import AsyncClient, Client, NumaserveError
 
@@ -93,13 +99,76 @@ def format_result(summary: dict) -> str:
     )
 
 
+class Failed(Exception):
+    """A request that got no result; `code` says why (a numaserve error code, `http_503`...)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+Send = Callable[[str], object]  # sends one text and waits for its answer, or raises Failed
+Connect = Callable[[], AbstractContextManager[Send]]  # one connection per simulated client
+
+
+def numaserve_target(endpoints: list[str], op: str = "embed", timeout: float = 10.0) -> Connect:
+    @contextlib.contextmanager
+    def connect() -> Iterator[Send]:
+        with Client(endpoints, timeout=timeout, retries=0) as client:
+            call = getattr(client, op)
+
+            def send(text: str) -> object:
+                try:
+                    return call(text)
+                except NumaserveError as e:
+                    raise Failed(e.code) from None
+
+            yield send
+
+    return connect
+
+
+def http_target(url: str, timeout: float = 10.0) -> Connect:
+    """POST `{"text": ...}` as JSON to `url` on a kept-alive connection; 200 is success."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http:// URL: {url!r}")
+    path = parts.path or "/"
+
+    @contextlib.contextmanager
+    def connect() -> Iterator[Send]:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+
+        def send(text: str) -> object:
+            body = json.dumps({"text": text}).encode()
+            try:
+                conn.request("POST", path, body, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                data = response.read()
+            except TimeoutError:
+                conn.close()  # the next request opens a fresh connection
+                raise Failed("timeout") from None
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                raise Failed("connection") from None
+            if response.status != 200:
+                raise Failed(f"http_{response.status}")
+            return data
+
+        try:
+            yield send
+        finally:
+            conn.close()
+
+    return connect
+
+
 def closed_loop(
-    endpoints: list[str],
+    connect: Connect,
     texts: list[str],
     clients: int,
     requests: int,
     op: str = "embed",
-    timeout: float = 10.0,
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
 ) -> Result:
@@ -110,16 +179,15 @@ def closed_loop(
 
     def run(n: int) -> None:
         rng = random.Random(seed * 1000 + n)
-        with Client(endpoints, timeout=timeout, retries=0) as client:
-            call = getattr(client, op)
+        with connect() as send:
             start_gate.wait()
             for _ in range(requests):
                 text = rng.choice(texts)
                 began = time.perf_counter()
                 try:
-                    call(text)
+                    send(text)
                     elapsed, error = time.perf_counter() - began, None
-                except NumaserveError as e:
+                except Failed as e:
                     error = e.code
                 with lock:  # the progress bar is not thread-safe either
                     if error is None:

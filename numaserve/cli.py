@@ -166,6 +166,13 @@ def classify(texts, endpoints, timeout: float) -> None:
     help="Texts, one per line (default: stdlib docstring sentences).",
 )
 @click.option("--op", type=click.Choice(["embed", "classify"]), default="embed", show_default=True)
+@click.option(
+    "--http",
+    "url",
+    metavar="URL",
+    help='Closed loop against an HTTP server instead (POST {"text": ...} as JSON), '
+    "to measure a peer with the same generator.",
+)
 @click.option("--clients", default=32, show_default=True, help="Closed loop: concurrent clients.")
 @click.option(
     "--requests", default=1000, show_default=True, help="Closed loop: requests per client."
@@ -181,7 +188,9 @@ def classify(texts, endpoints, timeout: float) -> None:
     "--seed", default=0, show_default=True, help="Seed for drawing texts from the corpus."
 )
 @json_option
-def bench(endpoints, corpus, op, clients, requests, rate, duration, timeout, seed, as_json) -> None:
+def bench(
+    endpoints, corpus, op, url, clients, requests, rate, duration, timeout, seed, as_json
+) -> None:
     """Load a running server and report throughput, latency percentiles and errors."""
     from numaserve import bench as load
 
@@ -189,6 +198,16 @@ def bench(endpoints, corpus, op, clients, requests, rate, duration, timeout, see
         texts = load.load_corpus(corpus)
     except load.CorpusError as e:
         raise UserError(str(e)) from None
+    if url and rate:
+        raise UserError("--http drives the closed loop only; leave out --rate")
+    try:
+        connect = (
+            load.http_target(url, timeout)
+            if url
+            else load.numaserve_target(list(endpoints), op, timeout)
+        )
+    except ValueError as e:
+        raise UserError(f"--http: {e}") from None
     total = int(rate * duration) if rate else clients * requests
     show = not as_json and total >= 200
     with (
@@ -201,9 +220,8 @@ def bench(endpoints, corpus, op, clients, requests, rate, duration, timeout, see
                 list(endpoints), texts, rate, duration, op, timeout, bar.update, seed
             )
         else:
-            result = load.closed_loop(
-                list(endpoints), texts, clients, requests, op, timeout, bar.update, seed
-            )
+            label = f"POST {url}" if url else op
+            result = load.closed_loop(connect, texts, clients, requests, label, bar.update, seed)
     summary = result.summary()
     if as_json:
         _print_json(summary)

@@ -1,8 +1,18 @@
-"""The load generator's arithmetic and inputs (the live runs are in test_router.py)."""
+"""The load generator's arithmetic, inputs and HTTP target (the numaserve runs are in
+test_router.py)."""
+
+import socket
 
 import pytest
 
-from numaserve.bench import CorpusError, Result, format_result, load_corpus
+from numaserve.bench import (
+    CorpusError,
+    Result,
+    closed_loop,
+    format_result,
+    http_target,
+    load_corpus,
+)
 
 
 def test_corpus_keeps_every_non_blank_line(tmp_path):
@@ -48,3 +58,66 @@ def test_summary_of_a_run_where_everything_failed():
     summary = result.summary()
     assert summary["latency_ms"]["p50"] is None and summary["throughput_rps"] == 0.0
     assert "p50 -" in format_result(summary)
+
+
+@pytest.fixture
+def http_server():
+    """A real HTTP server on loopback: 200 with the text echoed, 503 for texts saying "busy"."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a load generator expects
+
+        def do_POST(self):
+            text = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"]
+            body = json.dumps({"text": text}).encode()
+            self.send_response(503 if "busy" in text else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/embed"
+    server.shutdown()
+    server.server_close()
+
+
+def test_closed_loop_drives_an_http_server(http_server):
+    result = closed_loop(http_target(http_server), ["one text", "another"], 3, 4)
+    summary = result.summary()
+    assert summary["ok"] == summary["requests"] == 12 and summary["errors"] == {}
+
+
+def test_http_error_statuses_are_counted_by_code(http_server):
+    result = closed_loop(http_target(http_server), ["busy text"], 2, 3)
+    assert result.errors == {"http_503": 6} and result.latencies == []
+
+
+def test_an_http_server_that_is_not_there_counts_connection_errors():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = closed_loop(http_target(f"http://127.0.0.1:{port}/"), ["text"], 1, 2)
+    assert result.errors == {"connection": 2}
+
+
+def test_http_target_wants_an_http_url():
+    with pytest.raises(ValueError, match="not an http:// URL"):
+        http_target("tcp://127.0.0.1:5555")
+
+
+def test_bench_refuses_an_open_loop_over_http():
+    from click.testing import CliRunner
+
+    from numaserve.cli import main
+
+    out = CliRunner().invoke(main, ["bench", "--http", "http://127.0.0.1:1/", "--rate", "5"])
+    assert out.exit_code == 2 and "closed loop only" in out.output
+
