@@ -121,3 +121,15 @@ def test_bench_refuses_an_open_loop_over_http():
     out = CliRunner().invoke(main, ["bench", "--http", "http://127.0.0.1:1/", "--rate", "5"])
     assert out.exit_code == 2 and "closed loop only" in out.output
 
+
+def test_default_corpus_does_not_depend_on_what_the_caller_imported(monkeypatch):
+    import logging
+
+    from numaserve import corpus
+
+    def patched(self):
+        """This sentence was patched into the stdlib by a test."""
+
+    monkeypatch.setattr(logging.Logger, "patched_in", patched, raising=False)
+    corpus._read_in_fresh_interpreter.cache_clear()
+    assert "This sentence was patched into the stdlib by a test." not in load_corpus(None)
