@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.bench import closed_loop
+from numaserve.bench import closed_loop, numaserve_target
 from numaserve.client import Client
 from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import resolve_model_path
@@ -125,15 +125,16 @@ def main() -> None:
                 "model": models[step["model"]],
             }
             server = start_server(Path(tmp), **settings)
+            target = numaserve_target([server.endpoint])
             try:
                 traffic = zipf_traffic(texts, 20_000) if settings["cache"] else texts
-                closed_loop([server.endpoint], traffic[:50], 1, 5, seed=1)  # warm the path
+                closed_loop(target, traffic[:50], 1, 5, seed=1)  # warm the path
                 if settings["cache"]:  # a cache that has seen some traffic, not this run's
-                    closed_loop([server.endpoint], traffic, 1, 300, seed=2)
+                    closed_loop(target, traffic, 1, 300, seed=2)
                 with Client(server.endpoint) as c:
                     before = c.status()["cache"]
                     n = args.requests * (10 if settings["cache"] else 1)
-                    result = closed_loop([server.endpoint], traffic, 1, n, seed=3)
+                    result = closed_loop(target, traffic, 1, n, seed=3)
                     after = c.status()["cache"]
                 looked_up = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
                 hit_rate = (after["hits"] - before["hits"]) / looked_up if looked_up else 0.0
@@ -164,11 +165,12 @@ def main() -> None:
                 cores=cores,
                 instances=instances,
             )
+            target = numaserve_target([server.endpoint])
             try:
-                closed_loop([server.endpoint], texts, 8, 5)
-                throughput[name] = closed_loop(
-                    [server.endpoint], texts, 8, args.requests * 3
-                ).summary()["throughput_rps"]
+                closed_loop(target, texts, 8, 5)
+                throughput[name] = closed_loop(target, texts, 8, args.requests * 3).summary()[
+                    "throughput_rps"
+                ]
             finally:
                 server.stop()
     base = rows[0]["mean_ms"]
