@@ -172,17 +172,23 @@ class NumaMaps:
 
     policies: frozenset[str]  # e.g. {"bind:0"}; "default" where a mapping has no policy
     pages_per_node: dict[int, int]
+    # Pages of the process's own memory (heap, stacks, model weights). Shared-library pages
+    # sit wherever the page cache first put them, whatever this process's policy.
+    anon_pages_per_node: dict[int, int]
 
 
 def read_numa_maps(pid: int | str = "self") -> NumaMaps:
-    policies, pages = set(), {}
+    policies, pages, anon = set(), {}, {}
     for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
         fields = line.split()
         if len(fields) < 2:
             continue
         policies.add(fields[1])
+        is_anon = any(f.startswith("anon=") for f in fields[2:])
         for f in fields[2:]:
             if f.startswith("N") and "=" in f:
-                node, count = f[1:].split("=", 1)
-                pages[int(node)] = pages.get(int(node), 0) + int(count)
-    return NumaMaps(frozenset(policies), pages)
+                node, count = int(f[1:].split("=", 1)[0]), int(f.split("=", 1)[1])
+                pages[node] = pages.get(node, 0) + count
+                if is_anon:
+                    anon[node] = anon.get(node, 0) + count
+    return NumaMaps(frozenset(policies), pages, anon)

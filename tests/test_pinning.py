@@ -57,6 +57,8 @@ def test_process_is_bound_to_its_cpu_and_node():
         maps = read_numa_maps(proc.pid)
         assert maps.policies == {"bind:0"}
         assert set(maps.pages_per_node) == {0}
+        assert set(maps.anon_pages_per_node) == {0}
+        assert 0 < sum(maps.anon_pages_per_node.values()) < sum(maps.pages_per_node.values())
     finally:
         finish(proc)
 
