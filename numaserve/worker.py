@@ -10,7 +10,6 @@ Run as `python -m numaserve.worker --spec JSON` (the supervisor builds the comma
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -69,10 +68,10 @@ class Engine:
     """The model, warmed up, and the translation of its outputs to wire results."""
 
     def __init__(self, spec: WorkerSpec, report: PinReport):
-        from numaserve.models import Model, configure_threads  # imports torch: after pinning
+        from numaserve.models import configure_threads, load_model  # imports torch: after pinning
 
         configure_threads(report.threads)
-        self.model = Model(spec.model, isa=spec.isa)
+        self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = spec.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))
 
@@ -222,12 +221,13 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
 
-    def on_signal(signum, frame):  # only enqueue: the I/O thread does the work
-        with contextlib.suppress(BlockingIOError):
-            os.write(wake_w, b"s")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # The kernel may hand SIGTERM to any thread, a runtime's worker thread included, while the
+    # main thread sits in a C call that Python's handler must wait for. The wakeup fd is
+    # written by the C-level handler at once, whichever thread took the signal; the I/O
+    # thread polls it and does the work. The Python-level handler has nothing left to do.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     ready = {
         "type": protocol.READY,
         "name": spec.name,
