@@ -34,7 +34,7 @@ class ModelConfig:
     # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
     path: str = "bundled:minilm"
     task: Literal["embed", "classify"] = "embed"
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "onnxruntime"] = "torch"
     quantize: Literal["int8", "none"] = "int8"
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
     padding: Literal["dynamic", "max_length"] = "dynamic"

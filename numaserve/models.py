@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,29 +66,13 @@ def quantize_int8(model: torch.nn.Module, full_range: bool) -> torch.nn.Module:
 
 
 class Model:
-    """A loaded model that maps batches of token ids to embeddings or class probabilities."""
+    """A loaded model that maps batches of token ids to embeddings or class probabilities.
 
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = ()):
-        import transformers
-        from transformers import AutoModel, AutoModelForSequenceClassification
+    The backends share everything but the forward pass: the model's shape facts, the input
+    checks, padding, and the pooling or softmax after it."""
 
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-
+    def __init__(self, config: ModelConfig, hf_config) -> None:
         self.config = config
-        directory = resolve_model_path(config.path)
-        loader = AutoModelForSequenceClassification if config.task == "classify" else AutoModel
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = loader.from_pretrained(directory)
-        except Exception as e:  # corrupt weights, wrong architecture, no network for a hub id...
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelLoadError(
-                f"cannot load model {config.path} for task {config.task}: {first_line}"
-            ) from None
-        model.eval()
-        hf_config = model.config
         self.pad_id = hf_config.pad_token_id or 0
         self.vocab_size = hf_config.vocab_size
         self.max_positions = getattr(hf_config, "max_position_embeddings", config.max_length)
@@ -104,9 +89,6 @@ class Model:
         else:
             self.labels = ()
             self.dim = hf_config.hidden_size
-        if config.quantize == "int8":
-            model = quantize_int8(model, full_range=bool(INT32_ACCUMULATING_ISA & set(isa)))
-        self.module = model
 
     def check_ids(self, ids: list[int]) -> str | None:
         """Why these token ids cannot run, or None."""
@@ -118,31 +100,118 @@ class Model:
             return f"token ids must be in 0..{self.vocab_size - 1}"
         return None
 
-    def _tensors(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _arrays(self, batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         if self.config.padding == "max_length":
             width = self.config.max_length
         else:  # dynamic: a batch of one runs unpadded, a batch pads to its longest
             width = max(len(ids) for ids in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
         for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
         return ids, mask
 
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Logits (classify) or the last hidden state (embed), as float32."""
+        raise NotImplementedError
+
     def run(self, batch: list[list[int]]) -> list:
         """One forward pass: a float32 unit vector per input (embed) or a ClassifyResult."""
-        ids, mask = self._tensors(batch)
+        ids, mask = self._arrays(batch)
+        out = self.forward(ids, mask)
+        if self.config.task == "classify":
+            exp = np.exp(out - out.max(axis=-1, keepdims=True))
+            probs = exp / exp.sum(axis=-1, keepdims=True)
+            return [
+                ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p))
+                for p in probs
+            ]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (out * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+        unit = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return list(unit.astype(np.float32))
+
+
+def _load_transformers_model(config: ModelConfig):
+    import transformers
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    directory = resolve_model_path(config.path)
+    loader = AutoModelForSequenceClassification if config.task == "classify" else AutoModel
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return loader.from_pretrained(directory).eval()
+    except Exception as e:  # corrupt weights, wrong architecture, no network for a hub id...
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"cannot load model {config.path} for task {config.task}: {first_line}"
+        ) from None
+
+
+class TorchModel(Model):
+    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = ()):
+        model = _load_transformers_model(config)
+        super().__init__(config, model.config)
+        if config.quantize == "int8":
+            model = quantize_int8(model, full_range=bool(INT32_ACCUMULATING_ISA & set(isa)))
+        self.module = model
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            out = self.module(input_ids=ids, attention_mask=mask)
-            if self.config.task == "classify":
-                probs = torch.softmax(out.logits.float(), dim=-1).numpy()
-                return [
-                    ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p))
-                    for p in probs
-                ]
-            hidden = out.last_hidden_state
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-            unit = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            return list(unit.numpy().astype(np.float32))
+            out = self.module(
+                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
+            )
+            result = out.logits if self.config.task == "classify" else out.last_hidden_state
+            return result.float().numpy()
+
+
+class OnnxModel(Model):
+    """ONNX Runtime on the artifact built once for this model and these options
+    (onnx_artifacts.py). Its threads inherit the worker's pinned CPUs."""
+
+    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            from numaserve.onnx_artifacts import INSTALL_HINT
+
+            raise ModelLoadError(INSTALL_HINT) from None
+        from transformers import AutoConfig
+
+        from numaserve.onnx_artifacts import ensure_artifact
+
+        directory = Path(resolve_model_path(config.path))
+        try:
+            hf_config = AutoConfig.from_pretrained(directory)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load model {config.path}: {e}") from None
+        super().__init__(config, hf_config)
+        full_range = bool(INT32_ACCUMULATING_ISA & set(isa))
+        self.artifact = ensure_artifact(
+            directory, config, full_range, lambda: _load_transformers_model(config)
+        )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self.session = ort.InferenceSession(
+                str(self.artifact), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:
+            raise ModelLoadError(f"cannot load the ONNX artifact {self.artifact}: {e}") from None
+        self.output = self.session.get_outputs()[0].name
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        (out,) = self.session.run([self.output], {"input_ids": ids, "attention_mask": mask})
+        return out.astype(np.float32, copy=False)
+
+
+def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
+    if config.backend == "onnxruntime":
+        return OnnxModel(config, isa, threads)
+    return TorchModel(config, isa)

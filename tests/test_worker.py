@@ -71,13 +71,13 @@ def test_worker_announces_what_it_serves(embed_worker):
 
 
 def test_worker_answers_embed_requests_like_the_model_in_process(embed_worker, tokenizer):
-    from numaserve.models import Model
+    from numaserve.models import load_model
 
     router, identity, _, _ = embed_worker
     inputs = [list(e.ids) for e in tokenizer.encode(TEXTS)]
     reply = router.run(identity, inputs)
     got = np.stack([protocol.embedding_from_wire(r["embedding"]) for r in reply["results"]])
-    expected = np.stack(Model(ModelConfig(quantize="none")).run(inputs))
+    expected = np.stack(load_model(ModelConfig(quantize="none")).run(inputs))
     assert got.shape == (2, 384)
     assert (got * expected).sum(axis=1).min() > 0.98  # int8 in the worker, fp32 here
 

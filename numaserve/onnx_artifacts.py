@@ -1,0 +1,166 @@
+"""ONNX Runtime artifacts: exported, graph-optimised and quantised once, kept on disk, and
+shared by every worker that serves the same model with the same options.
+
+An artifact lives at CACHE/onnx/KEY/model.onnx, where KEY hashes the model's files, the
+options and the versions that built it. The first worker to start builds it under a lock;
+the others wait and load it. It is written to a temporary file and renamed into place, with
+its SHA-256 beside it: a worker that finds a file that does not match (a crash mid-copy, a
+full disk) says so and rebuilds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError
+
+log = logging.getLogger(__name__)
+FORMAT = 1  # bump when the build steps change, so old artifacts are not reused
+OPSET = 17
+INSTALL_HINT = "model.backend onnxruntime needs the onnx extra: pip install 'numaserve[onnx]'"
+
+
+def cache_root() -> Path:
+    """$NUMASERVE_CACHE, else systemd's CacheDirectory ($CACHE_DIRECTORY), else XDG's."""
+    if root := os.environ.get("NUMASERVE_CACHE"):
+        return Path(root)
+    if root := os.environ.get("CACHE_DIRECTORY"):
+        return Path(root.split(":")[0])
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "numaserve"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
+    import onnxruntime
+    import torch
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
+        digest.update(_sha256(path).encode())
+    options = {
+        "format": FORMAT,
+        "task": config.task,
+        "quantize": config.quantize,
+        "full_range": full_range,
+        "opset": OPSET,
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    return digest.hexdigest()[:32]
+
+
+def ensure_artifact(
+    model_dir: Path,
+    config: ModelConfig,
+    full_range: bool,
+    load_torch_model: Callable[[], object],
+    root: Path | None = None,
+) -> Path:
+    """The artifact's path, built first if it is missing or does not match its digest."""
+    key = artifact_key(model_dir, config, full_range)
+    directory = (root or cache_root()) / "onnx" / key
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelLoadError(f"cannot create the ONNX cache {directory}: {e}") from None
+    artifact, digest = directory / "model.onnx", directory / "model.onnx.sha256"
+    with (directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then load its file
+        if artifact.exists():
+            if digest.exists() and digest.read_text().strip() == _sha256(artifact):
+                return artifact
+            log.warning("ONNX artifact %s does not match its digest: rebuilding it", artifact)
+        log.info("building the ONNX artifact for %s in %s", config.path, directory)
+        built = build(load_torch_model(), config, full_range, directory)
+        _write_atomically(digest, _sha256(built))
+        os.replace(built, artifact)
+        return artifact
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+def build(model, config: ModelConfig, full_range: bool, directory: Path) -> Path:
+    """Export (dynamic batch and sequence axes), optimise, and quantise when asked: a file
+    in `directory`, not yet at its final name."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers import optimizer
+
+    output = "logits" if config.task == "classify" else "last_hidden_state"
+
+    class Outputs(torch.nn.Module):  # one tensor out, named for what the task reads
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            return getattr(out, output)
+
+    work = Path(tempfile.mkdtemp(dir=directory, prefix="build-"))
+    exported, optimized, quantized = work / "export.onnx", work / "opt.onnx", work / "int8.onnx"
+    example = (torch.ones((1, 8), dtype=torch.long), torch.ones((1, 8), dtype=torch.long))
+    axes = {0: "batch", 1: "sequence"}
+    logging.disable(logging.INFO)  # onnxruntime's tools log every tensor at INFO, on root
+    try:
+        with warnings.catch_warnings():  # the tracer's notes on code paths it fixed as traced
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                Outputs().eval(),
+                example,
+                str(exported),
+                input_names=["input_ids", "attention_mask"],
+                output_names=[output],
+                dynamic_axes={"input_ids": axes, "attention_mask": axes, output: axes},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        # num_heads/hidden_size 0: read from the graph.
+        optimizer.optimize_model(
+            str(exported), model_type="bert", num_heads=0, hidden_size=0
+        ).save_model_to_file(str(optimized))
+        result = optimized
+        if config.quantize == "int8":
+            quantize_dynamic(
+                str(optimized),
+                str(quantized),
+                weight_type=QuantType.QInt8,
+                per_channel=True,  # per-channel scales, as the torch backend uses
+                reduce_range=not full_range,  # 7-bit weights where int16 sums would saturate
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
+            result = quantized
+        final = directory / f"model.onnx.{os.getpid()}.tmp"
+        os.replace(result, final)
+        return final
+    except Exception as e:
+        raise ModelLoadError(f"cannot export {config.path} to ONNX: {e}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+        for path in work.iterdir():
+            path.unlink()
+        work.rmdir()

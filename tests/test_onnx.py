@@ -1,0 +1,134 @@
+"""The ONNX Runtime backend: real exports, optimisations and quantisations of saved
+checkpoints, real artifact files shared between real processes, a real pinned worker."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numaserve import protocol
+from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
+from numaserve.models import load_model
+from numaserve.onnx_artifacts import INSTALL_HINT
+from numaserve.pinning import live_affinity
+from numaserve.tokenization import Tokenizer
+from tests.router_side import ISA, RouterSide, start_worker, worker_spec
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+SENTENCES = stdlib_sentences(64)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("NUMASERVE_CACHE", str(root))
+    return root
+
+
+def token_ids(path: str, texts: list[str]) -> list[list[int]]:
+    return [list(e.ids) for e in Tokenizer(path, 256).encode(texts)]
+
+
+def artifacts(root: Path) -> list[Path]:
+    return sorted(root.glob("onnx/*/model.onnx"))
+
+
+def test_fp32_export_of_a_saved_classifier_matches_torch(classifier_dir, cache):
+    config = ModelConfig(path=str(classifier_dir), task="classify", quantize="none")
+    onnx_model = load_model(ModelConfig(**{**config.__dict__, "backend": "onnxruntime"}))
+    torch_model = load_model(config)
+    inputs = token_ids(str(classifier_dir), SENTENCES)
+    for ids in inputs:
+        (a,), (b,) = onnx_model.run([ids]), torch_model.run([ids])
+        assert a.label == b.label and np.allclose(a.probs, b.probs, atol=1e-4)
+    assert onnx_model.labels == torch_model.labels
+    assert [p.parent for p in artifacts(cache)] == [onnx_model.artifact.parent]
+
+
+def test_int8_artifact_of_minilm_keeps_embeddings_within_cosine_0_99(cache):
+    int8 = load_model(ModelConfig(backend="onnxruntime", quantize="int8"), isa=ISA)
+    fp32 = load_model(ModelConfig(backend="torch", quantize="none"))
+    inputs = token_ids("bundled:minilm", SENTENCES)
+    batch = inputs[:8]  # padded batches too, not only single texts
+    cosines = [float(a @ b) for a, b in zip(int8.run(batch), fp32.run(batch), strict=True)]
+    cosines += [float(int8.run([ids])[0] @ fp32.run([ids])[0]) for ids in inputs]
+    assert np.mean(cosines) >= 0.99, (np.mean(cosines), min(cosines))
+
+
+BUILD = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from numaserve.config import ModelConfig
+from numaserve.models import load_model
+model = load_model(ModelConfig(path=sys.argv[1], task="classify", backend="onnxruntime"))
+print(model.artifact, model.run([[101, 7592, 102]])[0].label)
+"""
+
+
+def test_two_workers_starting_at_once_share_one_artifact(classifier_dir, cache):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD, str(classifier_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=170) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    paths = {out.split()[0] for out, _ in outputs}
+    assert len(paths) == 1 and artifacts(cache) == [Path(paths.pop())]
+    logs = "".join(err for _, err in outputs)
+    assert logs.count("building the ONNX artifact") == 1, logs[-3000:]
+    leftovers = [p.name for p in artifacts(cache)[0].parent.iterdir()]
+    assert sorted(leftovers) == [".lock", "model.onnx", "model.onnx.sha256"]
+
+
+def test_a_corrupt_artifact_is_detected_and_rebuilt(classifier_dir, cache, caplog):
+    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    artifact = load_model(config).artifact
+    good = artifact.read_bytes()
+    artifact.write_bytes(good[: len(good) // 2])  # a copy cut short
+    rebuilt = load_model(config)
+    assert "does not match its digest: rebuilding it" in caplog.text
+    assert rebuilt.artifact == artifact and rebuilt.run([[101, 102]])[0].label
+    assert len(artifact.read_bytes()) == len(good)
+
+
+def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):
+    # Fakes the missing package (sys.modules entry None makes its import fail): installing and
+    # uninstalling onnxruntime inside a test is not an option.
+    code = (
+        "import sys; sys.modules['onnxruntime'] = None\n"
+        "from numaserve.config import ModelConfig\n"
+        "from numaserve.models import load_model\n"
+        "load_model(ModelConfig(backend='onnxruntime'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and f"ModelLoadError: {INSTALL_HINT}" in out.stderr
+
+
+def test_a_pinned_onnx_worker_serves_with_every_thread_on_its_cpu(classifier_dir, cache, tmp_path):
+    router = RouterSide(tmp_path)
+    spec = worker_spec(
+        router,
+        model=ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime"),
+    )
+    proc = start_worker(spec, tmp_path / "worker.log")  # inherits NUMASERVE_CACHE
+    try:
+        identity, _ = router.wait_for(protocol.READY, timeout=120)
+        reply = router.run(identity, [[101, 7592, 102]])
+        assert reply["results"][0]["label"] in ("negative", "neutral", "positive")
+        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+        assert all(live_affinity(f"{proc.pid}/task/{t.name}") == (1,) for t in tasks)
+        assert len(artifacts(cache)) == 1
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        router.close()
