@@ -57,7 +57,7 @@ class Server:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
 
-    def wait_ready(self) -> dict:
+    def wait_ready(self, timeout: float = 120) -> dict:
         def ready():
             inst = self.instances()
             return (
@@ -66,7 +66,7 @@ class Server:
                 else None
             )
 
-        return self.wait_for(ready, what="every instance ready")
+        return self.wait_for(ready, timeout, what="every instance ready")
 
     def pids(self) -> list[int]:
         status = self.status()

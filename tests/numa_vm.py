@@ -1,0 +1,245 @@
+"""Boot a 2-socket, 2-node, SMT virtual machine and run the NUMA tests inside it.
+
+    .venv/bin/python -m tests.numa_vm [--setup-only] [--timeout S] [PYTEST ARGS...]
+
+The development and CI machines have one NUMA node; this shows, on a kernel with two, that a
+real server pins each worker to its planned CPUs and binds its memory to its node. Set-up is
+idempotent (as root, on Debian): Debian's qemu-system-x86, kmod, busybox-static and numactl;
+a Debian kernel unpacked under the cache directory, with its modules in /lib/modules/<ver>;
+virtme-ng (`vng`) in this virtual environment; a tiny checkpoint for the server to load. The
+guest mounts the host's root filesystem read-only, so it runs this checkout and this virtual
+environment as they are. Exits with pytest's exit code from inside the guest.
+
+Software emulation (TCG): booting with KVM fails on these machines (`failed to set MSR 0x10a`
+under `-cpu host`). Haswell-noTSX has AVX2, so the int8 kernels run.
+Environment: NUMASERVE_VM_CACHE (default .cache/numa-vm in the checkout; the guest must see it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Inside the checkout (git ignores it): the guest sees the host's files, but not /var/cache.
+CACHE = Path(os.environ.get("NUMASERVE_VM_CACHE", REPO / ".cache/numa-vm"))
+SENTINEL = "NUMASERVE-VM-EXIT="
+BOOTS = 3
+DEBIAN_PACKAGES = {  # a command each package provides -> the package
+    "qemu-system-x86_64": "qemu-system-x86",
+    "depmod": "kmod",
+    "busybox": "busybox-static",
+    "numactl": "numactl",
+}
+# 2 sockets x 2 cores x 2 threads; node 0 is CPUs 0-3 (socket 0), node 1 is CPUs 4-7.
+VNG_MACHINE = [
+    "--cpus", "8", "--memory", "4G",
+    "--numa", "2G,cpus=0-3", "--numa", "2G,cpus=4-7",
+    "--disable-microvm", "--disable-kvm", "--verbose",
+    "--qemu-opts=-smp 8,sockets=2,cores=2,threads=2 -cpu Haswell-noTSX",
+    # Under emulation the kernel's clocksource watchdog can find the TSC "unstable" and fall
+    # back to the HPET, which qemu emulates slowly: every clock read then costs an MMIO exit,
+    # and the guest crawls (seen here: a server that started in 5 minutes took over 20).
+    "--append", "tsc=reliable",
+]  # fmt: skip
+
+
+class SetupError(RuntimeError):
+    """A piece of the test bed cannot be had; the message says which and what to do."""
+
+
+def say(message: str) -> None:
+    print(f"numa-vm: {message}", flush=True)
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)
+
+
+def ensure_debian_packages() -> None:
+    missing = sorted({pkg for cmd, pkg in DEBIAN_PACKAGES.items() if not shutil.which(cmd)})
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise SetupError(f"missing {', '.join(missing)}: install them (apt-get install ...)")
+    say(f"installing {' '.join(missing)} from Debian")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+    except subprocess.CalledProcessError as e:
+        raise SetupError(f"apt-get could not install {' '.join(missing)}:\n{e.stderr}") from None
+
+
+def kernel_version() -> str:
+    """The version Debian's linux-image-amd64 points at, e.g. 6.1.0-56-amd64."""
+    for attempt in range(2):
+        out = subprocess.run(
+            ["apt-cache", "depends", "linux-image-amd64"], text=True, capture_output=True
+        ).stdout
+        found = re.search(r"Depends:\s*linux-image-(\S+)", out)
+        if found:
+            return found.group(1)
+        if attempt == 0:  # a fresh machine may have no package lists yet
+            run(["apt-get", "update", "-qq"])
+    raise SetupError(f"apt-cache names no kernel for linux-image-amd64:\n{out}")
+
+
+def ensure_kernel() -> Path:
+    cached = sorted(CACHE.glob("vmlinuz-*"))
+    version = cached[-1].name.removeprefix("vmlinuz-") if cached else kernel_version()
+    vmlinuz = CACHE / f"vmlinuz-{version}"
+    modules = Path("/lib/modules") / version
+    if vmlinuz.exists() and (modules / "modules.dep").exists():
+        return vmlinuz
+    say(f"fetching Debian's kernel {version}")
+    work = CACHE / "download"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        run(["apt-get", "download", f"linux-image-{version}"], cwd=work)
+        (deb,) = work.glob("*.deb")
+        run(["dpkg-deb", "-x", str(deb), str(work / "root")])
+    except (subprocess.CalledProcessError, ValueError) as e:
+        raise SetupError(f"cannot fetch or unpack linux-image-{version}: {e}") from None
+    if not modules.exists():
+        shutil.copytree(work / "root/lib/modules" / version, modules)
+    run(["depmod", version])
+    tmp = vmlinuz.with_suffix(".tmp")
+    shutil.copyfile(work / "root/boot" / f"vmlinuz-{version}", tmp)
+    tmp.rename(vmlinuz)  # last, so that a half-done set-up is never taken for a done one
+    shutil.rmtree(work)
+    return vmlinuz
+
+
+def ensure_vng() -> str:
+    vng = Path(sys.executable).with_name("vng")
+    if not vng.exists():
+        say("installing virtme-ng from PyPI")
+        constraints = REPO / "constraints.txt"
+        try:
+            run([sys.executable, "-m", "pip", "install", "-q", "-c", str(constraints), "virtme-ng"])
+        except subprocess.CalledProcessError as e:
+            raise SetupError(f"pip could not install virtme-ng:\n{e.stderr}") from None
+    return str(vng)
+
+
+def ensure_model() -> Path:
+    """A tiny classifier saved on the host: the guest sees it, read-only, at the same path."""
+    path = CACHE / "tiny-classifier"
+    if not (path / "config.json").exists():
+        say("saving a tiny checkpoint for the guest's server")
+        tmp = CACHE / "tiny-classifier.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        run(
+            [
+                sys.executable,
+                "-c",
+                f"from tests.checkpoints import *; save_tiny_classifier({str(tmp)!r})",
+            ],
+            cwd=REPO,
+        )
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    return path
+
+
+def guest_command(model: Path, pytest_args: list[str]) -> str:
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "numa_vm"]
+    pytest += ["--timeout=1500"]  # emulation: torch takes minutes to import
+    pytest += ["tests/test_numa_vm.py", *pytest_args]  # only this module: imports are slow here
+    return (
+        f"cd {shlex.quote(str(REPO))} && "
+        f"export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))} && "
+        f"{shlex.join(pytest)}; echo {SENTINEL}$?"
+    )
+
+
+def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
+    """Boot, stream the guest's own lines (kernel lines go to the log), return its exit code,
+    or None when it never reported one. vng's own exit status is not the command's, hence
+    the sentinel line."""
+    log_path = CACHE / "last-boot.log"
+    argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, "--exec", command]
+    say(f"booting (software emulation; kernel lines in {log_path})")
+    began = time.monotonic()
+    code = None
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if SENTINEL in line:
+                    code = int(line.split(SENTINEL, 1)[1].split()[0])
+                elif not line.startswith("["):
+                    print(line, end="", flush=True)
+                if time.monotonic() - began > timeout:
+                    say(f"timed out after {timeout:.0f} s")
+                    break
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait()
+    if code is not None:
+        say(f"guest exit code {code} after {time.monotonic() - began:.0f} s")
+    return code
+
+
+def boot_until_it_reports(vng: str, vmlinuz: Path, command: str, timeout: float) -> int:
+    """qemu's software emulation now and then dies while booting (seen here: an assertion in
+    its MSI-X emulation); that says nothing of numaserve, so boot again, up to BOOTS times."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, BOOTS + 1):
+        code = boot(vng, vmlinuz, command, deadline - time.monotonic())
+        if code is not None:
+            return code
+        tail = "".join((CACHE / "last-boot.log").read_text().splitlines(True)[-15:])
+        say(
+            f"boot {attempt} of {BOOTS} ended with no exit code from the guest; last lines:\n{tail}"
+        )
+        if time.monotonic() >= deadline:
+            break
+    raise SetupError(f"the guest never reported an exit code in {BOOTS} boots")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
+    parser.add_argument("--timeout", type=float, default=2400, help="seconds, all boots together")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="run these instead")
+    args = parser.parse_args()
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        ensure_debian_packages()
+        vmlinuz = ensure_kernel()
+        vng = ensure_vng()
+        model = ensure_model()
+        if args.setup_only:
+            say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
+            return 0
+        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+        return boot_until_it_reports(vng, vmlinuz, guest_command(model, extra), args.timeout)
+    except SetupError as e:
+        say(f"error: {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
