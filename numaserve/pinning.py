@@ -172,8 +172,8 @@ class NumaMaps:
 
     policies: frozenset[str]  # e.g. {"bind:0"}; "default" where a mapping has no policy
     pages_per_node: dict[int, int]
-    # Pages of the process's own memory (heap, stacks, model weights). Shared-library pages
-    # sit wherever the page cache first put them, whatever this process's policy.
+    # Pages of mappings backed by no file (heap, stacks, model weights): the process's own.
+    # File pages sit wherever the page cache first put them, whatever this process's policy.
     anon_pages_per_node: dict[int, int]
 
 
@@ -184,7 +184,9 @@ def read_numa_maps(pid: int | str = "self") -> NumaMaps:
         if len(fields) < 2:
             continue
         policies.add(fields[1])
-        is_anon = any(f.startswith("anon=") for f in fields[2:])
+        # Counts are per mapping: a private file mapping (a library's data) mixes pages it
+        # copied (anon=) with page-cache ones, so only mappings with no file count here.
+        is_anon = not any(f.startswith("file=") for f in fields[2:])
         for f in fields[2:]:
             if f.startswith("N") and "=" in f:
                 node, count = int(f[1:].split("=", 1)[0]), int(f.split("=", 1)[1])
