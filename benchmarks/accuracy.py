@@ -2,12 +2,13 @@
 
 Embeddings: bundled MiniLM, cosine between int8 and fp32 for every sentence, for torch's
 default int8 (per-tensor, 7-bit activations) and for numaserve's (per-channel weights, and
-8-bit activations where the CPU accumulates int8 in int32).
+8-bit activations where the CPU accumulates int8 in int32), and for the ONNX Runtime backend's
+int8 (needs numaserve[onnx]).
 
 Classification: a real classifier, MiniLM fine-tuned here (fp32) to tell which area of the
 standard library a sentence documents, saved with save_pretrained, then loaded through
-numaserve at fp32 and at int8. Reported: argmax agreement on every sentence, and each one's
-accuracy on the held-out half.
+numaserve at fp32 and at int8, on both backends. Reported: argmax agreement with torch fp32 on
+every sentence, and each one's accuracy on the held-out half.
 
 Run:  .venv/bin/python benchmarks/accuracy.py [--epochs 3]
 """
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
-from numaserve.models import INT32_ACCUMULATING_ISA, Model, quantize_int8
+from numaserve.models import INT32_ACCUMULATING_ISA, TorchModel, load_model, quantize_int8
 from numaserve.tokenization import Tokenizer
 from numaserve.topology import read_topology
 
@@ -41,12 +42,13 @@ AREAS = {
     "numbers and time": "math decimal fractions statistics random datetime calendar time uuid hashlib",
     "runtime": "asyncio threading queue logging warnings traceback unittest inspect argparse functools itertools collections heapq sqlite3",
 }
+VARIANTS = [("torch", "none"), ("torch", "int8"), ("onnxruntime", "none"), ("onnxruntime", "int8")]
 AREA_OF = {m: area for area, mods in AREAS.items() for m in mods.split()}
 LABELS = list(AREAS)
 
 
 def embedding_table(texts, tokenizer, isa) -> list[tuple[str, np.ndarray]]:
-    fp32 = Model(ModelConfig(quantize="none"))
+    fp32 = TorchModel(ModelConfig(quantize="none"))
     ids = [list(e.ids) for e in tokenizer.encode(texts)]
 
     def embed(module):
@@ -75,7 +77,15 @@ def embedding_table(texts, tokenizer, isa) -> list[tuple[str, np.ndarray]]:
                 quantize_int8(copy.deepcopy(fp32.module), True),
             )
         )
-    return [(name, (embed(m) * reference).sum(axis=1)) for name, m in variants]
+    table = [(name, (embed(m) * reference).sum(axis=1)) for name, m in variants]
+    onnx = load_model(ModelConfig(backend="onnxruntime"), isa)
+    table.append(
+        (
+            "onnxruntime int8: per-channel (numaserve's)",
+            (np.stack([onnx.run([x])[0] for x in ids]) * reference).sum(axis=1),
+        )
+    )
+    return table
 
 
 def train_classifier(pairs, tokenizer, directory: Path, epochs: int) -> None:
@@ -139,24 +149,28 @@ def main() -> None:
         trained_in = time.perf_counter() - started
         ids = [list(e.ids) for e in tokenizer.encode(texts)]
         predictions = {}
-        for quantize in ("none", "int8"):
-            model = Model(ModelConfig(path=tmp, task="classify", quantize=quantize), isa=isa)
-            predictions[quantize] = [model.run([x])[0].label for x in ids]
-    agree = np.mean([a == b for a, b in zip(predictions["none"], predictions["int8"], strict=True)])
+        for backend, quantize in VARIANTS:
+            config = ModelConfig(path=tmp, task="classify", backend=backend, quantize=quantize)
+            model = load_model(config, isa=isa)
+            predictions[backend, quantize] = [model.run([x])[0].label for x in ids]
     truth = {s: LABELS[y] for s, y in held_out}
     held = [i for i, t in enumerate(texts) if t in truth]
 
-    def accuracy(q):
-        return np.mean([predictions[q][i] == truth[texts[i]] for i in held])
+    def agree(variant):
+        pairs = zip(predictions["torch", "none"], predictions[variant], strict=True)
+        return np.mean([a == b for a, b in pairs])
+
+    def accuracy(variant):
+        return np.mean([predictions[variant][i] == truth[texts[i]] for i in held])
 
     print(
         f"\nClassifier: MiniLM fine-tuned {args.epochs} epochs on {len(train)} sentences "
         f"({trained_in:.0f} s), {len(LABELS)} areas of the stdlib"
     )
-    print(f"argmax agreement int8 vs fp32, all {len(texts)} sentences: {agree:.2%}")
-    print(
-        f"held-out accuracy ({len(held)} sentences): fp32 {accuracy('none'):.2%}, int8 {accuracy('int8'):.2%}"
-    )
+    print(f"{'variant':<24}{'agreement with torch fp32':>27}{'held-out accuracy':>19}")
+    for variant in VARIANTS:
+        print(f"{' '.join(variant):<24}{agree(variant):>27.2%}{accuracy(variant):>19.2%}")
+    print(f"(agreement: all {len(texts)} sentences; held-out: {len(held)})")
 
 
 if __name__ == "__main__":

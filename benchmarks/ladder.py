@@ -37,7 +37,7 @@ from numaserve.modelpath import resolve_model_path
 from tests.server import ENDPOINT, Server
 
 CONFIG = """
-model: {{path: "{model}", quantize: {quantize}, padding: {padding}, max_length: 128}}
+model: {{path: "{model}", backend: {backend}, quantize: {quantize}, padding: {padding}, max_length: 128}}
 server: {{endpoint: "{endpoint}", cache_entries: {cache}}}
 placement:
   pools: [{{name: main, max_tokens: 128, cores_per_instance: {cores}, instances: {instances}}}]
@@ -109,15 +109,25 @@ def main() -> None:
         ),
         ("4 + int8", dict(model="distilbert", quantize="int8", padding="dynamic")),
         (
+            "4b ONNX Runtime, fp32, dynamic",
+            dict(model="distilbert", quantize="none", padding="dynamic", backend="onnxruntime"),
+        ),
+        (
+            "4c ONNX Runtime, int8, dynamic",
+            dict(model="distilbert", quantize="int8", padding="dynamic", backend="onnxruntime"),
+        ),
+        (
             "5 + cache, Zipf traffic",
             dict(model="distilbert", quantize="int8", padding="dynamic", cache=1_000_000),
         ),
     ]
     rows, memory = [], {}
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["NUMASERVE_CACHE"] = f"{tmp}/cache"  # ONNX artifacts: built in this run
         models = save_models(Path(tmp))
         for name, step in steps:
             settings = {
+                "backend": "torch",
                 "cache": 0,
                 "cores": 1,
                 "instances": 1,
@@ -138,7 +148,8 @@ def main() -> None:
                     after = c.status()["cache"]
                 looked_up = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
                 hit_rate = (after["hits"] - before["hits"]) / looked_up if looked_up else 0.0
-                memory[step["model"]] = rss_mb(server.pids()[1])  # [0] is the supervisor
+                variant = f"{step['model']} {settings['backend']} {settings['quantize']}"
+                memory[variant] = rss_mb(server.pids()[1])  # [0] is the supervisor
             finally:
                 server.stop()
             summary = result.summary()
@@ -159,6 +170,7 @@ def main() -> None:
             server = start_server(
                 Path(tmp),
                 model=models["distilbert"],
+                backend="torch",
                 quantize="int8",
                 padding="dynamic",
                 cache=0,
