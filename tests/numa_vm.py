@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("NUMASERVE_VM_CACHE", REPO / ".cache/numa-vm"))
 SENTINEL = "NUMASERVE-VM-EXIT="
 BOOTS = 3
+VENV_BIN = Path(sys.executable).parent  # vng runs virtme-run from PATH: a venv need not be on it
 DEBIAN_PACKAGES = {  # a command each package provides -> the package
     "qemu-system-x86_64": "qemu-system-x86",
     "depmod": "kmod",
@@ -120,8 +121,8 @@ def ensure_kernel() -> Path:
 
 
 def ensure_vng() -> str:
-    vng = Path(sys.executable).with_name("vng")
-    if not vng.exists():
+    vng = VENV_BIN / "vng"
+    if not (vng.exists() and (VENV_BIN / "virtme-run").exists()):
         say("installing virtme-ng from PyPI")
         constraints = REPO / "constraints.txt"
         try:
@@ -174,6 +175,7 @@ def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             argv,
+            env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
