@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
-from numaserve.models import INT32_ACCUMULATING_ISA, TorchModel, load_model, quantize_int8
+from numaserve.models import TorchModel, full_range_int8, load_model, quantize_int8
 from numaserve.tokenization import Tokenizer
 from numaserve.topology import read_topology
 
@@ -70,7 +70,7 @@ def embedding_table(texts, tokenizer, isa) -> list[tuple[str, np.ndarray]]:
             quantize_int8(copy.deepcopy(fp32.module), False),
         ),
     ]
-    if INT32_ACCUMULATING_ISA & set(isa):
+    if full_range_int8(isa):
         variants.append(
             (
                 "numaserve on this CPU: per-channel, 8-bit",

@@ -36,6 +36,11 @@ def configure_threads(threads: int) -> None:
 INT32_ACCUMULATING_ISA = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
+def full_range_int8(isa: tuple[str, ...]) -> bool:
+    """Whether int8 activations may use all 8 bits on a CPU with these ISA extensions."""
+    return bool(INT32_ACCUMULATING_ISA & set(isa))
+
+
 class _FullRangeDynamicLinear(nnqd.Linear):
     """torch's dynamic int8 Linear with 8-bit activations instead of its fixed 7 (reduce_range)."""
 
@@ -157,7 +162,7 @@ class TorchModel(Model):
         model = _load_transformers_model(config)
         super().__init__(config, model.config)
         if config.quantize == "int8":
-            model = quantize_int8(model, full_range=bool(INT32_ACCUMULATING_ISA & set(isa)))
+            model = quantize_int8(model, full_range=full_range_int8(isa))
         self.module = model
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -190,9 +195,8 @@ class OnnxModel(Model):
         except Exception as e:
             raise ModelLoadError(f"cannot load model {config.path}: {e}") from None
         super().__init__(config, hf_config)
-        full_range = bool(INT32_ACCUMULATING_ISA & set(isa))
         self.artifact = ensure_artifact(
-            directory, config, full_range, lambda: _load_transformers_model(config)
+            directory, config, full_range_int8(isa), lambda: _load_transformers_model(config)
         )
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads

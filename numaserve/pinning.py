@@ -189,7 +189,7 @@ def read_numa_maps(pid: int | str = "self") -> NumaMaps:
         is_anon = not any(f.startswith("file=") for f in fields[2:])
         for f in fields[2:]:
             if f.startswith("N") and "=" in f:
-                node, count = int(f[1:].split("=", 1)[0]), int(f.split("=", 1)[1])
+                node, count = map(int, f[1:].split("=", 1))
                 pages[node] = pages.get(node, 0) + count
                 if is_anon:
                     anon[node] = anon.get(node, 0) + count

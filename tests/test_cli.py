@@ -2,20 +2,14 @@
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.console import numaserve
+
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "configs"
-
-
-def numaserve(*args):
-    exe = shutil.which("numaserve", path=os.path.dirname(sys.executable)) or "numaserve"
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 def test_topology_json_on_a_fixture_has_the_documented_shape(sysfs):

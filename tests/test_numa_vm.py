@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from numaserve.client import Client
 from numaserve.pinning import live_affinity, read_numa_maps
 from numaserve.topology import read_topology
 from tests.checkpoints import LABELS
+from tests.console import numaserve
 from tests.server import ENDPOINT, Server
 
 pytestmark = [
@@ -26,7 +25,6 @@ pytestmark = [
         len(read_topology().nodes) < 2, reason="needs 2 NUMA nodes: run python -m tests.numa_vm"
     ),
 ]
-EXE = os.path.join(os.path.dirname(sys.executable), "numaserve")
 NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
 # One 2-core instance per node (4 physical cores, SMT siblings left idle). Emulation is slow:
 # torch takes minutes to import, hence the generous start timeout and heartbeat.
@@ -70,7 +68,7 @@ def workers(server) -> list[dict]:
 
 
 def cli_json(*args: str) -> dict:
-    out = subprocess.run([EXE, *args, "--json"], capture_output=True, text=True, timeout=120)
+    out = numaserve(*args, "--json", timeout=120)  # emulation: imports are slow
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

@@ -4,6 +4,7 @@ checkpoints, real artifact files shared between real processes, a real pinned wo
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ def artifacts(root: Path) -> list[Path]:
 
 def test_fp32_export_of_a_saved_classifier_matches_torch(classifier_dir, cache):
     config = ModelConfig(path=str(classifier_dir), task="classify", quantize="none")
-    onnx_model = load_model(ModelConfig(**{**config.__dict__, "backend": "onnxruntime"}))
+    onnx_model = load_model(replace(config, backend="onnxruntime"))
     torch_model = load_model(config)
     inputs = token_ids(str(classifier_dir), SENTENCES)
     for ids in inputs:
