@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
-from numaserve.models import TorchModel, full_range_int8, load_model, quantize_int8
+from numaserve.models import full_range_int8, load_model
 from numaserve.tokenization import Tokenizer
 from numaserve.topology import read_topology
+from numaserve.torch_model import TorchModel, quantize_int8
 
 AREAS = {
     "text": "re string textwrap difflib shlex tokenize pprint html.parser",
@@ -88,9 +89,10 @@ def embedding_table(texts, tokenizer, isa) -> list[tuple[str, np.ndarray]]:
     return table
 
 
-def train_classifier(pairs, tokenizer, directory: Path, epochs: int) -> None:
-    from transformers import AutoModelForSequenceClassification
+def train_classifier(pairs, directory: Path, epochs: int) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm"))
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_model_path("bundled:minilm"),
@@ -105,13 +107,13 @@ def train_classifier(pairs, tokenizer, directory: Path, epochs: int) -> None:
         order = rng.permutation(len(pairs))
         for start in range(0, len(order), 32):
             batch = [pairs[i] for i in order[start : start + 32]]
-            enc = tokenizer.hf([t for t, _ in batch], padding=True, return_tensors="pt")
+            enc = tokenizer([t for t, _ in batch], padding=True, return_tensors="pt")
             loss = model(**enc, labels=torch.tensor([y for _, y in batch])).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
     model.save_pretrained(directory)
-    tokenizer.hf.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def main() -> None:
@@ -145,7 +147,7 @@ def main() -> None:
     train, held_out = labelled[0::2], labelled[1::2]
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        train_classifier(train, tokenizer, Path(tmp), args.epochs)
+        train_classifier(train, Path(tmp), args.epochs)
         trained_in = time.perf_counter() - started
         ids = [list(e.ids) for e in tokenizer.encode(texts)]
         predictions = {}

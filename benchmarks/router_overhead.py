@@ -39,12 +39,11 @@ def in_process_latencies(texts: list[str], cpu: int) -> list[float]:
 import json, os, time
 os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.config import ModelConfig
-from numaserve.models import configure_threads, load_model
+from numaserve.models import load_model
 from numaserve.tokenization import Tokenizer
 from numaserve.topology import read_topology
-configure_threads(1)
 tok = Tokenizer("bundled:minilm", 256)
-model = load_model(ModelConfig(), isa=read_topology().isa)
+model = load_model(ModelConfig(), isa=read_topology().isa, threads=1)
 texts = {texts!r}
 for t in texts[:20]:
     model.run([list(tok.encode([t])[0].ids)])

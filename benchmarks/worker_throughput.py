@@ -54,9 +54,8 @@ def raw_loop(model_dir: Path, seconds: float, isa) -> float:
 import os, time, json
 os.sched_setaffinity(0, {{0}})
 from numaserve.config import ModelConfig
-from numaserve.models import configure_threads, load_model
-configure_threads(1)
-m = load_model(ModelConfig(path={str(model_dir)!r}), isa={tuple(isa)!r})
+from numaserve.models import load_model
+m = load_model(ModelConfig(path={str(model_dir)!r}), isa={tuple(isa)!r}, threads=1)
 ids = [{sample_ids()!r}]
 for _ in range(20): m.run(ids)
 n, start = 0, time.perf_counter()

@@ -1,34 +1,27 @@
-"""One copy of the model in one worker: loading, int8 quantization, and the forward pass.
+"""One copy of the model in one worker: the part every backend shares.
 
-Importing this module imports torch, so a worker pins itself first (see pinning.py).
+A backend (torch_model.py, onnx_model.py) supplies only the forward pass. Backends are
+imported on demand, after the worker has pinned itself (see pinning.py), and an ONNX Runtime
+worker never imports torch: that saves about 200 MB per instance.
 """
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.ao.nn.quantized.dynamic as nnqd
 
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.modelpath import ModelLoadError
 
 
 @dataclass(frozen=True)
 class ClassifyResult:
     label: str
     probs: tuple[float, ...]
-
-
-def configure_threads(threads: int) -> None:
-    torch.set_num_threads(threads)
-    # It can be set once per process, before any parallel work; a second call raises.
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
 
 
 # Where int8 dot products accumulate straight into int32, activations may use all 8 bits; older
@@ -41,33 +34,37 @@ def full_range_int8(isa: tuple[str, ...]) -> bool:
     return bool(INT32_ACCUMULATING_ISA & set(isa))
 
 
-class _FullRangeDynamicLinear(nnqd.Linear):
-    """torch's dynamic int8 Linear with 8-bit activations instead of its fixed 7 (reduce_range)."""
+@dataclass(frozen=True)
+class ModelFacts:
+    """What serving needs of a checkpoint besides its weights.
 
-    def forward(self, x):
-        params = self._packed_params._packed_params
-        return torch.ops.quantized.linear_dynamic(x, params, reduce_range=False).to(x.dtype)
+    Read from config.json with the json module: transformers' AutoConfig imports torch."""
 
+    vocab_size: int
+    max_positions: int | None = None  # None: the checkpoint does not say
+    pad_id: int = 0
+    id2label: Mapping[int, str] = field(default_factory=dict)
 
-def quantize_int8(model: torch.nn.Module, full_range: bool) -> torch.nn.Module:
-    """Dynamic int8 quantization of every Linear layer, with per-channel weight scales.
+    @classmethod
+    def read(cls, directory: str | Path) -> ModelFacts:
+        path = Path(directory) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                vocab_size=int(raw["vocab_size"]),
+                max_positions=raw.get("max_position_embeddings"),
+                pad_id=raw.get("pad_token_id") or 0,
+                id2label={int(k): str(v) for k, v in (raw.get("id2label") or {}).items()},
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
 
-    Per-channel weights and, on VNNI/AMX CPUs, 8-bit activations lift MiniLM's int8 embeddings
-    from cosine 0.94 to 0.99 against fp32 at the same speed (docs/accuracy.md).
-    torch.ao.quantization is deprecated in favour of torchao, but torchao's eager int8 measured
-    39 ms against 7 ms for quantize_dynamic on this workload, so we keep the fast path and
-    silence its deprecation warnings (see docs/worker.md).
-    """
-    mapping = {torch.nn.Linear: _FullRangeDynamicLinear if full_range else nnqd.Linear}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
-        warnings.filterwarnings("ignore", message=r".*quantize_per_(tensor|channel).*deprecated")
-        return torch.ao.quantization.quantize_dynamic(
-            model,
-            {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
-            dtype=torch.qint8,
-            mapping=mapping,
-        )
+    def check(self, config: ModelConfig) -> None:
+        if self.max_positions is not None and config.max_length > self.max_positions:
+            raise ModelLoadError(
+                f"model.max_length is {config.max_length}, but {config.path} has only "
+                f"{self.max_positions} positions"
+            )
 
 
 class Model:
@@ -76,24 +73,17 @@ class Model:
     The backends share everything but the forward pass: the model's shape facts, the input
     checks, padding, and the pooling or softmax after it."""
 
-    def __init__(self, config: ModelConfig, hf_config) -> None:
+    def __init__(self, config: ModelConfig, facts: ModelFacts, width: int) -> None:
+        """width: the output's features, the hidden size (embed) or the classes (classify)."""
+        facts.check(config)
         self.config = config
-        self.pad_id = hf_config.pad_token_id or 0
-        self.vocab_size = hf_config.vocab_size
-        self.max_positions = getattr(hf_config, "max_position_embeddings", config.max_length)
-        if config.max_length > self.max_positions:
-            raise ModelLoadError(
-                f"model.max_length is {config.max_length}, but {config.path} has only "
-                f"{self.max_positions} positions"
-            )
+        self.pad_id = facts.pad_id
+        self.vocab_size = facts.vocab_size
         if config.task == "classify":
-            id2label = hf_config.id2label or {}
-            self.labels = tuple(
-                str(id2label.get(i, f"LABEL_{i}")) for i in range(hf_config.num_labels)
-            )
+            self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
         else:
             self.labels = ()
-            self.dim = hf_config.hidden_size
+            self.dim = width
 
     def check_ids(self, ids: list[int]) -> str | None:
         """Why these token ids cannot run, or None."""
@@ -138,84 +128,12 @@ class Model:
         return list(unit.astype(np.float32))
 
 
-def _load_transformers_model(config: ModelConfig):
-    import transformers
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    directory = resolve_model_path(config.path)
-    loader = AutoModelForSequenceClassification if config.task == "classify" else AutoModel
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return loader.from_pretrained(directory).eval()
-    except Exception as e:  # corrupt weights, wrong architecture, no network for a hub id...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(
-            f"cannot load model {config.path} for task {config.task}: {first_line}"
-        ) from None
-
-
-class TorchModel(Model):
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = ()):
-        model = _load_transformers_model(config)
-        super().__init__(config, model.config)
-        if config.quantize == "int8":
-            model = quantize_int8(model, full_range=full_range_int8(isa))
-        self.module = model
-
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            out = self.module(
-                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
-            )
-            result = out.logits if self.config.task == "classify" else out.last_hidden_state
-            return result.float().numpy()
-
-
-class OnnxModel(Model):
-    """ONNX Runtime on the artifact built once for this model and these options
-    (onnx_artifacts.py). Its threads inherit the worker's pinned CPUs."""
-
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            from numaserve.onnx_artifacts import INSTALL_HINT
-
-            raise ModelLoadError(INSTALL_HINT) from None
-        from transformers import AutoConfig
-
-        from numaserve.onnx_artifacts import ensure_artifact
-
-        directory = Path(resolve_model_path(config.path))
-        try:
-            hf_config = AutoConfig.from_pretrained(directory)
-        except Exception as e:
-            raise ModelLoadError(f"cannot load model {config.path}: {e}") from None
-        super().__init__(config, hf_config)
-        self.artifact = ensure_artifact(
-            directory, config, full_range_int8(isa), lambda: _load_transformers_model(config)
-        )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        try:
-            self.session = ort.InferenceSession(
-                str(self.artifact), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as e:
-            raise ModelLoadError(f"cannot load the ONNX artifact {self.artifact}: {e}") from None
-        self.output = self.session.get_outputs()[0].name
-
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        (out,) = self.session.run([self.output], {"input_ids": ids, "attention_mask": mask})
-        return out.astype(np.float32, copy=False)
-
-
 def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
+    """The model for config.backend, running `threads` intra-op threads."""
     if config.backend == "onnxruntime":
+        from numaserve.onnx_model import OnnxModel
+
         return OnnxModel(config, isa, threads)
-    return TorchModel(config, isa)
+    from numaserve.torch_model import TorchModel
+
+    return TorchModel(config, isa, threads)

@@ -6,18 +6,30 @@ options and the versions that built it. The first worker to start builds it unde
 the others wait and load it. It is written to a temporary file and renamed into place, with
 its SHA-256 beside it: a worker that finds a file that does not match (a crash mid-copy, a
 full disk) says so and rebuilds it.
+
+The build runs in a child process (`python -m numaserve.onnx_artifacts`) that inherits the
+worker's CPUs and memory policy: export loads the torch model, and a worker that built in
+process kept 2 GB it never used again; the child gives it all back when it exits.
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
+import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import traceback
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 from numaserve.config import ModelConfig
@@ -48,9 +60,6 @@ def _sha256(path: Path) -> str:
 
 
 def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
-    import onnxruntime
-    import torch
-
     digest = hashlib.sha256()
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
@@ -61,19 +70,16 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
         "quantize": config.quantize,
         "full_range": full_range,
         "opset": OPSET,
-        "torch": torch.__version__,
-        "onnxruntime": onnxruntime.__version__,
+        # Versions from package metadata: importing torch would cost the worker 200 MB.
+        "torch": importlib.metadata.version("torch"),
+        "onnxruntime": importlib.metadata.version("onnxruntime"),
     }
     digest.update(json.dumps(options, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
 
 def ensure_artifact(
-    model_dir: Path,
-    config: ModelConfig,
-    full_range: bool,
-    load_torch_model: Callable[[], object],
-    root: Path | None = None,
+    model_dir: Path, config: ModelConfig, full_range: bool, root: Path | None = None
 ) -> Path:
     """The artifact's path, built first if it is missing or does not match its digest."""
     key = artifact_key(model_dir, config, full_range)
@@ -89,11 +95,44 @@ def ensure_artifact(
             if digest.exists() and digest.read_text().strip() == _sha256(artifact):
                 return artifact
             log.warning("ONNX artifact %s does not match its digest: rebuilding it", artifact)
+        _remove_leftovers(directory)
         log.info("building the ONNX artifact for %s in %s", config.path, directory)
-        built = build(load_torch_model(), config, full_range, directory)
+        built = directory / f"model.onnx.{os.getpid()}.tmp"
+        _build_in_child(config, full_range, built)
         _write_atomically(digest, _sha256(built))
         os.replace(built, artifact)
         return artifact
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """What a build killed midway left behind. Only lock holders build, and we hold it."""
+    for path in directory.glob("build-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in directory.glob("*.tmp"):
+        path.unlink(missing_ok=True)
+
+
+def _build_in_child(config: ModelConfig, full_range: bool, output: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "numaserve.onnx_artifacts",
+        json.dumps(dataclasses.asdict(config)),
+        str(output),
+        f"--parent={os.getpid()}",
+    ] + (["--full-range"] if full_range else [])
+    child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if child.returncode == 0 and output.is_file():
+        return
+    output.unlink(missing_ok=True)
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    if child.returncode < 0:
+        reason = f"the build process was killed by {signal.Signals(-child.returncode).name}"
+    else:
+        reason = lines[-1] if lines else f"the build process exited {child.returncode}"
+    if lines:
+        log.error("the ONNX build's output:\n%s", "\n".join(lines[-40:]))
+    raise ModelLoadError(reason)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -102,9 +141,8 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def build(model, config: ModelConfig, full_range: bool, directory: Path) -> Path:
-    """Export (dynamic batch and sequence axes), optimise, and quantise when asked: a file
-    in `directory`, not yet at its final name."""
+def build(model, config: ModelConfig, full_range: bool, destination: Path) -> None:
+    """Export (dynamic batch and sequence axes), optimise, and quantise when asked."""
     import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -121,7 +159,7 @@ def build(model, config: ModelConfig, full_range: bool, directory: Path) -> Path
             out = self.model(input_ids=input_ids, attention_mask=attention_mask)
             return getattr(out, output)
 
-    work = Path(tempfile.mkdtemp(dir=directory, prefix="build-"))
+    work = Path(tempfile.mkdtemp(dir=destination.parent, prefix="build-"))
     exported, optimized, quantized = work / "export.onnx", work / "opt.onnx", work / "int8.onnx"
     example = (torch.ones((1, 8), dtype=torch.long), torch.ones((1, 8), dtype=torch.long))
     axes = {0: "batch", 1: "sequence"}
@@ -154,9 +192,7 @@ def build(model, config: ModelConfig, full_range: bool, directory: Path) -> Path
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
             result = quantized
-        final = directory / f"model.onnx.{os.getpid()}.tmp"
-        os.replace(result, final)
-        return final
+        os.replace(result, destination)
     except Exception as e:
         raise ModelLoadError(f"cannot export {config.path} to ONNX: {e}") from None
     finally:
@@ -164,3 +200,40 @@ def build(model, config: ModelConfig, full_range: bool, directory: Path) -> Path
         for path in work.iterdir():
             path.unlink()
         work.rmdir()
+
+
+def _die_with_parent(parent: int) -> None:
+    """A build whose worker was killed (a start timeout, a stop) must not go on alone."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before prctl took effect
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The build child: ensure_artifact runs it and reads its last stderr line on failure."""
+    parser = argparse.ArgumentParser(prog="python -m numaserve.onnx_artifacts")
+    parser.add_argument("config", help="the model config, as JSON")
+    parser.add_argument("output", type=Path)
+    parser.add_argument("--parent", type=int, help="die with this process")
+    parser.add_argument("--full-range", action="store_true", help="8-bit int8 activations")
+    args = parser.parse_args(argv)
+    if args.parent:
+        _die_with_parent(args.parent)
+    config = ModelConfig(**json.loads(args.config))
+    try:
+        from numaserve.torch_model import load_transformers_model
+
+        build(load_transformers_model(config), config, args.full_range, args.output)
+    except ModelLoadError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except Exception as e:  # the traceback for the log, then the one line the worker reports
+        traceback.print_exc()
+        print(f"cannot export {config.path} to ONNX: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

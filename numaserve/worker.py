@@ -68,9 +68,8 @@ class Engine:
     """The model, warmed up, and the translation of its outputs to wire results."""
 
     def __init__(self, spec: WorkerSpec, report: PinReport):
-        from numaserve.models import configure_threads, load_model  # imports torch: after pinning
+        from numaserve.models import load_model  # imports the backend: after pinning
 
-        configure_threads(report.threads)
         self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = spec.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))

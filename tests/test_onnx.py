@@ -2,19 +2,24 @@
 checkpoints, real artifact files shared between real processes, a real pinned worker."""
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from numaserve import protocol
 from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences
-from numaserve.models import load_model
-from numaserve.onnx_artifacts import INSTALL_HINT
+from numaserve.modelpath import ModelLoadError
+from numaserve.models import full_range_int8, load_model
+from numaserve.onnx_artifacts import INSTALL_HINT, artifact_key
 from numaserve.pinning import live_affinity
 from numaserve.tokenization import Tokenizer
 from tests.router_side import ISA, RouterSide, start_worker, worker_spec
@@ -100,6 +105,58 @@ def test_a_corrupt_artifact_is_detected_and_rebuilt(classifier_dir, cache, caplo
     assert "does not match its digest: rebuilding it" in caplog.text
     assert rebuilt.artifact == artifact and rebuilt.run([[101, 102]])[0].label
     assert len(artifact.read_bytes()) == len(good)
+
+
+def test_leftovers_of_a_killed_build_are_removed_by_the_next_one(classifier_dir, cache):
+    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    directory = cache / "onnx" / artifact_key(classifier_dir, config, full_range_int8(ISA))
+    (directory / "build-abc123").mkdir(parents=True)
+    (directory / "build-abc123" / "export.onnx").write_bytes(b"half an export")
+    (directory / "model.onnx.4242.tmp").write_bytes(b"half a model")
+    load_model(config, isa=ISA)
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".lock",
+        "model.onnx",
+        "model.onnx.sha256",
+    ]
+
+
+def test_a_failed_build_is_a_clear_error_and_leaves_no_artifact(classifier_dir, cache, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(classifier_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00not a safetensors file")
+    config = ModelConfig(path=str(broken), task="classify", backend="onnxruntime")
+    with pytest.raises(ModelLoadError, match=r"^cannot load model .* for task classify"):
+        load_model(config)
+    assert artifacts(cache) == [] and not list(cache.glob("onnx/*/*.tmp"))
+
+
+def test_an_onnx_worker_never_loads_torch(classifier_dir, cache):
+    code = BUILD + "print('torch' in sys.modules, 'libtorch' in open('/proc/self/maps').read())\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(classifier_dir)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "False False"  # the build ran in a child process
+
+
+def test_a_build_dies_with_the_worker_that_started_it(cache):
+    # MiniLM: its build takes about 8 s, so a build that outlived its worker would be seen.
+    code = "from numaserve.config import ModelConfig\n" + (
+        "from numaserve.models import load_model\nload_model(ModelConfig(backend='onnxruntime'))"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not (builders := psutil.Process(worker.pid).children()):
+            assert time.monotonic() < deadline and worker.poll() is None, "no build started"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        _, alive = psutil.wait_procs(builders, timeout=2)
+        assert alive == []
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):

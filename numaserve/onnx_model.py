@@ -1,0 +1,47 @@
+"""The ONNX Runtime backend: a session on the artifact built once for this model and these
+options (onnx_artifacts.py). Its threads inherit the worker's pinned CPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.models import Model, ModelFacts, full_range_int8
+from numaserve.onnx_artifacts import INSTALL_HINT, ensure_artifact
+
+
+class OnnxModel(Model):
+    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ModelLoadError(INSTALL_HINT) from None
+        directory = Path(resolve_model_path(config.path))
+        if not directory.is_dir():
+            raise ModelLoadError(
+                f"model.backend onnxruntime needs a local model directory, not the hub id "
+                f"{config.path}: save it with save_pretrained(DIR) and set model.path: DIR"
+            )
+        facts = ModelFacts.read(directory)
+        facts.check(config)  # before a build that can take minutes
+        self.artifact = ensure_artifact(directory, config, full_range_int8(isa))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self.session = ort.InferenceSession(
+                str(self.artifact), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:
+            raise ModelLoadError(f"cannot load the ONNX artifact {self.artifact}: {e}") from None
+        output = self.session.get_outputs()[0]
+        self.output = output.name
+        super().__init__(config, facts, width=output.shape[-1])
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        (out,) = self.session.run([self.output], {"input_ids": ids, "attention_mask": mask})
+        return out.astype(np.float32, copy=False)
