@@ -3,7 +3,7 @@
 Embeddings: bundled MiniLM, cosine between int8 and fp32 for every sentence, for torch's
 default int8 (per-tensor, 7-bit activations) and for numaserve's (per-channel weights, and
 8-bit activations where the CPU accumulates int8 in int32), and for the ONNX Runtime backend's
-int8 (needs numaserve[onnx]).
+int8 (the default backend).
 
 Classification: a real classifier, MiniLM fine-tuned here (fp32) to tell which area of the
 standard library a sentence documents, saved with save_pretrained, then loaded through

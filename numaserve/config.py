@@ -34,7 +34,8 @@ class ModelConfig:
     # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
     path: str = "bundled:minilm"
     task: Literal["embed", "classify"] = "embed"
-    backend: Literal["torch", "onnxruntime"] = "torch"
+    # onnxruntime: the model exported once to an ONNX artifact (onnx_artifacts.py), the faster.
+    backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
     padding: Literal["dynamic", "max_length"] = "dynamic"

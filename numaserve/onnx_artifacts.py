@@ -38,7 +38,10 @@ from numaserve.modelpath import ModelLoadError
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the build steps change, so old artifacts are not reused
 OPSET = 17
-INSTALL_HINT = "model.backend onnxruntime needs the onnx extra: pip install 'numaserve[onnx]'"
+INSTALL_HINT = (
+    "model.backend onnxruntime needs the onnxruntime package, a numaserve dependency that is "
+    "missing here: reinstall numaserve, or set model.backend: torch"
+)
 
 
 def cache_root() -> Path:

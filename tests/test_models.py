@@ -1,4 +1,5 @@
-"""Model loading, the forward pass and its switches, in this process with real weights."""
+"""The torch backend and what every backend shares (the forward pass, its switches, load
+errors), in this process with real weights. The ONNX backend: test_onnx.py."""
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def fp32():
-    return load_model(ModelConfig(quantize="none"))
+    return load_model(ModelConfig(backend="torch", quantize="none"))
 
 
 def ids(tokenizer, texts):
@@ -54,13 +55,15 @@ def test_a_dynamically_padded_batch_equals_unpadded_singles(tokenizer, fp32):
 
 
 def test_padding_to_max_length_gives_the_same_embeddings(tokenizer, fp32):
-    padded = load_model(ModelConfig(quantize="none", padding="max_length", max_length=64))
+    padded = load_model(
+        ModelConfig(backend="torch", quantize="none", padding="max_length", max_length=64)
+    )
     batch = ids(tokenizer, SENTENCES[:4])
     assert np.allclose(embed_each(padded, batch), embed_each(fp32, batch), atol=1e-5)
 
 
 def test_int8_embeddings_stay_close_to_fp32(tokenizer, fp32):
-    int8 = load_model(ModelConfig(quantize="int8"), isa=read_topology().isa)
+    int8 = load_model(ModelConfig(backend="torch", quantize="int8"), isa=read_topology().isa)
     batch = ids(tokenizer, SENTENCES)
     cosine = (embed_each(int8, batch) * embed_each(fp32, batch)).sum(axis=1)
     assert cosine.mean() >= 0.99, (cosine.mean(), cosine.min())
@@ -69,12 +72,14 @@ def test_int8_embeddings_stay_close_to_fp32(tokenizer, fp32):
 def test_int8_replaces_every_linear_layer():
     import torch
 
-    int8 = load_model(ModelConfig(quantize="int8"))
+    int8 = load_model(ModelConfig(backend="torch", quantize="int8"))
     assert not any(type(m) is torch.nn.Linear for m in int8.module.modules())
 
 
 def test_classifier_returns_its_labels_and_probabilities(classifier_dir, tokenizer):
-    model = load_model(ModelConfig(path=str(classifier_dir), task="classify", quantize="none"))
+    model = load_model(
+        ModelConfig(backend="torch", path=str(classifier_dir), task="classify", quantize="none")
+    )
     results = model.run(ids(tokenizer, ["It works.", "A longer sentence about nothing much."]))
     assert model.labels == ("negative", "neutral", "positive")
     for r in results:
@@ -104,12 +109,12 @@ def test_ids_outside_the_vocabulary_are_refused(fp32):
 
 def test_missing_model_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
-        load_model(ModelConfig(path=str(tmp_path / "nope")))
+        load_model(ModelConfig(backend="torch", path=str(tmp_path / "nope")))
 
 
 def test_directory_without_config_is_not_a_model(tmp_path):
     with pytest.raises(ModelLoadError, match=r"no config\.json"):
-        load_model(ModelConfig(path=str(tmp_path)))
+        load_model(ModelConfig(backend="torch", path=str(tmp_path)))
 
 
 def test_corrupt_weights_are_a_clear_error(classifier_dir, tmp_path):
@@ -119,7 +124,7 @@ def test_corrupt_weights_are_a_clear_error(classifier_dir, tmp_path):
     shutil.copytree(classifier_dir, broken)
     (broken / "model.safetensors").write_bytes(b"\x00not a safetensors file")
     with pytest.raises(ModelLoadError, match=r"cannot load model .* for task classify"):
-        load_model(ModelConfig(path=str(broken), task="classify"))
+        load_model(ModelConfig(backend="torch", path=str(broken), task="classify"))
 
 
 def test_unknown_bundled_model_lists_the_bundled_ones():
@@ -131,4 +136,6 @@ def test_unknown_bundled_model_lists_the_bundled_ones():
 
 def test_max_length_beyond_the_models_positions_is_refused(classifier_dir):
     with pytest.raises(ModelLoadError, match="has only 512 positions"):
-        load_model(ModelConfig(path=str(classifier_dir), task="classify", max_length=1024))
+        load_model(
+            ModelConfig(backend="torch", path=str(classifier_dir), task="classify", max_length=1024)
+        )

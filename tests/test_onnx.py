@@ -24,7 +24,6 @@ from numaserve.pinning import live_affinity
 from numaserve.tokenization import Tokenizer
 from tests.router_side import ISA, RouterSide, start_worker, worker_spec
 
-pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 SENTENCES = stdlib_sentences(64)
 
 

@@ -77,7 +77,7 @@ def test_worker_answers_embed_requests_like_the_model_in_process(embed_worker, t
     inputs = [list(e.ids) for e in tokenizer.encode(TEXTS)]
     reply = router.run(identity, inputs)
     got = np.stack([protocol.embedding_from_wire(r["embedding"]) for r in reply["results"]])
-    expected = np.stack(load_model(ModelConfig(quantize="none")).run(inputs))
+    expected = np.stack(load_model(ModelConfig(backend="torch", quantize="none")).run(inputs))
     assert got.shape == (2, 384)
     assert (got * expected).sum(axis=1).min() > 0.98  # int8 in the worker, fp32 here
 
