@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer as FastTokenizer
 
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 
@@ -15,6 +18,32 @@ class TooLongError(ValueError):
         self.index, self.tokens, self.limit = index, tokens, limit
 
 
+def load_fast_tokenizer(model_path: str) -> FastTokenizer:
+    directory = resolve_model_path(model_path)
+    path = Path(directory) / "tokenizer.json"
+    if path.is_file():
+        try:
+            return FastTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise ModelLoadError(
+                f"cannot load the tokenizer of {model_path}: {path}: {e}"
+            ) from None
+    from transformers import AutoTokenizer
+
+    try:
+        hf = AutoTokenizer.from_pretrained(directory, use_fast=True)
+    except Exception as e:  # transformers raises many types for a bad or missing tokenizer
+        raise ModelLoadError(f"cannot load the tokenizer of {model_path}: {e}") from None
+    if not hf.is_fast:
+        raise ModelLoadError(f"{model_path}: no fast tokenizer (tokenizer.json) found")
+    if hf.vocab_size <= len(set(hf.all_special_ids)):  # transformers 5 builds one from nothing
+        raise ModelLoadError(
+            f"cannot load the tokenizer of {model_path}: it has no tokenizer.json and no "
+            "vocabulary file (vocab.txt, vocab.json, *.model)"
+        )
+    return FastTokenizer.from_str(hf.backend_tokenizer.to_str())
+
+
 @dataclass(frozen=True)
 class Encoded:
     ids: tuple[int, ...]
@@ -25,30 +54,20 @@ class Encoded:
 class Tokenizer:
     """The model's fast tokenizer; special tokens included in every count.
 
-    Encodes with the raw `tokenizers` backend (half the cost of transformers' call), with
-    truncation set to max_length so special tokens survive a cut.
+    Loads the checkpoint's tokenizer.json with the `tokenizers` library alone: transformers'
+    AutoTokenizer imports torch, which cost the router 250 MB. Only a checkpoint without
+    tokenizer.json (a slow tokenizer's vocab.txt) goes through transformers, to convert it.
+    Encodes with truncation set to max_length, so special tokens survive a cut.
     """
 
     def __init__(self, model_path: str, max_length: int, truncate: bool = True, recent: int = 0):
-        from tokenizers import Tokenizer as RawTokenizer
-        from transformers import AutoTokenizer
-
-        directory = resolve_model_path(model_path)
-        try:
-            self.hf = AutoTokenizer.from_pretrained(directory, use_fast=True)
-        except Exception as e:  # transformers raises many types for a bad or missing tokenizer
-            raise ModelLoadError(f"cannot load the tokenizer of {model_path}: {e}") from None
-        if not self.hf.is_fast:
-            raise ModelLoadError(f"{model_path}: no fast tokenizer (tokenizer.json) found")
-        self.max_length = max_length
-        self.truncate = truncate
-        self.pad_id = self.hf.pad_token_id or 0
-        self.raw = RawTokenizer.from_str(self.hf.backend_tokenizer.to_str())
+        self.raw = load_fast_tokenizer(model_path)
         self.raw.no_padding()
         self.raw.enable_truncation(max_length)
-        self.full = RawTokenizer.from_str(self.hf.backend_tokenizer.to_str())
-        self.full.no_padding()
+        self.full = FastTokenizer.from_str(self.raw.to_str())
         self.full.no_truncation()
+        self.max_length = max_length
+        self.truncate = truncate
         # Repeated texts (real traffic repeats: that is why there is a cache) skip the tokenizer.
         self.recent: dict[str, Encoded] = {}
         self.recent_size = recent

@@ -8,7 +8,7 @@ from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.models import load_model
-from numaserve.tokenization import Tokenizer, TooLongError
+from numaserve.tokenization import Tokenizer
 from numaserve.topology import read_topology
 
 SENTENCES = stdlib_sentences(64)
@@ -86,19 +86,6 @@ def test_classifier_returns_its_labels_and_probabilities(classifier_dir, tokeniz
         assert r.label in model.labels
         assert abs(sum(r.probs) - 1) < 1e-5
         assert r.label == model.labels[int(np.argmax(r.probs))]
-
-
-def test_long_text_is_truncated_and_says_so():
-    tok = Tokenizer("bundled:minilm", max_length=16)
-    (short, long) = tok.encode(["short text", "word " * 40])
-    assert (short.truncated, len(long.ids), long.truncated, long.tokens) == (False, 16, True, 42)
-    assert long.ids[-1] == tok.hf.sep_token_id
-
-
-def test_long_text_is_refused_when_truncation_is_off():
-    tok = Tokenizer("bundled:minilm", max_length=16, truncate=False)
-    with pytest.raises(TooLongError, match="text 1 has 42 tokens; the limit is 16"):
-        tok.encode(["fine", "word " * 40])
 
 
 def test_ids_outside_the_vocabulary_are_refused(fp32):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -104,6 +105,12 @@ def test_status_reports_instances_pools_and_cache(client):
     assert {i["name"] for i in status["instances"]} == {"short-0", "long-0"}
     assert [p["name"] for p in status["pools"]] == ["short", "long"]
     assert set(status["cache"]) >= {"hits", "misses", "hit_rate", "entries"}
+
+
+def test_the_router_never_loads_torch(cluster):
+    # It only tokenizes: torch would cost it 250 MB (docs/benchmarks.md, Peers).
+    maps = Path(f"/proc/{cluster.router.pid}/maps").read_text()
+    assert "tokenizers" in maps and "libtorch" not in maps
 
 
 def test_ping_measures_a_round_trip(client):
