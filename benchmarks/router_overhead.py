@@ -5,6 +5,10 @@ default model (bundled MiniLM, int8). Measures, in one run:
   in-process   tokenize + forward pass in a process pinned to CPU 1, one text at a time
   via router   the same texts through client -> router -> worker (each text once: no cache)
   cache hits   replies/s for texts the cache holds, from a pipelined load generator
+  floor        the same two ZeroMQ hops with no work at all: a bare pyzmq broker on the
+               router's CPU and an echo on the worker's, the client pausing between requests
+               for as long as the model computes, so that threads go idle as they do when
+               serving. No router can add less than this on the machine.
 
 Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 300] [--seconds 5]
 """
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -90,6 +96,65 @@ def cache_hit_rate(cluster: Cluster, texts: list[str], seconds: float, window: i
     return done / elapsed
 
 
+def _broker(front: str, back: str, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    ctx = zmq.Context()
+    clients, workers = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    clients.bind(front)
+    workers.bind(back)
+    worker = workers.recv_multipart()[0]  # its READY
+    poller = zmq.Poller()
+    poller.register(clients, zmq.POLLIN)
+    poller.register(workers, zmq.POLLIN)
+    while True:
+        for sock, _ in poller.poll():
+            if sock is clients:
+                workers.send_multipart([worker, *clients.recv_multipart()])
+            else:
+                clients.send_multipart(workers.recv_multipart()[1:])
+
+
+def _echo(endpoint: str, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(b"READY")
+    while True:
+        sock.send_multipart(sock.recv_multipart())
+
+
+def zmq_floor(n: int, gap: float, broker_cpu: int, echo_cpu: int, tmp: str) -> list[float]:
+    """Round trips through a bare broker and echo, `gap` seconds apart."""
+    spawn = multiprocessing.get_context("spawn")
+    front, back = "tcp://127.0.0.1:5599", f"ipc://{tmp}/floor"
+    procs = [
+        spawn.Process(target=_broker, args=(front, back, broker_cpu), daemon=True),
+        spawn.Process(target=_echo, args=(back, echo_cpu), daemon=True),
+    ]
+    for p in procs:
+        p.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(front)
+    request = protocol.pack({"id": 1, "op": "embed", "texts": ["x" * 80]})
+    out = []
+    try:
+        for i in range(n + 20):
+            time.sleep(gap)
+            start = time.perf_counter()
+            sock.send_multipart(request)
+            if not sock.poll(5000):
+                raise TimeoutError("the floor's broker or echo did not answer")
+            sock.recv_multipart()
+            if i >= 20:  # after warm-up
+                out.append(time.perf_counter() - start)
+    finally:
+        sock.close()
+        for p in procs:
+            p.kill()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -102,12 +167,14 @@ def main() -> None:
         cluster = Cluster(Path(tmp), CONFIG).start()
         try:
             worker_cpu = cluster.deployment.workers[0].cpus[0]
+            router_cpu = cluster.deployment.router.cpus[0]
             direct = in_process_latencies(texts, worker_cpu)
             routed = router_latencies(cluster, texts)
             hits = cache_hit_rate(cluster, texts, args.seconds)
         finally:
             cluster.stop()
-    med_direct, med_routed = statistics.median(direct), statistics.median(routed)
+        med_direct, med_routed = statistics.median(direct), statistics.median(routed)
+        floor = statistics.median(zmq_floor(len(texts), med_direct, router_cpu, worker_cpu, tmp))
     print(
         f"{len(texts)} stdlib sentences of 8-14 words; bundled:minilm int8; router on CPU 0, worker on CPU {worker_cpu}"
     )
@@ -115,6 +182,10 @@ def main() -> None:
     print(f"median latency via client -> router -> worker: {med_routed * 1000:.2f} ms")
     print(
         f"router adds to the median: {(med_routed - med_direct) * 1000:.2f} ms ({med_routed / med_direct:.2f}x)"
+    )
+    print(
+        f"bare ZeroMQ client -> broker -> echo -> client, {med_direct * 1000:.1f} ms apart: "
+        f"{floor * 1000:.2f} ms; numaserve's path adds {(med_routed - med_direct - floor) * 1000:.2f} ms above it"
     )
     print(f"cache hits: {hits:,.0f} requests/s (pipelined load generator, 128 in flight)")
 
