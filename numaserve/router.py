@@ -33,6 +33,7 @@ from numaserve.protocol import ErrorCode
 from numaserve.tokenization import Tokenizer, TooLongError
 
 log = logging.getLogger("numaserve.router")
+DISCONNECT_LOG_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,14 @@ class Router:
         self.heartbeat = spec.server.heartbeat_ms / 1000
         self.expiry = self.heartbeat * spec.server.heartbeat_liveness
         self.deadlines: list[tuple[float, int, Pending]] = []
-        self.counters = {"requests": 0, "replies_ok": 0, "dropped_frames": 0}
+        self.counters = {
+            "requests": 0,
+            "replies_ok": 0,
+            "dropped_frames": 0,
+            "client_disconnects": 0,
+        }
+        self.disconnects_unlogged = 0  # closed client connections not yet in the log
+        self.next_disconnect_log = 0.0
         self.errors: dict[str, int] = {}
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
@@ -136,6 +144,7 @@ class Router:
                 self._expire_deadlines(now)
             if now >= next_beat:
                 self._heartbeat(now)
+                self._log_disconnects(now)
                 next_beat = now + self.heartbeat
             if self.changed or self.dispatch.max_wait:
                 self.changed = False
@@ -151,16 +160,25 @@ class Router:
             handle(sock.recv_multipart())
 
     def _on_disconnect(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)
+            self.monitor.recv_multipart()
+            self.counters["client_disconnects"] += 1
+            self.disconnects_unlogged += 1
+        self._log_disconnects(time.monotonic())
+
+    def _log_disconnects(self, now: float) -> None:
+        """At most one line per DISCONNECT_LOG_S: clients that open a connection per request
+        (the CLI, a Lazy Pirate retry) would otherwise fill the log."""
+        if self.disconnects_unlogged and now >= self.next_disconnect_log:
             log.info(
-                "a client connection closed (it left, or sent a message over "
-                "server.max_message_bytes=%d and was dropped): %s",
+                "%d client connection(s) closed: they left, or sent a message over "
+                "server.max_message_bytes=%d and were dropped (%d in all)",
+                self.disconnects_unlogged,
                 self.server.max_message_bytes,
-                event.get("endpoint", b"").decode(errors="replace"),
+                self.counters["client_disconnects"],
             )
+            self.disconnects_unlogged = 0
+            self.next_disconnect_log = now + DISCONNECT_LOG_S
 
     # -- clients ---------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,20 @@ def test_the_router_never_loads_torch(cluster):
     # It only tokenizes: torch would cost it 250 MB (docs/benchmarks.md, Peers).
     maps = Path(f"/proc/{cluster.router.pid}/maps").read_text()
     assert "tokenizers" in maps and "libtorch" not in maps
+
+
+def test_closed_client_connections_are_counted_and_logged_in_summary(cluster, client):
+    before = client.status()["requests"]["client_disconnects"]
+    closed = re.compile(r"client connection(\(s\))? closed")
+    logged_before = len(closed.findall(cluster.log("router")))
+    for _ in range(30):  # one connection per request, as the CLI makes
+        with cluster.client(timeout=5) as c:
+            c.ping()
+    deadline = time.monotonic() + 10
+    while client.status()["requests"]["client_disconnects"] < before + 30:
+        assert time.monotonic() < deadline, "the router did not see the connections close"
+        time.sleep(0.1)
+    assert len(closed.findall(cluster.log("router"))) - logged_before <= 2
 
 
 def test_ping_measures_a_round_trip(client):
