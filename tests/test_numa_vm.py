@@ -27,7 +27,8 @@ pytestmark = [
 ]
 NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
 # One 2-core instance per node (4 physical cores, SMT siblings left idle). Emulation is slow:
-# torch takes minutes to import, hence the generous start timeout and heartbeat.
+# torch takes minutes to import (the ONNX export imports it), hence the generous start
+# timeout and heartbeat.
 CONFIG = """
 model: {{path: "{model}", task: classify, max_length: 64}}
 server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10}}
@@ -116,7 +117,7 @@ def test_each_workers_own_pages_sit_on_its_node(workers):
     for w in workers:
         (node,) = w["nodes"]
         anon = read_numa_maps(w["pid"]).anon_pages_per_node
-        assert sum(anon.values()) > 1000, anon  # the model and torch's heap, not a few pages
+        assert sum(anon.values()) > 1000, anon  # the model and the runtime's heap, not a few pages
         assert set(anon) == {node}, f"{w['name']} on node {node} has pages on {anon}"
 
 
