@@ -31,7 +31,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.corpus import stdlib_sentences
-from tests.cluster import Cluster  # the router and one worker, without a supervisor
+from tests.cluster import Cluster, free_port  # the router and one worker, no supervisor
 
 CONFIG = """
 placement:
@@ -126,7 +126,7 @@ def _echo(endpoint: str, cpu: int) -> None:
 def zmq_floor(n: int, gap: float, broker_cpu: int, echo_cpu: int, tmp: str) -> list[float]:
     """Round trips through a bare broker and echo, `gap` seconds apart."""
     spawn = multiprocessing.get_context("spawn")
-    front, back = "tcp://127.0.0.1:5599", f"ipc://{tmp}/floor"
+    front, back = f"tcp://127.0.0.1:{free_port()}", f"ipc://{tmp}/floor"
     procs = [
         spawn.Process(target=_broker, args=(front, back, broker_cpu), daemon=True),
         spawn.Process(target=_echo, args=(back, echo_cpu), daemon=True),

@@ -145,7 +145,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def build(model, config: ModelConfig, full_range: bool, destination: Path) -> None:
-    """Export (dynamic batch and sequence axes), optimise, and quantise when asked."""
+    """Export (dynamic batch and sequence axes), optimise, and quantise when asked. Its
+    errors are reported by main(), the one place that words them."""
     import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -196,13 +197,9 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
             )
             result = quantized
         os.replace(result, destination)
-    except Exception as e:
-        raise ModelLoadError(f"cannot export {config.path} to ONNX: {e}") from None
     finally:
         logging.disable(logging.NOTSET)
-        for path in work.iterdir():
-            path.unlink()
-        work.rmdir()
+        shutil.rmtree(work)
 
 
 def _die_with_parent(parent: int) -> None:
