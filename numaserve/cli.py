@@ -282,13 +282,29 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
 @click.option(
     "--wait/--no-wait", default=True, show_default=True, help="Wait until it has stopped."
 )
-def stop(endpoints, timeout: float, wait: bool) -> None:
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="With --wait: seconds to wait for the stop before giving up (exit 1).",
+)
+def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
     """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
+    from numaserve import procinfo
+
     report = _call(endpoints, timeout, "status", None)
-    pid = report.get("supervisor", {}).get("pid")
-    if not pid:
+    supervisor = report.get("supervisor", {})
+    pid = supervisor.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
         raise MachineError(
             "the server did not say which process supervises it (not started by `numaserve start`?)"
+        )
+    reported = {k: supervisor.get(k) for k in ("boot_id", "started")}
+    if not procinfo.is_process(pid, reported):
+        raise MachineError(
+            f"the server's supervisor (pid {pid}) is not a process of this host: run "
+            "`numaserve stop` on the server's own host (nothing was signalled)"
         )
     try:
         os.kill(pid, signal.SIGTERM)
@@ -300,7 +316,13 @@ def stop(endpoints, timeout: float, wait: bool) -> None:
         ) from None
     click.echo(f"sent SIGTERM to the numaserve supervisor (pid {pid}); it drains, then stops")
     if wait:
+        deadline = time.monotonic() + stop_timeout
         while _alive(pid):
+            if time.monotonic() >= deadline:
+                raise MachineError(
+                    f"supervisor pid {pid} is still running after {stop_timeout:g} s; "
+                    "its log says what it is waiting for"
+                )
             time.sleep(0.2)
         click.echo("stopped")
 

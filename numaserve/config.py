@@ -50,6 +50,9 @@ class ServerConfig:
     cache_entries: int = field(default=100_000, metadata=_bounds(0))
     # Texts waiting per pool; past this, requests are answered `overloaded` at once.
     queue_size: int = field(default=256, metadata=_bounds(1))
+    # A text queued this long without reaching an instance is answered `overloaded`: a
+    # request with no deadline_ms still gets an answer in bounded time.
+    max_queue_ms: int = field(default=2000, metadata=_bounds(1, 3_600_000))
     # A text may run on a larger pool's idle instance when its own pool has none idle.
     spillover: bool = True
     # Micro-batching: up to max_batch queued texts of one pool share a forward pass; a lone
@@ -85,8 +88,11 @@ class SupervisorConfig:
     start_timeout_s: float = field(default=180.0, metadata=_bounds(1, 3600))
     # After SIGTERM, a process still alive this long later gets SIGKILL.
     kill_timeout_s: float = field(default=10.0, metadata=_bounds(0.1, 600))
-    # Exits before READY, in a row, after which an instance is FATAL (never restarted).
+    # Quick exits in a row after which an instance is FATAL (never restarted). An exit is
+    # quick unless the instance had been READY for stable_s (supervisord's startsecs):
+    # a worker that crashes right after READY backs off, then stops being restarted.
     max_quick_exits: int = field(default=3, metadata=_bounds(1, 100))
+    stable_s: float = field(default=5.0, metadata=_bounds(0, 3600))
     backoff_initial_s: float = field(default=0.5, metadata=_bounds(0, 600))
     backoff_max_s: float = field(default=30.0, metadata=_bounds(0, 3600))
 

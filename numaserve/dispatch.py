@@ -4,7 +4,8 @@ Rules (tested in tests/test_dispatch.py):
 - a text goes to the smallest pool whose max_tokens fits it, to the instance idle longest
   (the zguide's load-balancing broker: an instance takes one job at a time);
 - when its pool has no idle instance, a larger pool's idle instance may take it (spillover);
-- each pool's queue is bounded: a request that does not fit is refused whole (overloaded);
+- each pool's queue is bounded: a request that does not fit is refused whole (overloaded),
+  and a text that has waited max_queue_wait is taken out (for the router to answer overloaded);
 - a job whose instance dies is retried once on another instance, then fails;
 - micro-batching: an idle instance takes up to max_batch queued texts of similar length,
   waiting at most max_wait for a batch to fill.
@@ -71,12 +72,14 @@ class Dispatcher:
         spillover: bool = True,
         max_batch: int = 1,
         max_wait: float = 0.0,
+        max_queue_wait: float = float("inf"),
     ):
         self.pools = [PoolState(p) for p in sorted(pools, key=lambda p: p.max_tokens)]
         self.queue_size = queue_size
         self.spillover = spillover
         self.max_batch = max_batch
         self.max_wait = max_wait
+        self.max_queue_wait = max_queue_wait
         self.workers: dict[bytes, WorkerState] = {}
         self.jobs: dict[int, Job] = {}
         self._next_job = 0
@@ -102,6 +105,19 @@ class Dispatcher:
 
     # -- admission -------------------------------------------------------------------------
 
+    def room(self, pool: int) -> int:
+        """How many more texts `pool` can take now: its queue's free places, plus the idle
+        instances that would take a text at once."""
+        idle = sum(1 for p in self._takers(pool) for w in self._live(p) if not w.jobs)
+        return self.queue_size + idle - len(self.pools[pool].queue)
+
+    def surely_full(self, most_tokens: int) -> bool:
+        """True when a text of at most `most_tokens` tokens could not be queued in any pool
+        that might be its own: the router then refuses it without tokenizing it."""
+        last = self.pool_for(most_tokens)
+        candidates = range(len(self.pools) if last is None else last + 1)
+        return all(self.room(pool) <= 0 for pool in candidates)
+
     def admit(self, items: list[Item], now: float) -> str | None:
         """Queue all of `items`, or none: returns why not ('no_instance', 'overloaded')."""
         need: dict[int, int] = {}
@@ -110,8 +126,7 @@ class Dispatcher:
         for pool, count in need.items():
             if not self.servable(pool):
                 return "no_instance"
-            idle = sum(1 for p in self._takers(pool) for w in self._live(p) if not w.jobs)
-            if len(self.pools[pool].queue) + count > self.queue_size + idle:
+            if count > self.room(pool):
                 return "overloaded"
         for item in items:
             item.queued_at = now
@@ -181,11 +196,25 @@ class Dispatcher:
         return job
 
     def next_wakeup(self, now: float) -> float | None:
-        """When a waiting micro-batch must be sent even if not full."""
-        if self.max_wait <= 0:
+        """When a waiting micro-batch must be sent even if not full, or the oldest queued
+        text has waited its longest."""
+        wait = min(self.max_wait or float("inf"), self.max_queue_wait)
+        if wait == float("inf"):
             return None
-        waits = [p.queue[0].queued_at + self.max_wait for p in self.pools if p.queue]
+        waits = [p.queue[0].queued_at + wait for p in self.pools if p.queue]
         return min(waits) if waits else None
+
+    def overdue(self, now: float) -> list[Item]:
+        """Take out the queued texts that have waited max_queue_wait (oldest first in each
+        queue: a retried text goes back to the front with its first queueing time)."""
+        late = []
+        for pool in self.pools:
+            queue = pool.queue
+            while queue and now - queue[0].queued_at >= self.max_queue_wait:
+                item = queue.popleft()
+                if not item.owner.done:
+                    late.append(item)
+        return late
 
     # -- results and failures --------------------------------------------------------------
 
@@ -201,7 +230,7 @@ class Dispatcher:
             worker.idle_since = now
         return job
 
-    def requeue(self, items: list[Item], now: float, count_attempt: bool) -> list[Item]:
+    def requeue(self, items: list[Item], count_attempt: bool) -> list[Item]:
         """Put texts back at the front of their pools; returns those that may not be retried."""
         failed = []
         for item in reversed(items):
@@ -211,8 +240,7 @@ class Dispatcher:
                 item.attempts += 1
             if item.attempts > 1 or not self.servable(item.pool):
                 failed.append(item)
-            else:
-                item.queued_at = now
+            else:  # its queued_at stays: the wait bound counts from its first queueing
                 self.pools[item.pool].queue.appendleft(item)
         return failed
 

@@ -4,6 +4,8 @@ The supervisor restarts a worker that exits with anything else (after a backoff)
 that exits with MODEL or PINNING: those cannot succeed on a retry, so restarting would only loop.
 """
 
+import signal
+
 OK = 0  # asked to stop (SIGTERM, parent gone) and stopped cleanly
 CRASH = 1  # an unexpected error: worth a restart
 PINNING = 71  # the slot's CPUs or memory node could not be bound (EX_OSERR)
@@ -17,3 +19,14 @@ DESCRIPTION = {
     PINNING: "could not be pinned to its slot",
     MODEL: "could not load its model",
 }
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL, SIGRTMIN+3, or "signal 99": any number a process can be killed by, never an
+    error (signal.Signals() raises for the real-time signals, which have no names)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"

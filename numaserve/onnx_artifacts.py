@@ -15,7 +15,6 @@ process kept 2 GB it never used again; the child gives it all back when it exits
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import fcntl
 import hashlib
@@ -32,7 +31,9 @@ import traceback
 import warnings
 from pathlib import Path
 
+from numaserve import exitcodes
 from numaserve.config import ModelConfig
+from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def _build_in_child(config: ModelConfig, full_range: bool, output: Path) -> None
     output.unlink(missing_ok=True)
     lines = [line for line in child.stderr.splitlines() if line.strip()]
     if child.returncode < 0:
-        reason = f"the build process was killed by {signal.Signals(-child.returncode).name}"
+        reason = f"the build process was killed by {exitcodes.signal_name(-child.returncode)}"
     else:
         reason = lines[-1] if lines else f"the build process exited {child.returncode}"
     if lines:
@@ -202,14 +203,6 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
         shutil.rmtree(work)
 
 
-def _die_with_parent(parent: int) -> None:
-    """A build whose worker was killed (a start timeout, a stop) must not go on alone."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before prctl took effect
-        sys.exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The build child: ensure_artifact runs it and reads its last stderr line on failure."""
     parser = argparse.ArgumentParser(prog="python -m numaserve.onnx_artifacts")
@@ -218,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, help="die with this process")
     parser.add_argument("--full-range", action="store_true", help="8-bit int8 activations")
     args = parser.parse_args(argv)
-    if args.parent:
-        _die_with_parent(args.parent)
+    if args.parent:  # a build whose worker was killed (a start timeout, a stop) must not go on
+        die_with_parent(args.parent, signal.SIGKILL)
     config = ModelConfig(**json.loads(args.config))
     try:
         from numaserve.torch_model import load_transformers_model

@@ -19,6 +19,7 @@ class OnnxModel(Model):
             import onnxruntime as ort
         except ImportError:
             raise ModelLoadError(INSTALL_HINT) from None
+        ort.disable_telemetry_events()  # the library's own switch, beside ORT_DISABLE_TELEMETRY
         directory = Path(resolve_model_path(config.path))
         if not directory.is_dir():
             raise ModelLoadError(

@@ -6,11 +6,11 @@ a peer in another language must be able to speak it from the doc alone.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
 import msgpack
-import numpy as np
 
 VERSION = b"NS1"
 
@@ -62,12 +62,21 @@ def error_body(code: ErrorCode, message: str) -> dict:
     return {"code": code.value, "message": message}
 
 
-def embedding_to_wire(vector: np.ndarray) -> bytes:
+# numpy is imported where it is used: importing it starts OpenBLAS's thread pool, and a
+# worker imports this module before it pins itself; a thread started then would keep the
+# whole machine's CPUs and no memory binding (seen where numactl is not installed).
+
+
+def embedding_to_wire(vector) -> bytes:
     """An embedding travels as little-endian float32 bytes: compact, and exact."""
+    import numpy as np
+
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
-def embedding_from_wire(data: bytes) -> np.ndarray:
+def embedding_from_wire(data: bytes):
+    import numpy as np
+
     return np.frombuffer(data, dtype="<f4")
 
 
@@ -75,6 +84,8 @@ def embedding_from_wire(data: bytes) -> np.ndarray:
 TEXT_OPS = ("classify", "embed")
 OPS = (*TEXT_OPS, "status", "ping")
 REQUEST_KEYS = ("id", "op", "texts", "deadline_ms")
+# A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
+MAX_DEADLINE_MS = 3_600_000
 
 
 class RequestError(ValueError):
@@ -93,11 +104,34 @@ class Request:
     deadline_ms: float | None = None
 
 
+def is_valid_utf8(text: str) -> bool:
+    """unpack() turns invalid UTF-8 into lone surrogates, which cannot be packed again."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def reply_id(value):
+    """`value` if a reply can echo it as the request's id, else None (the reply's `id: null`)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 64) else None
+    if isinstance(value, str) and is_valid_utf8(value):
+        return value
+    return None
+
+
 def parse_request(body: dict, max_texts: int) -> Request:
     """Check a client request completely; every problem is a RequestError naming it."""
-    request_id = body.get("id")
-    if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+    raw_id = body.get("id")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
         raise RequestError(ErrorCode.BAD_REQUEST, "id must be an integer or a string")
+    request_id = reply_id(raw_id)
+    if request_id is None:
+        raise RequestError(ErrorCode.BAD_REQUEST, "id is a string that is not valid UTF-8")
 
     def bad(message: str) -> RequestError:
         return RequestError(ErrorCode.BAD_REQUEST, message, request_id)
@@ -110,9 +144,14 @@ def parse_request(body: dict, max_texts: int) -> Request:
         raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
     deadline = body.get("deadline_ms")
     if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0
+        isinstance(deadline, bool)
+        or not isinstance(deadline, (int, float))
+        or not math.isfinite(deadline)
+        or not 0 < deadline <= MAX_DEADLINE_MS
     ):
-        raise bad("deadline_ms must be a positive number of milliseconds")
+        raise bad(
+            f"deadline_ms must be a number of milliseconds above 0 and at most {MAX_DEADLINE_MS}"
+        )
     if op not in TEXT_OPS:
         return Request(request_id, op, (), deadline)
     texts = body.get("texts")
@@ -125,10 +164,8 @@ def parse_request(body: dict, max_texts: int) -> Request:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise bad(f"text {i} is not a string")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad(f"text {i} is not valid UTF-8") from None
+        if not is_valid_utf8(text):
+            raise bad(f"text {i} is not valid UTF-8")
         if not text.strip():
             raise bad(f"text {i} is empty")
     return Request(request_id, op, tuple(texts), deadline)

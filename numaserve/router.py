@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import zmq
@@ -33,7 +34,13 @@ from numaserve.protocol import ErrorCode
 from numaserve.tokenization import Tokenizer, TooLongError
 
 log = logging.getLogger("numaserve.router")
-DISCONNECT_LOG_S = 10.0
+DISCONNECT_LOG_S = 10.0  # at most one log line per this long for a repeated event
+CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
+WORKER_BATCH = 256
+TOKENIZER_MEMO_BYTES = 64 << 20
+# An upper bound on a text's token count from its UTF-8 length, before tokenizing: no
+# tokenizer numaserve serves makes more than two tokens of a byte, plus special tokens.
+TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,34 @@ class RouterSpec(JSONSpec):
     cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
     nodes: tuple[int, ...] = ()
     drain_timeout_s: float = 30.0
+
+
+OVERLOADED_MESSAGE = "the pool's queue is full; retry later"
+
+
+class Summary:
+    """Counts a repeated event and logs it at most once per `every` seconds, with the count:
+    clients that open a connection per request (the CLI, a Lazy Pirate retry), or a client
+    sending the same bad message in a loop, must not fill the log."""
+
+    def __init__(self, what: str, every: float, level: int = logging.INFO):
+        self.what, self.every, self.level = what, every, level
+        self.unlogged = self.total = 0
+        self.next_log = 0.0
+        self.detail = ""  # of the latest occurrence (a traceback)
+
+    def add(self, count: int, now: float, detail: str = "") -> None:
+        self.unlogged += count
+        self.total += count
+        self.detail = detail or self.detail
+        self.flush(now)
+
+    def flush(self, now: float) -> None:
+        if self.unlogged and now >= self.next_log:
+            latest = f"; the latest:\n{self.detail.rstrip()}" if self.detail else ""
+            log.log(self.level, "%d %s (%d in all)%s", self.unlogged, self.what, self.total, latest)
+            self.unlogged, self.detail = 0, ""
+            self.next_log = now + self.every
 
 
 @dataclass(eq=False)
@@ -79,18 +114,27 @@ class Router:
             spillover=spec.server.spillover,
             max_batch=spec.server.max_batch,
             max_wait=spec.server.max_wait_ms / 1000,
+            max_queue_wait=spec.server.max_queue_ms / 1000,
         )
         self.heartbeat = spec.server.heartbeat_ms / 1000
         self.expiry = self.heartbeat * spec.server.heartbeat_liveness
         self.deadlines: list[tuple[float, int, Pending]] = []
+        self.stale_deadlines = 0  # entries in the heap of requests already answered
         self.counters = {
             "requests": 0,
             "replies_ok": 0,
             "dropped_frames": 0,
             "client_disconnects": 0,
+            "internal_errors": 0,
         }
-        self.disconnects_unlogged = 0  # closed client connections not yet in the log
-        self.next_disconnect_log = 0.0
+        self.disconnects = Summary(
+            "client connection(s) closed: they left, or sent a message over "
+            f"server.max_message_bytes={spec.server.max_message_bytes} and were dropped",
+            DISCONNECT_LOG_S,
+        )
+        self.failures = Summary(
+            "message(s) failed in the router and were dropped", DISCONNECT_LOG_S, logging.ERROR
+        )
         self.errors: dict[str, int] = {}
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
@@ -133,52 +177,61 @@ class Router:
             if wake_fd is not None and wake_fd in events:
                 os.read(wake_fd, 64)
                 self.begin_drain()
+            # Workers first, and then a small batch of clients: under a flood of requests
+            # an instance that finished gets its next job within one batch, not after the
+            # whole inbound queue (dispatch stays paced by the workers).
             if self.workers in events:
-                self._drain(self.workers, self.on_worker)
+                self._drain(self.workers, self.on_worker, WORKER_BATCH)
+                self._schedule(time.monotonic())
             if self.clients in events:
-                self._drain(self.clients, self.on_client)
+                self._drain(self.clients, self.on_client, CLIENT_BATCH)
             if self.monitor in events:
                 self._on_disconnect()
             now = time.monotonic()
             if self.deadlines:
                 self._expire_deadlines(now)
+            self._expire_queued(now)
             if now >= next_beat:
                 self._heartbeat(now)
-                self._log_disconnects(now)
+                self._log_summaries(now)
                 next_beat = now + self.heartbeat
-            if self.changed or self.dispatch.max_wait:
-                self.changed = False
-                self._send_jobs(self.dispatch.schedule(now))
+            self._schedule(now)
             if self.draining_until is not None:
                 self._check_drained(now)
 
-    def _drain(self, sock: zmq.Socket, handle) -> None:
-        """Handle what is waiting, up to a batch, so neither socket starves the other."""
-        for _ in range(256):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+    def _schedule(self, now: float) -> None:
+        if self.changed or self.dispatch.max_wait:
+            self.changed = False
+            self._send_jobs(self.dispatch.schedule(now))
+
+    def _drain(self, sock: zmq.Socket, handle, limit: int) -> None:
+        """Handle what is waiting, up to `limit` messages, so neither socket starves the other.
+
+        The one catch-all of the router: no message, however malformed, may stop it. A
+        failure is counted and logged (at most once per DISCONNECT_LOG_S) and the loop goes on.
+        """
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
                 return
-            handle(sock.recv_multipart())
+            try:
+                handle(frames)
+            except Exception:
+                self.counters["internal_errors"] += 1
+                self.failures.add(1, time.monotonic(), traceback.format_exc())
 
     def _on_disconnect(self) -> None:
+        closed = 0
         while self.monitor.poll(0):
             self.monitor.recv_multipart()
-            self.counters["client_disconnects"] += 1
-            self.disconnects_unlogged += 1
-        self._log_disconnects(time.monotonic())
+            closed += 1
+        self.counters["client_disconnects"] += closed
+        self.disconnects.add(closed, time.monotonic())
 
-    def _log_disconnects(self, now: float) -> None:
-        """At most one line per DISCONNECT_LOG_S: clients that open a connection per request
-        (the CLI, a Lazy Pirate retry) would otherwise fill the log."""
-        if self.disconnects_unlogged and now >= self.next_disconnect_log:
-            log.info(
-                "%d client connection(s) closed: they left, or sent a message over "
-                "server.max_message_bytes=%d and were dropped (%d in all)",
-                self.disconnects_unlogged,
-                self.server.max_message_bytes,
-                self.counters["client_disconnects"],
-            )
-            self.disconnects_unlogged = 0
-            self.next_disconnect_log = now + DISCONNECT_LOG_S
+    def _log_summaries(self, now: float) -> None:
+        self.disconnects.flush(now)
+        self.failures.flush(now)
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -192,7 +245,7 @@ class Router:
         except protocol.ProtocolError as e:
             self._drop(f"an unparseable client message: {e}")
             return
-        request_id = body.get("id") if isinstance(body.get("id"), (int, str)) else None
+        request_id = protocol.reply_id(body.get("id"))
         if version != protocol.VERSION:
             message = f"unsupported protocol version {version[:16]!r}; this server speaks {protocol.VERSION!r}"
             self._reply_error(envelope, request_id, ErrorCode.BAD_REQUEST, message)
@@ -218,6 +271,9 @@ class Router:
 
     def _start(self, envelope: list[bytes], request: protocol.Request) -> None:
         now = time.monotonic()
+        if self._surely_refused(request.texts):  # shed load before the costly part
+            self._reply_error(envelope, request.id, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
+            return
         try:
             encoded = self.tokenizer.encode(list(request.texts))
         except TooLongError as e:
@@ -237,7 +293,7 @@ class Router:
             return
         refused = self.dispatch.admit(misses, now)
         if refused == "overloaded":
-            self._fail(pending, ErrorCode.OVERLOADED, "the pool's queue is full; retry later")
+            self._fail(pending, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
             return
         if refused == "no_instance":
             self._fail(
@@ -250,21 +306,38 @@ class Router:
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, id(pending), pending))
 
+    def _surely_refused(self, texts: tuple[str, ...]) -> bool:
+        """True when some text could not be queued whatever its token count turns out to be."""
+        return any(
+            self.dispatch.surely_full(TOKENS_PER_BYTE * len(text.encode()) + SPECIAL_TOKENS)
+            for text in texts
+        )
+
     def _complete(self, pending: Pending) -> None:
-        pending.done = True
-        self.active.pop(id(pending), None)
         results = [
             {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
             for result, enc in zip(pending.results, pending.encoded, strict=True)
         ]
+        self._finish(pending)
         self.counters["replies_ok"] += 1
         self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
 
     def _fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
         if not pending.done:
-            pending.done = True
-            self.active.pop(id(pending), None)
+            self._finish(pending)
             self._reply_error(pending.envelope, pending.request.id, code, message)
+
+    def _finish(self, pending: Pending) -> None:
+        """Forget an answered request: memory follows what is in flight, not what was."""
+        pending.done = True
+        pending.results = pending.encoded = []
+        self.active.pop(id(pending), None)
+        if pending.deadline is not None:
+            self.stale_deadlines += 1
+            if self.stale_deadlines > len(self.deadlines) // 2 + 64:
+                self.deadlines = [entry for entry in self.deadlines if not entry[2].done]
+                heapq.heapify(self.deadlines)
+                self.stale_deadlines = 0
 
     def _reply_error(self, envelope, request_id, code: ErrorCode, message: str) -> None:
         self.errors[code.value] = self.errors.get(code.value, 0) + 1
@@ -284,15 +357,27 @@ class Router:
         expired = False
         while self.deadlines and self.deadlines[0][0] <= now:
             _, _, pending = heapq.heappop(self.deadlines)
-            if not pending.done:
+            if pending.done:
+                self.stale_deadlines = max(0, self.stale_deadlines - 1)
+            else:
                 self._fail(
                     pending,
                     ErrorCode.DEADLINE_EXCEEDED,
                     "the deadline passed before it could be answered",
                 )
+                self.stale_deadlines = max(0, self.stale_deadlines - 1)  # popped: not in the heap
                 expired = True
         if expired:
             self.dispatch.drop_done()
+
+    def _expire_queued(self, now: float) -> None:
+        for item in self.dispatch.overdue(now):
+            self._fail(
+                item.owner,
+                ErrorCode.OVERLOADED,
+                f"it waited server.max_queue_ms={self.server.max_queue_ms} ms in the queue "
+                "without reaching an instance; retry later",
+            )
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -373,7 +458,7 @@ class Router:
         error = body.get("error")
         if error is not None:
             if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
-                self._retry(job.items, now, count_attempt=False)
+                self._retry(job.items, count_attempt=False)
             else:
                 codes = {c.value: c for c in ErrorCode}
                 code = codes.get(error.get("code"), ErrorCode.INTERNAL)
@@ -399,9 +484,9 @@ class Router:
             if pending.remaining == 0:
                 self._complete(pending)
 
-    def _retry(self, items: list[Item], now: float, count_attempt: bool) -> None:
+    def _retry(self, items: list[Item], count_attempt: bool) -> None:
         self.changed = True
-        for item in self.dispatch.requeue(items, now, count_attempt):
+        for item in self.dispatch.requeue(items, count_attempt):
             reason = (
                 "its instance failed, and so did the retry"
                 if item.attempts > 1
@@ -416,13 +501,16 @@ class Router:
     def _heartbeat(self, now: float) -> None:
         for identity in self.dispatch.silent_workers(now, self.expiry):
             worker, lost = self.dispatch.remove_worker(identity)
+            if worker.stopping and not lost:  # it said BYE and finished: a graceful stop
+                log.info("instance %s stopped", worker.name)
+                continue
             log.warning(
                 "instance %s missed %d heartbeats: dropped; retrying its %d text(s)",
                 worker.name,
                 self.server.heartbeat_liveness,
                 len(lost),
             )
-            self._retry(lost, now, count_attempt=True)
+            self._retry(lost, count_attempt=True)
         for item in self.dispatch.unservable_items():
             self._fail(
                 item.owner, ErrorCode.NO_INSTANCE, "no ready instance is left for texts this long"
@@ -528,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
             spec.model.path,
             spec.model.max_length,
             spec.model.truncate,
-            recent=min(spec.server.cache_entries, 65536),
+            memo_bytes=TOKENIZER_MEMO_BYTES if spec.server.cache_entries else 0,
         )
     except ModelLoadError as e:
         log.error("%s", e)

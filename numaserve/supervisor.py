@@ -28,10 +28,11 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import exitcodes, protocol
+from numaserve import exitcodes, procinfo, protocol
 from numaserve.config import Config, ConfigError, load_config
 from numaserve.cpulist import format_cpulist
 from numaserve.deployment import Deployment, deployment
+from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.placement import PlacementError, plan_placement
 from numaserve.sdnotify import Notifier
@@ -65,8 +66,10 @@ class Child:
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
+    ready_at: float | None = None
     unrouted_since: float | None = None  # READY, alive, but the router no longer hears it
     term_sent_at: float | None = None
+    killed: bool = False  # numaserve sent it SIGKILL
     retry_at: float = 0.0
     restarts: int = 0
     quick_exits: int = 0
@@ -119,6 +122,7 @@ class Supervisor:
         self.next_poll = 0.0
         self.slots_sent = 0  # sequence number of the latest slot table sent to the router
         self.slots_acked = 0  # ... and of the latest one the router has answered
+        self.router_seq_floor = 0  # answers to tables sent before the router's start are stale
         self.next_watchdog = 0.0
         self.stopping = False  # a graceful stop is under way
         self.fast = False
@@ -127,6 +131,7 @@ class Supervisor:
         self.announced_ready = False
         self.last_status = ""
         self.failure_code = 0
+        self.identity = procinfo.identity()
         self.config_env = {LEVEL_ENV: config.logging.level, FORMAT_ENV: config.logging.format}
 
     # -- building ----------------------------------------------------------------------------
@@ -209,7 +214,10 @@ class Supervisor:
 
     def spawn(self, child: Child) -> None:
         # systemd's variables are the supervisor's alone (NotifyAccess=main).
-        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | self.config_env
+        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | {
+            **self.config_env,
+            PARENT_ENV: str(os.getpid()),
+        }
         try:
             # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which
             # then stops the children in order (router drains first).
@@ -218,7 +226,11 @@ class Supervisor:
             self._set(child, State.FATAL, f"fatal: {child.name} cannot be started: {e}", "fatal")
             return
         child.started_at = time.monotonic()
-        child.term_sent_at = child.unrouted_since = None
+        child.term_sent_at = child.unrouted_since = child.ready_at = None
+        child.killed = False
+        if child is self.router:  # it is ready when *it* answers, not its predecessor
+            self.router_status = None
+            self.router_seq_floor = self.slots_sent
         where = f" on CPUs {format_cpulist(child.cpus)}" if child.cpus else ""
         nodes = f", node(s) {format_cpulist(child.nodes)}" if child.nodes else ""
         self._set(
@@ -235,6 +247,7 @@ class Supervisor:
 
     def _signal(self, child: Child, sig: int) -> None:
         if child.pid is not None:
+            child.killed = child.killed or sig == signal.SIGKILL
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, sig)
 
@@ -266,11 +279,11 @@ class Supervisor:
         child.pid = None
         child.exit_code = code
         if code < 0:
-            sig = signal.Signals(-code).name
-            child.last_exit = f"killed by {sig}"
-            if -code == signal.SIGKILL and child.term_sent_at is None:
+            child.last_exit = f"killed by {exitcodes.signal_name(-code)}"
+            if -code == signal.SIGKILL and not child.killed:
                 child.last_exit += (
-                    " (not by numaserve: possibly the out-of-memory killer; see dmesg)"
+                    " (not by numaserve: possibly the out-of-memory killer, see dmesg, "
+                    "or another process)"
                 )
         else:
             child.last_exit = f"exit {code} ({exitcodes.DESCRIPTION.get(code, 'error')})"
@@ -301,14 +314,16 @@ class Supervisor:
                 "fatal",
             )
         else:
-            was_ready = child.state == State.READY
-            child.quick_exits = 0 if was_ready else child.quick_exits + 1
+            stable = self.config.supervisor.stable_s
+            was_up = child.ready_at is not None and time.monotonic() - child.ready_at >= stable
+            child.quick_exits = 0 if was_up else child.quick_exits + 1
             limit = self.config.supervisor.max_quick_exits
             if child.quick_exits >= limit:
                 self._set(
                     child,
                     State.FATAL,
-                    f"fatal: {child.name} exited {limit} times before it was ready; not restarting it",
+                    f"fatal: {child.name} exited {limit} times in a row before it had been "
+                    f"ready for {stable:g} s (supervisor.stable_s); not restarting it",
                     "fatal",
                 )
             else:
@@ -340,6 +355,8 @@ class Supervisor:
 
     def _set(self, child: Child, state: State, message: str, event: str) -> None:
         child.state = state
+        if state == State.READY:
+            child.ready_at = time.monotonic()
         self.send_slots()
         level = logging.ERROR if state == State.FATAL else logging.INFO
         log.log(level, "%s", message, extra={"event": event, "instance": child.name})
@@ -353,7 +370,10 @@ class Supervisor:
                 body = protocol.unpack(self.control.recv_multipart())
             except protocol.ProtocolError:
                 continue
-            if body.get("type") == protocol.STATUS:
+            if (
+                body.get("type") == protocol.STATUS
+                and (body.get("seq") or 0) > self.router_seq_floor
+            ):
                 self.router_status = body["server"]
                 self.router_heard_at = now
                 self.slots_acked = max(self.slots_acked, body.get("seq") or 0)
@@ -370,6 +390,7 @@ class Supervisor:
             "type": protocol.SUPERVISOR,
             "seq": self.slots_sent,
             "pid": os.getpid(),
+            **self.identity,  # so that `numaserve stop` signals this process and no other
             "state": self.summary(),
             "slots": slots,
         }

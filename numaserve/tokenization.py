@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,9 +12,10 @@ from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 
 class TooLongError(ValueError):
-    def __init__(self, index: int, tokens: int, limit: int):
+    def __init__(self, index: int, tokens: int, limit: int, cut: bool = False):
+        count = f"more than {tokens}" if cut else str(tokens)
         super().__init__(
-            f"text {index} has {tokens} tokens; the limit is {limit} (truncation is off)"
+            f"text {index} has {count} tokens; the limit is {limit} (truncation is off)"
         )
         self.index, self.tokens, self.limit = index, tokens, limit
 
@@ -48,7 +50,13 @@ def load_fast_tokenizer(model_path: str) -> FastTokenizer:
 class Encoded:
     ids: tuple[int, ...]
     truncated: bool  # the text was cut to max_length
-    tokens: int  # its length before any cut
+
+
+# Texts are cut to this many characters per token of max_length before tokenizing (at a
+# space where one is near), and cut further only if that was not enough: a 4 MiB text
+# would otherwise cost seconds of the router's time for tokens that are thrown away.
+CHARS_PER_TOKEN = 16
+MEMO_ENTRY_OVERHEAD = 200  # bytes a memo entry costs beyond its text and ids (dict, objects)
 
 
 class Tokenizer:
@@ -60,7 +68,9 @@ class Tokenizer:
     Encodes with truncation set to max_length, so special tokens survive a cut.
     """
 
-    def __init__(self, model_path: str, max_length: int, truncate: bool = True, recent: int = 0):
+    def __init__(
+        self, model_path: str, max_length: int, truncate: bool = True, memo_bytes: int = 0
+    ):
         self.raw = load_fast_tokenizer(model_path)
         self.raw.no_padding()
         self.raw.enable_truncation(max_length)
@@ -68,32 +78,63 @@ class Tokenizer:
         self.full.no_truncation()
         self.max_length = max_length
         self.truncate = truncate
-        # Repeated texts (real traffic repeats: that is why there is a cache) skip the tokenizer.
-        self.recent: dict[str, Encoded] = {}
-        self.recent_size = recent
+        self.prefix_chars = CHARS_PER_TOKEN * max_length
+        # Repeated texts (real traffic repeats: that is why there is a cache) skip the
+        # tokenizer. Bounded in bytes, not entries: texts may be megabytes each.
+        self.memo: dict[str, Encoded] = {}
+        self.memo_bytes = 0
+        self.memo_limit = memo_bytes
 
     def encode(self, texts: list[str]) -> list[Encoded]:
         """Encodings of `texts`; a text seen recently is not tokenized again."""
-        if len(texts) == 1 and (known := self.recent.get(texts[0])) is not None:
+        if len(texts) == 1 and (known := self.memo.get(texts[0])) is not None:
             return [known]
         out = self._encode(texts)
-        if self.recent_size:
+        if self.memo_limit:
             for text, enc in zip(texts, out, strict=True):
-                self.recent[text] = enc
-                if len(self.recent) > self.recent_size:
-                    del self.recent[next(iter(self.recent))]  # the oldest: dicts keep order
+                self._remember(text, enc)
         return out
 
+    def _remember(self, text: str, enc: Encoded) -> None:
+        cost = _memo_cost(text, enc)
+        if cost > self.memo_limit // 64 or text in self.memo:
+            return  # one huge text may not push out every other
+        self.memo[text] = enc
+        self.memo_bytes += cost
+        while self.memo_bytes > self.memo_limit:
+            oldest = next(iter(self.memo))  # dicts keep insertion order
+            self.memo_bytes -= _memo_cost(oldest, self.memo.pop(oldest))
+
     def _encode(self, texts: list[str]) -> list[Encoded]:
+        heads = [self._head(text, self.prefix_chars) for text in texts]
+        encodings = self.raw.encode_batch(heads) if len(heads) > 1 else [self.raw.encode(heads[0])]
         out = []
-        for i, enc in enumerate(
-            self.raw.encode_batch(texts) if len(texts) > 1 else [self.raw.encode(texts[0])]
-        ):
+        for i, (text, head, enc) in enumerate(zip(texts, heads, encodings, strict=True)):
+            limit = self.prefix_chars
+            # Rare: a head without enough tokens (long runs of spaces): a longer head.
+            while not enc.overflowing and len(head) < len(text):
+                limit *= 4
+                head = self._head(text, limit)
+                enc = self.raw.encode(head)
             if not enc.overflowing:
-                out.append(Encoded(tuple(enc.ids), False, len(enc.ids)))
+                out.append(Encoded(tuple(enc.ids), False))
                 continue
-            tokens = len(self.full.encode(texts[i]).ids)
             if not self.truncate:
-                raise TooLongError(i, tokens, self.max_length)
-            out.append(Encoded(tuple(enc.ids), True, tokens))
+                raise TooLongError(
+                    i, len(self.full.encode(head).ids), self.max_length, cut=len(head) < len(text)
+                )
+            out.append(Encoded(tuple(enc.ids), True))
         return out
+
+    @staticmethod
+    def _head(text: str, limit: int) -> str:
+        """At most `limit` characters of `text`, cut at a space in its last quarter where
+        there is one, so that no word is split (the kept tokens are the text's own)."""
+        if len(text) <= limit:
+            return text
+        space = text.rfind(" ", limit - limit // 4, limit)
+        return text[: space if space > 0 else limit]
+
+
+def _memo_cost(text: str, enc: Encoded) -> int:
+    return sys.getsizeof(text) + 8 * len(enc.ids) + MEMO_ENTRY_OVERHEAD

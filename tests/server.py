@@ -18,14 +18,22 @@ ENDPOINT = (
 
 
 class Server:
-    def __init__(self, directory: Path, config_text: str, env=None, name: str = "numaserve"):
+    def __init__(
+        self,
+        directory: Path,
+        config_text: str,
+        env=None,
+        name: str = "numaserve",
+        prefix: tuple[str, ...] = (),
+    ):
+        """`prefix`: a command to run `numaserve start` under (strace, say)."""
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.config = directory / f"{name}.yaml"
         self.config.write_text(config_text.replace(ENDPOINT, self.endpoint))
         self.log_path = directory / f"{name}.log"
         exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
         self.proc = subprocess.Popen(
-            [exe, "start", "--config", str(self.config)],
+            [*prefix, exe, "start", "--config", str(self.config)],
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

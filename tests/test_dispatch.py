@@ -140,11 +140,11 @@ def test_texts_of_a_dead_instance_are_retried_once_elsewhere():
     d.admit([item(d, 10)], now=0)
     (job,) = d.schedule(now=0)
     _, lost = d.remove_worker(job.worker)
-    assert d.requeue(lost, now=1, count_attempt=True) == []
+    assert d.requeue(lost, count_attempt=True) == []
     (retry,) = d.schedule(now=1)
     assert retry.worker != job.worker
     _, lost = d.remove_worker(retry.worker)
-    assert d.requeue(lost, now=2, count_attempt=True) == lost  # second failure: give up
+    assert d.requeue(lost, count_attempt=True) == lost  # second failure: give up
 
 
 def test_texts_are_not_retried_where_no_instance_is_left():
@@ -153,7 +153,7 @@ def test_texts_are_not_retried_where_no_instance_is_left():
     d.admit([item(d, 10)], now=0)
     (job,) = d.schedule(now=0)
     _, lost = d.remove_worker(job.worker)
-    assert d.requeue(lost, now=1, count_attempt=True) == lost
+    assert d.requeue(lost, count_attempt=True) == lost
 
 
 def test_answered_requests_leave_the_queue():

@@ -148,7 +148,15 @@ def test_an_op_the_model_does_not_do_is_a_bad_request(client):
         ({"id": 6, "op": "embed", "texts": ["x"], "deadline": 5}, "unknown key 'deadline'"),
         (
             {"id": 7, "op": "embed", "texts": ["x"], "deadline_ms": -1},
-            "deadline_ms must be a positive",
+            "deadline_ms must be a number of milliseconds above 0",
+        ),
+        (
+            {"id": 8, "op": "embed", "texts": ["x"], "deadline_ms": float("nan")},
+            "deadline_ms must be a number of milliseconds above 0 and at most 3600000",
+        ),
+        (
+            {"id": 9, "op": "embed", "texts": ["x"], "deadline_ms": 1e300},
+            "deadline_ms must be a number of milliseconds above 0 and at most 3600000",
         ),
         ({"op": "ping"}, "id must be an integer or a string"),
     ],
@@ -171,6 +179,32 @@ def test_text_that_is_not_utf8_is_named(cluster):
     reply = raw_request(cluster, protocol.VERSION, body)
     assert (reply["id"], reply["error"]["code"]) == (9, "bad_request")
     assert reply["error"]["message"] == "text 0 is not valid UTF-8"
+
+
+@pytest.mark.parametrize("version", [protocol.VERSION, b"NS9"])
+def test_an_id_that_is_not_utf8_is_answered_and_the_router_lives(cluster, client, version):
+    body = b"\x82\xa2id\xa1\xff\xa2op\xa4ping"  # {"id": "\xff", "op": "ping"}: 20 bytes
+    pid = cluster.router.pid
+    for _ in range(3):
+        reply = raw_request(cluster, version, body)
+        assert (reply["id"], reply["status"], reply["error"]["code"]) == (
+            None,
+            "error",
+            "bad_request",
+        )
+    assert cluster.router.poll() is None and cluster.router.pid == pid
+    assert client.ping() > 0
+
+
+def test_a_4_mib_text_costs_the_router_under_half_a_second_and_no_lasting_memory(cluster, client):
+    router = psutil.Process(cluster.router.pid)
+    text = "All work and no play makes a dull model. " * ((4 << 20) // 41 - 100)
+    client.embed("warm")
+    rss, cpu = router.memory_info().rss, sum(router.cpu_times()[:2])
+    result = client.embed(text)
+    assert (result.tokens, result.truncated) == (256, True)
+    assert sum(router.cpu_times()[:2]) - cpu < 0.5
+    assert router.memory_info().rss - rss < 20 << 20
 
 
 def test_a_wrong_protocol_version_is_answered(cluster):

@@ -125,6 +125,66 @@ def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
     assert "restart main-0 (restart 1)" in log
 
 
+def replaced(server, name: str, old_pid: int) -> dict:
+    """Wait until `name` is ready and routed again under a new pid."""
+    return server.wait_for(
+        lambda: (
+            (i := server.instances()[name])["pid"] not in (None, old_pid)
+            and i["state"] == "ready"
+            and i["routed"]
+            and i
+        ),
+        what=f"{name} replaced",
+    )
+
+
+def test_a_worker_killed_by_a_real_time_signal_is_restarted_and_the_server_keeps_serving(server):
+    before = server.wait_ready()
+    victim = before["main-0"]
+    os.kill(victim["pid"], signal.SIGRTMIN + 2)  # no name in signal.Signals
+    after = replaced(server, "main-0", victim["pid"])
+    assert after["cpus"] == victim["cpus"] and after["affinity_ok"]
+    assert server.proc.poll() is None
+    assert "exit main-0: killed by SIGRTMIN+2" in server.log()
+
+
+def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path):
+    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, stable_s: 30}")
+    server = server_.Server(
+        tmp_path, config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text")
+    )
+    try:
+        pid = server.wait_ready()["main-0"]["pid"]
+        for _ in range(2):  # a crash right after READY, as a model that fails on first use
+            os.kill(pid, signal.SIGKILL)
+            pid = replaced(server, "main-0", pid)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        server.wait_for(
+            lambda: server.instances()["main-0"]["state"] == "fatal", what="main-0 fatal"
+        )
+        log = server.log()
+        assert "backoff main-0: restarting in 0.2 s" in log
+        assert "backoff main-0: restarting in 0.4 s" in log  # exponential
+        assert "main-0 exited 3 times in a row before it had been ready for 30 s" in log
+        with Client(server.endpoint, timeout=10) as client:  # main-1 still serves
+            assert client.embed("still serving").tokens > 0
+    finally:
+        server.stop()
+
+
+def test_the_router_is_ready_only_once_the_new_one_listens(server):
+    server.wait_ready()
+    router_pid = int(
+        subprocess.check_output(
+            ["pgrep", "-f", "-P", str(server.proc.pid), "numaserve.router"]
+        ).split()[0]
+    )
+    os.kill(router_pid, signal.SIGKILL)
+    server.wait_for(lambda: server.log().count("ready router") >= 2, what="router ready again")
+    after_kill = server.log().split("exit router: killed by SIGKILL", 1)[1]
+    assert after_kill.index("listening on") < after_kill.index("ready router")
+
+
 def test_a_worker_whose_model_no_longer_loads_goes_fatal_without_crash_looping(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(resolve_model_path("bundled:minilm"), model)

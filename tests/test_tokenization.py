@@ -2,6 +2,7 @@
 giving the ids transformers gives, and the model's length limit applied in one place."""
 
 import shutil
+import time
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_a_malformed_tokenizer_json_is_a_clear_error(classifier_dir, tmp_path):
 def test_long_text_is_truncated_and_says_so():
     tok = Tokenizer("bundled:minilm", max_length=16)
     (short, long) = tok.encode(["short text", "word " * 40])
-    assert (short.truncated, len(long.ids), long.truncated, long.tokens) == (False, 16, True, 42)
+    assert (short.truncated, len(long.ids), long.truncated) == (False, 16, True)
     assert long.ids[-1] == tok.raw.token_to_id("[SEP]")
 
 
@@ -66,3 +67,51 @@ def test_long_text_is_refused_when_truncation_is_off():
     tok = Tokenizer("bundled:minilm", max_length=16, truncate=False)
     with pytest.raises(TooLongError, match="text 1 has 42 tokens; the limit is 16"):
         tok.encode(["fine", "word " * 40])
+
+
+def test_a_text_of_4_mib_is_cut_before_tokenizing_and_costs_little():
+    tok = Tokenizer("bundled:minilm", max_length=256)
+    huge = "All work and no play makes a dull model. " * (4 * 2**20 // 41)
+    started = time.process_time()
+    (enc,) = tok.encode([huge])
+    assert time.process_time() - started < 0.5
+    assert (len(enc.ids), enc.truncated) == (256, True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "word " * 20_000,
+        "super,cali.fragilistic;" * 5_000,  # no space to cut at: a word split mid-way
+        "supercalifragilistic" * 5_000,  # one word too long for the vocabulary: one [UNK]
+        "x" + " " * 50_000 + "word " * 2_000,  # the first cut holds too few tokens
+        "中文" * 20_000,
+        "a " * 2_040 + "extraordinarily " * 100,  # a cut just past the limit
+    ],
+)
+def test_cutting_before_tokenizing_keeps_the_ids_a_whole_text_gives(text):
+    tok = Tokenizer("bundled:minilm", max_length=256)
+    (enc,) = tok.encode([text])
+    whole = tok.raw.encode(text)
+    assert (enc.ids, enc.truncated) == (tuple(whole.ids), bool(whole.overflowing))
+
+
+def test_a_huge_text_over_the_limit_is_refused_without_counting_all_of_it():
+    tok = Tokenizer("bundled:minilm", max_length=16, truncate=False)
+    with pytest.raises(TooLongError, match=r"text 0 has more than [0-9]+ tokens; the limit is 16"):
+        tok.encode(["word " * 100_000])
+
+
+def test_the_memo_of_recent_texts_is_bounded_in_bytes():
+    tok = Tokenizer("bundled:minilm", max_length=32, memo_bytes=1 << 20)
+    for i in range(200):
+        tok.encode([f"text {i} " + "padding " * 1_000])  # about 8 KB each
+    assert 0 < tok.memo_bytes <= 1 << 20
+    assert len(tok.memo) < 200
+
+
+def test_one_huge_text_does_not_push_the_others_out_of_the_memo():
+    tok = Tokenizer("bundled:minilm", max_length=32, memo_bytes=1 << 20)
+    tok.encode(["a text worth remembering"])
+    tok.encode(["huge " * 200_000])
+    assert list(tok.memo) == ["a text worth remembering"]

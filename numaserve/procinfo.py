@@ -1,0 +1,44 @@
+"""Who a pid is on this host: the kernel's boot id and the process's start time.
+
+`numaserve stop` signals the pid a server reports. A pid alone may be another host's (the
+endpoint is remote) or, after a restart, a different process: the supervisor reports its
+boot id and start time too, and the signal is sent only when both match here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat);
+    None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def identity(pid: int | str = "self") -> dict:
+    return {"boot_id": boot_id(), "started": start_ticks(pid)}
+
+
+def is_process(pid: int, reported: dict) -> bool:
+    """True when `pid` here is the very process that reported `identity()` as `reported`."""
+    ticks = start_ticks(pid)
+    return (
+        ticks is not None
+        and bool(reported.get("boot_id"))
+        and reported == {"boot_id": boot_id(), "started": ticks}
+    )

@@ -1,0 +1,110 @@
+"""The router's bounds, with the real router in a thread and stand-in workers (tests/stand_in.py):
+deadlines, queue waits, load shedding and memory, each in a fraction of a second."""
+
+import logging
+import math
+import time
+
+import pytest
+
+from numaserve import protocol
+from tests.stand_in import InProcessRouter
+
+
+@pytest.fixture
+def make_router(tmp_path):
+    routers = []
+
+    def make(**kw):
+        routers.append(InProcessRouter(tmp_path, **kw))
+        return routers[-1]
+
+    yield make
+    for r in routers:
+        r.close()
+
+
+def send(sock, request_id, text, **fields):
+    body = {"id": request_id, "op": "embed", "texts": [text], **fields}
+    sock.send_multipart(protocol.pack(body))
+
+
+def replies(sock, count, timeout=10.0) -> dict:
+    """The replies to `count` requests: {id: status or error code}."""
+    out = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < count:
+        assert sock.poll(max(0, deadline - time.monotonic()) * 1000), f"only {len(out)} replies"
+        body = protocol.unpack(sock.recv_multipart())
+        out[body["id"]] = body["status"] if body["status"] == "ok" else body["error"]["code"]
+    return out
+
+
+def test_answered_requests_leave_the_deadline_heap(make_router):
+    r = make_router(instances=2, queue_size=4096)
+    sock = r.client_socket()
+    for i in range(2000):
+        send(sock, i, f"distinct text number {i}", deadline_ms=600_000)
+    assert set(replies(sock, 2000).values()) == {"ok"}
+    assert not r.router.active
+    assert len(r.router.deadlines) <= 200  # not 2000 until their deadlines pass
+
+
+@pytest.mark.parametrize("deadline", [math.nan, math.inf, 1e300])
+def test_a_refused_absurd_deadline_leaves_deadlines_working(make_router, deadline):
+    r = make_router(instances=1, delay=0.5)
+    sock = r.client_socket()
+    send(sock, "busy", "a text that keeps the one instance busy for half a second")
+    time.sleep(0.05)
+    send(sock, "absurd", "a text with an absurd deadline", deadline_ms=deadline)
+    send(sock, "short", "a text with a short deadline", deadline_ms=50)
+    got = replies(sock, 3)
+    assert got == {"busy": "ok", "absurd": "bad_request", "short": "deadline_exceeded"}
+
+
+def test_a_request_without_a_deadline_waits_at_most_max_queue_ms(make_router):
+    r = make_router(instances=1, delay=0.3, max_queue_ms=100)
+    sock = r.client_socket()
+    started = time.monotonic()
+    for i in range(5):
+        send(sock, i, f"queued text {i}")
+    got = replies(sock, 5)
+    assert sorted(got.values()) == ["ok"] + ["overloaded"] * 4
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_full_queue_refuses_before_tokenizing(make_router):
+    r = make_router(instances=1, delay=1.0, queue_size=1)
+    sock = r.client_socket()
+    send(sock, "running", "the text that runs")
+    time.sleep(0.05)
+    send(sock, "queued", "the text that waits")
+    time.sleep(0.05)
+    for i in range(50):
+        send(sock, i, f"refused {i} " + "word " * 20_000)
+    got = replies(sock, 50, timeout=0.9)  # all before the running text is done
+    assert set(got.values()) == {"overloaded"}
+    assert not any(text.startswith("refused") for text in r.router.tokenizer.memo)
+    assert replies(sock, 2) == {"running": "ok", "queued": "ok"}
+
+
+def test_a_worker_that_said_bye_is_forgotten_without_a_warning(make_router, caplog):
+    r = make_router(instances=2)
+    worker = r.workers[0]
+    bye = r.ctx.socket(__import__("zmq").DEALER)
+    worker.running = False
+    worker.join(5)
+    with caplog.at_level(logging.INFO, logger="numaserve.router"):
+        # A stand-in's identity is random; a graceful stop is READY, BYE, silence.
+        bye.connect(r.router.spec.workers_endpoint)
+        ready = {"type": protocol.READY, "name": "leaving-0", "pool": "main", "pid": 0}
+        bye.send_multipart(protocol.pack(ready))
+        bye.send_multipart(protocol.pack({"type": protocol.BYE}))
+        time.sleep(0.1)
+        bye.close(linger=100)
+        deadline = time.monotonic() + 5
+        while any(w.name == "leaving-0" for w in list(r.router.dispatch.workers.values())):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert "instance leaving-0 stopped" in caplog.text
+    assert "leaving-0 missed" not in caplog.text
