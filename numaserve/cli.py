@@ -10,7 +10,7 @@ import time
 
 import click
 
-from numaserve import __version__
+from numaserve import __version__, exitcodes
 from numaserve.config import ConfigError, load_config
 from numaserve.cpulist import CPUListError, parse_cpulist
 from numaserve.placement import PlacementError, format_plan, plan_placement
@@ -259,6 +259,26 @@ def start(config_path: str) -> None:
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)
+
+
+@main.command()
+@config_option
+def prepare(config_path: str) -> None:
+    """Build or verify the model's ONNX artifact ahead of time (image builds, systemd's
+    ExecStartPre=), so that a start never waits for it and a read-only cache serves."""
+    from numaserve.logs import setup_logging
+    from numaserve.supervisor import prepare_model
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    setup_logging(config.logging.level, config.logging.format)
+    if config.model.backend != "onnxruntime":
+        click.echo(f"model.backend is {config.model.backend}: nothing to prepare")
+        return
+    if not prepare_model(config, _topology(None, None).isa):
+        sys.exit(exitcodes.MODEL)  # the log says why
 
 
 @main.command()

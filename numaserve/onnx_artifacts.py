@@ -88,15 +88,22 @@ def ensure_artifact(
     """The artifact's path, built first if it is missing or does not match its digest."""
     key = artifact_key(model_dir, config, full_range)
     directory = (root or cache_root()) / "onnx" / key
+    artifact, digest = directory / "model.onnx", directory / "model.onnx.sha256"
+    if _verified(artifact, digest):  # no lock, no write: a read-only cache serves
+        return artifact
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        lock = (directory / ".lock").open("w")
     except OSError as e:
-        raise ModelLoadError(f"cannot create the ONNX cache {directory}: {e}") from None
-    artifact, digest = directory / "model.onnx", directory / "model.onnx.sha256"
-    with (directory / ".lock").open("w") as lock:
+        raise ModelLoadError(
+            f"the ONNX artifact {artifact} is missing or damaged, and it cannot be built "
+            f"there: {e.strerror}. Run `numaserve prepare --config FILE` where the cache is "
+            "writable, or point NUMASERVE_CACHE at a writable directory"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then load its file
         if artifact.exists():
-            if digest.exists() and digest.read_text().strip() == _sha256(artifact):
+            if _verified(artifact, digest):
                 return artifact
             log.warning("ONNX artifact %s does not match its digest: rebuilding it", artifact)
         _remove_leftovers(directory)
@@ -106,6 +113,15 @@ def ensure_artifact(
         _write_atomically(digest, _sha256(built))
         os.replace(built, artifact)
         return artifact
+
+
+def _verified(artifact: Path, digest: Path) -> bool:
+    """Complete: a builder writes the digest and then renames the artifact into place, so a
+    file that matches its digest was finished, whoever reads it and whether locked or not."""
+    try:
+        return artifact.is_file() and digest.read_text().strip() == _sha256(artifact)
+    except OSError:
+        return False
 
 
 def _remove_leftovers(directory: Path) -> None:

@@ -13,6 +13,26 @@ from numaserve.models import Model, ModelFacts, full_range_int8
 from numaserve.onnx_artifacts import INSTALL_HINT, ensure_artifact
 
 
+def model_directory(config: ModelConfig) -> Path:
+    directory = Path(resolve_model_path(config.path))
+    if not directory.is_dir():
+        raise ModelLoadError(
+            f"model.backend onnxruntime needs a local model directory, not the hub id "
+            f"{config.path}: save it with save_pretrained(DIR) and set model.path: DIR"
+        )
+    return directory
+
+
+def prepare_artifact(config: ModelConfig, isa: tuple[str, ...] = ()) -> tuple[Path, ModelFacts]:
+    """The model's ONNX artifact, built if missing, and the checkpoint's facts: `numaserve
+    prepare`, the supervisor before it starts any instance, and each worker (which then
+    finds it built) call this."""
+    directory = model_directory(config)
+    facts = ModelFacts.read(directory)
+    facts.check(config)  # before a build that can take minutes
+    return ensure_artifact(directory, config, full_range_int8(isa)), facts
+
+
 class OnnxModel(Model):
     def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
         try:
@@ -20,15 +40,7 @@ class OnnxModel(Model):
         except ImportError:
             raise ModelLoadError(INSTALL_HINT) from None
         ort.disable_telemetry_events()  # the library's own switch, beside ORT_DISABLE_TELEMETRY
-        directory = Path(resolve_model_path(config.path))
-        if not directory.is_dir():
-            raise ModelLoadError(
-                f"model.backend onnxruntime needs a local model directory, not the hub id "
-                f"{config.path}: save it with save_pretrained(DIR) and set model.path: DIR"
-            )
-        facts = ModelFacts.read(directory)
-        facts.check(config)  # before a build that can take minutes
-        self.artifact = ensure_artifact(directory, config, full_range_int8(isa))
+        self.artifact, facts = prepare_artifact(config, isa)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -655,4 +655,35 @@ def start(config_path: str) -> int:
     config = load_config(config_path)
     topo = read_topology()
     plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
+    if not prepare_model(config, topo.isa):
+        return exitcodes.MODEL
     return Supervisor(config_path, config, topo).run()
+
+
+def prepare_model(config: Config, isa: tuple[str, ...]) -> bool:
+    """Build or verify the model's artifact once, before any instance starts: a first build
+    (minutes for a large model on a slow CPU) then runs outside the instances' start timeout,
+    and never once per instance. False (logged) when the model cannot be prepared."""
+    if config.model.backend != "onnxruntime":
+        return True
+    from numaserve.modelpath import ModelLoadError
+    from numaserve.onnx_model import prepare_artifact
+
+    started = time.monotonic()
+    log.info(
+        "preparing the ONNX artifact of %s (built once and kept; a first build takes a while)",
+        config.model.path,
+        extra={"event": "prepare"},
+    )
+    try:
+        artifact, _ = prepare_artifact(config.model, isa)
+    except ModelLoadError as e:
+        log.error("fatal: %s", e, extra={"event": "fatal"})
+        return False
+    log.info(
+        "ONNX artifact ready in %.1f s: %s",
+        time.monotonic() - started,
+        artifact,
+        extra={"event": "prepare"},
+    )
+    return True

@@ -76,6 +76,23 @@ class Server:
 
         return self.wait_for(ready, timeout, what="every instance ready")
 
+    def wait_replaced(self, name: str, old_pid: int) -> dict:
+        """Wait until instance `name` is ready and routed again under a new pid."""
+        return self.wait_for(
+            lambda: (
+                (i := self.instances()[name])["pid"] not in (None, old_pid)
+                and i["state"] == "ready"
+                and i["routed"]
+                and i
+            ),
+            what=f"{name} replaced",
+        )
+
+    def router_pid(self) -> int:
+        """The router's pid: the supervisor's child running numaserve.router."""
+        out = subprocess.check_output(["pgrep", "-f", "-P", str(self.proc.pid), "numaserve.router"])
+        return int(out.split()[0])
+
     def pids(self) -> list[int]:
         status = self.status()
         return [status["supervisor"]["pid"], *(i["pid"] for i in status["instances"] if i["pid"])]

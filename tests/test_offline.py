@@ -1,8 +1,11 @@
 """No numaserve process opens a connection off the host: a serving server, traced through
 every child with strace, connects only to loopback addresses and local sockets."""
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import time
 
 import pytest
@@ -41,8 +44,10 @@ def test_a_serving_server_opens_no_connection_off_the_host(tmp_path):
     trace = tmp_path / "strace.log"
     prefix = ("strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg", "-o", str(trace))
     server = server_.Server(tmp_path, CONFIG, prefix=prefix)
+    supervisor = None
     try:
         server.wait_ready(timeout=240)
+        supervisor = server.status()["supervisor"]["pid"]  # strace's child, not server.proc
         with Client(server.endpoint, timeout=30) as client:
             deadline = time.monotonic() + 40  # onnxruntime's first event went out within 10 s
             i = 0
@@ -51,6 +56,10 @@ def test_a_serving_server_opens_no_connection_off_the_host(tmp_path):
                 client.embed(f"request {i}: is anyone listening?")
                 time.sleep(0.1)
     finally:
+        if supervisor is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signal.SIGTERM)
+            server.proc.wait(60)  # strace exits with the last process it traces
         server.stop()
     text = trace.read_text()
     assert "connect(" in text  # the trace saw the server's own sockets

@@ -19,9 +19,10 @@ from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError
 from numaserve.models import full_range_int8, load_model
-from numaserve.onnx_artifacts import INSTALL_HINT, artifact_key
+from numaserve.onnx_artifacts import INSTALL_HINT, artifact_key, ensure_artifact
 from numaserve.pinning import live_affinity
 from numaserve.tokenization import Tokenizer
+from tests.console import numaserve
 from tests.router_side import ISA, RouterSide, start_worker, worker_spec
 
 SENTENCES = stdlib_sentences(64)
@@ -189,3 +190,52 @@ def test_a_pinned_onnx_worker_serves_with_every_thread_on_its_cpu(classifier_dir
         proc.terminate()
         proc.wait(30)
         router.close()
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only bind mount of a directory, as a container's read-only root or a VM guest
+    sees its cache (root would write through mere permissions)."""
+    mounts = []
+
+    def mount(source: Path) -> Path:
+        target = tmp_path / f"ro-{len(mounts)}"
+        target.mkdir()
+        for args in (["--bind", source, target], ["-o", "remount,ro,bind", target]):
+            done = subprocess.run(["mount", *map(str, args)], capture_output=True, text=True)
+            if done.returncode:
+                pytest.skip(f"cannot make a read-only bind mount here: {done.stderr.strip()}")
+            mounts.append(target)
+        return target
+
+    yield mount
+    for target in dict.fromkeys(reversed(mounts)):
+        subprocess.run(["umount", str(target)], check=False)
+
+
+def test_prepare_builds_the_artifact_and_a_worker_serves_from_a_read_only_cache(
+    classifier_dir, cache, tmp_path, read_only, monkeypatch
+):
+    config = tmp_path / "numaserve.yaml"
+    config.write_text(f"model: {{path: {classifier_dir}, task: classify, backend: onnxruntime}}\n")
+    prepared = numaserve("prepare", "--config", config, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr
+    assert "ONNX artifact ready in" in prepared.stderr and len(artifacts(cache)) == 1
+    monkeypatch.setenv("NUMASERVE_CACHE", str(read_only(cache)))
+    router = RouterSide(tmp_path)
+    proc = start_worker(
+        worker_spec(router, model=ModelConfig(path=str(classifier_dir), task="classify")),
+        tmp_path / "worker.log",
+    )
+    try:
+        identity, _ = router.wait_for(protocol.READY, timeout=120)
+        assert router.run(identity, [[101, 7592, 102]])["results"][0]["label"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_missing_artifact_in_a_read_only_cache_is_a_clear_error(classifier_dir, cache, read_only):
+    cache.mkdir()
+    with pytest.raises(ModelLoadError, match=r"cannot be built there.*numaserve prepare"):
+        ensure_artifact(classifier_dir, ModelConfig(task="classify"), False, read_only(cache))

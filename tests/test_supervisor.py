@@ -125,24 +125,11 @@ def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
     assert "restart main-0 (restart 1)" in log
 
 
-def replaced(server, name: str, old_pid: int) -> dict:
-    """Wait until `name` is ready and routed again under a new pid."""
-    return server.wait_for(
-        lambda: (
-            (i := server.instances()[name])["pid"] not in (None, old_pid)
-            and i["state"] == "ready"
-            and i["routed"]
-            and i
-        ),
-        what=f"{name} replaced",
-    )
-
-
 def test_a_worker_killed_by_a_real_time_signal_is_restarted_and_the_server_keeps_serving(server):
     before = server.wait_ready()
     victim = before["main-0"]
     os.kill(victim["pid"], signal.SIGRTMIN + 2)  # no name in signal.Signals
-    after = replaced(server, "main-0", victim["pid"])
+    after = server.wait_replaced("main-0", victim["pid"])
     assert after["cpus"] == victim["cpus"] and after["affinity_ok"]
     assert server.proc.poll() is None
     assert "exit main-0: killed by SIGRTMIN+2" in server.log()
@@ -157,7 +144,7 @@ def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path
         pid = server.wait_ready()["main-0"]["pid"]
         for _ in range(2):  # a crash right after READY, as a model that fails on first use
             os.kill(pid, signal.SIGKILL)
-            pid = replaced(server, "main-0", pid)["pid"]
+            pid = server.wait_replaced("main-0", pid)["pid"]
         os.kill(pid, signal.SIGKILL)
         server.wait_for(
             lambda: server.instances()["main-0"]["state"] == "fatal", what="main-0 fatal"
@@ -172,14 +159,26 @@ def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path
         server.stop()
 
 
+def test_a_first_build_runs_before_the_instances_outside_their_start_timeout(tmp_path):
+    # A cold cache: the export takes about 10 s here, twice the instances' start timeout.
+    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, start_timeout_s: 5}")
+    server = server_.Server(
+        tmp_path,
+        config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text"),
+        env={"NUMASERVE_CACHE": str(tmp_path / "cold-cache")},
+    )
+    try:
+        server.wait_ready(timeout=300)
+        log = server.log()
+        assert log.index("ONNX artifact ready in") < log.index("spawn main-0")
+        assert "not ready after" not in log and "restart main" not in log
+    finally:
+        server.stop()
+
+
 def test_the_router_is_ready_only_once_the_new_one_listens(server):
     server.wait_ready()
-    router_pid = int(
-        subprocess.check_output(
-            ["pgrep", "-f", "-P", str(server.proc.pid), "numaserve.router"]
-        ).split()[0]
-    )
-    os.kill(router_pid, signal.SIGKILL)
+    os.kill(server.router_pid(), signal.SIGKILL)
     server.wait_for(lambda: server.log().count("ready router") >= 2, what="router ready again")
     after_kill = server.log().split("exit router: killed by SIGKILL", 1)[1]
     assert after_kill.index("listening on") < after_kill.index("ready router")
@@ -250,12 +249,7 @@ def test_a_worker_that_stops_heartbeating_is_killed_and_restarted(server):
     before = server.wait_ready()
     victim = before["main-1"]["pid"]
     os.kill(victim, signal.SIGSTOP)  # alive, but silent
-    back = server.wait_for(
-        lambda: (
-            (i := server.instances()["main-1"])["pid"] != victim and i["state"] == "ready" and i
-        ),
-        what="main-1 replaced",
-    )
+    back = server.wait_replaced("main-1", victim)
     assert back["cpus"] == before["main-1"]["cpus"]
     log = server.log()
     assert "main-1 stopped heartbeating: SIGTERM, then SIGKILL" in log
@@ -267,11 +261,7 @@ def test_killing_the_supervisor_leaves_no_process_behind(server):
     supervisor, *children = server.pids()
     router = server.status()  # the router answered: it is among the survivors to check
     assert router
-    router_pid = int(
-        subprocess.check_output(["pgrep", "-f", "-P", str(supervisor), "numaserve.router"]).split()[
-            0
-        ]
-    )
+    router_pid = server.router_pid()
     os.kill(supervisor, signal.SIGKILL)
     server.proc.wait(10)
     deadline = time.monotonic() + 30

@@ -1,0 +1,156 @@
+"""What a flood and a huge text cost: goodput under 25x overload against the same server at a
+normal load, and the router's time and memory for a 4 MiB text, in one run.
+
+Starts `numaserve start` as the hardening issue's attack did (two single-core instances,
+cache off, the default model), then:
+  huge      one text just under server.max_message_bytes (4 MiB): the router's CPU time for
+            it, and its RSS before, right after and 5 s after
+  normal    2 raw clients x 4 requests in flight, for --seconds
+  overload  --clients raw clients x --depth requests in flight, for --seconds: about 25x
+            what two instances serve here
+The clients never retry (tests/raw_load.py). Reported: answered ok per second (goodput) in
+each phase and their ratio, every reply's code, requests never answered, p50/p99 latency of
+`ok` and `overloaded` replies, the slowest reply of any kind, and the router's RSS.
+The load runs in processes of its own (--procs), so the client's GIL is not the bottleneck.
+
+Run:  .venv/bin/python benchmarks/reliability.py [--seconds 20] [--clients 50] [--depth 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from numaserve.client import Client
+from tests.raw_load import Outcomes, RawLoad
+from tests.server import ENDPOINT, Server
+
+CONFIG = """
+server: {endpoint: "@ENDPOINT@", cache_entries: 0}
+placement:
+  pools: [{name: main, max_tokens: 256, cores_per_instance: 1, instances: 2}]
+""".replace("@ENDPOINT@", ENDPOINT)
+
+
+def run_load(endpoint: str, clients: int, depth: int, seconds: float, tag: str, queue) -> None:
+    load = RawLoad(endpoint, clients=clients, depth=depth, text=tag)
+    time.sleep(seconds)
+    queue.put(load.stop(drain_s=15))
+
+
+def phase(endpoint: str, clients: int, depth: int, seconds: float, procs: int, router) -> dict:
+    queue = multiprocessing.Queue()
+    per = [clients // procs + (i < clients % procs) for i in range(procs)]
+    workers = [
+        multiprocessing.Process(
+            target=run_load, args=(endpoint, n, depth, seconds, f"p{i}-{time.time()}", queue)
+        )
+        for i, n in enumerate(per)
+        if n
+    ]
+    rss = [router.memory_info().rss]
+    for w in workers:
+        w.start()
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        time.sleep(0.5)
+        rss.append(router.memory_info().rss)
+    total = Outcomes()
+    for _ in workers:
+        total.add(queue.get(timeout=seconds + 60))
+    for w in workers:
+        w.join()
+
+    def pct(code: str, q: float) -> float | None:
+        values = sorted(total.latency_ms.get(code, []))
+        return round(values[min(len(values) - 1, int(q * len(values)))], 2) if values else None
+
+    every = [v for values in total.latency_ms.values() for v in values]
+    return {
+        "clients": clients,
+        "depth": depth,
+        "seconds": seconds,
+        **total.summary(),
+        "goodput_per_s": round(total.codes["ok"] / seconds, 1),
+        "ok_p50_ms": pct("ok", 0.5),
+        "ok_p99_ms": pct("ok", 0.99),
+        "overloaded_p50_ms": pct("overloaded", 0.5),
+        "overloaded_p99_ms": pct("overloaded", 0.99),
+        "slowest_reply_ms": round(max(every), 1) if every else None,
+        "router_rss_mb": [round(min(rss) / 2**20, 1), round(max(rss) / 2**20, 1)],
+    }
+
+
+def huge_text(endpoint: str, router: psutil.Process) -> dict:
+    text = "All work and no play makes a dull model. " * ((4 << 20) // 41 - 100)
+    with Client(endpoint, timeout=60) as client:
+        client.embed("warm up")
+        rss, cpu = router.memory_info().rss, sum(router.cpu_times()[:2])
+        started = time.monotonic()
+        result = client.embed(text)
+        elapsed = time.monotonic() - started
+        used, right_after = sum(router.cpu_times()[:2]) - cpu, router.memory_info().rss
+        time.sleep(5)
+        return {
+            "bytes": len(text.encode()),
+            "tokens": result.tokens,
+            "truncated": result.truncated,
+            "reply_s": round(elapsed, 3),
+            "router_cpu_s": round(used, 3),
+            "router_rss_mb": [
+                round(v / 2**20, 1) for v in (rss, right_after, router.memory_info().rss)
+            ],
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--depth", type=int, default=64)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--out", default="benchmarks/results/reliability.json")
+    args = parser.parse_args()
+    topology = subprocess.run(
+        [str(Path(sys.executable).with_name("numaserve")), "topology"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    print(topology)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(Path(tmp), CONFIG)
+        try:
+            server.wait_ready(timeout=300)
+            router = psutil.Process(server.router_pid())
+            huge = huge_text(server.endpoint, router)
+            print("huge    ", json.dumps(huge))
+            normal = phase(server.endpoint, 2, 4, args.seconds, 2, router)
+            print("normal  ", json.dumps(normal))
+            overload = phase(
+                server.endpoint, args.clients, args.depth, args.seconds, args.procs, router
+            )
+            print("overload", json.dumps(overload))
+        finally:
+            server.stop()
+    result = {
+        "topology": topology,
+        "huge_text": huge,
+        "normal": normal,
+        "overload": overload,
+        "goodput_ratio": round(overload["goodput_per_s"] / normal["goodput_per_s"], 3),
+    }
+    print("goodput under overload / normal:", result["goodput_ratio"])
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
