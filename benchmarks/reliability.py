@@ -6,8 +6,8 @@ cache off, the default model), then:
   huge      one text just under server.max_message_bytes (4 MiB): the router's CPU time for
             it, and its RSS before, right after and 5 s after
   normal    2 raw clients x 4 requests in flight, for --seconds
-  overload  --clients raw clients x --depth requests in flight, for --seconds: about 25x
-            what two instances serve here
+  overload  --clients raw clients x at most --depth requests in flight, for --seconds,
+            offering --overload (25) times the normal phase's goodput at a steady rate
 The clients never retry (tests/raw_load.py). Reported: answered ok per second (goodput) in
 each phase and their ratio, every reply's code, requests never answered, p50/p99 latency of
 `ok` and `overloaded` replies, the slowest reply of any kind, and the router's RSS.
@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.client import Client
+from numaserve.client import Client, NumaserveError
 from tests.raw_load import Outcomes, RawLoad
 from tests.server import ENDPOINT, Server
 
@@ -41,18 +41,28 @@ placement:
 """.replace("@ENDPOINT@", ENDPOINT)
 
 
-def run_load(endpoint: str, clients: int, depth: int, seconds: float, tag: str, queue) -> None:
-    load = RawLoad(endpoint, clients=clients, depth=depth, text=tag)
+def run_load(endpoint, clients, depth, rate, seconds, tag, queue) -> None:
+    load = RawLoad(endpoint, clients=clients, depth=depth, text=tag, rate=rate)
     time.sleep(seconds)
     queue.put(load.stop(drain_s=15))
 
 
-def phase(endpoint: str, clients: int, depth: int, seconds: float, procs: int, router) -> dict:
+def phase(endpoint, clients, depth, seconds, procs, router, rate=None) -> dict:
+    """`rate`: requests/s offered in all (an open loop); None: a closed loop."""
     queue = multiprocessing.Queue()
     per = [clients // procs + (i < clients % procs) for i in range(procs)]
     workers = [
         multiprocessing.Process(
-            target=run_load, args=(endpoint, n, depth, seconds, f"p{i}-{time.time()}", queue)
+            target=run_load,
+            args=(
+                endpoint,
+                n,
+                depth,
+                rate and rate / clients,
+                seconds,
+                f"p{i}-{time.time()}",
+                queue,
+            ),
         )
         for i, n in enumerate(per)
         if n
@@ -78,6 +88,7 @@ def phase(endpoint: str, clients: int, depth: int, seconds: float, procs: int, r
     return {
         "clients": clients,
         "depth": depth,
+        "offered_per_s": rate and round(rate),
         "seconds": seconds,
         **total.summary(),
         "goodput_per_s": round(total.codes["ok"] / seconds, 1),
@@ -96,14 +107,20 @@ def huge_text(endpoint: str, router: psutil.Process) -> dict:
         client.embed("warm up")
         rss, cpu = router.memory_info().rss, sum(router.cpu_times()[:2])
         started = time.monotonic()
-        result = client.embed(text)
+        try:
+            result = client.embed(text)
+        except NumaserveError as e:  # as the server before the hardening issue answered
+            result = e
         elapsed = time.monotonic() - started
         used, right_after = sum(router.cpu_times()[:2]) - cpu, router.memory_info().rss
         time.sleep(5)
         return {
             "bytes": len(text.encode()),
-            "tokens": result.tokens,
-            "truncated": result.truncated,
+            **(
+                {"error": f"{type(result).__name__}: {result}"}
+                if isinstance(result, NumaserveError)
+                else {"tokens": result.tokens, "truncated": result.truncated}
+            ),
             "reply_s": round(elapsed, 3),
             "router_cpu_s": round(used, 3),
             "router_rss_mb": [
@@ -118,6 +135,13 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument(
+        "--overload",
+        type=float,
+        default=25,
+        help="offered load as a multiple of the normal phase's goodput (an open loop); "
+        "0: a closed loop, each client sending again as soon as it is answered",
+    )
     parser.add_argument("--out", default="benchmarks/results/reliability.json")
     args = parser.parse_args()
     topology = subprocess.run(
@@ -135,12 +159,20 @@ def main() -> None:
             print("huge    ", json.dumps(huge))
             normal = phase(server.endpoint, 2, 4, args.seconds, 2, router)
             print("normal  ", json.dumps(normal))
+            rate = args.overload * normal["goodput_per_s"] or None
             overload = phase(
-                server.endpoint, args.clients, args.depth, args.seconds, args.procs, router
+                server.endpoint, args.clients, args.depth, args.seconds, args.procs, router, rate
             )
             print("overload", json.dumps(overload))
         finally:
             server.stop()
+            warnings = [
+                line
+                for line in server.log().splitlines()
+                if " WARNING " in line or " ERROR " in line
+            ]
+            print(f"the server logged {len(warnings)} warning(s) and error(s)")
+            print("\n".join(warnings[:20]))
     result = {
         "topology": topology,
         "huge_text": huge,

@@ -34,7 +34,7 @@ from numaserve.protocol import ErrorCode
 from numaserve.tokenization import Tokenizer, TooLongError
 
 log = logging.getLogger("numaserve.router")
-DISCONNECT_LOG_S = 10.0  # at most one log line per this long for a repeated event
+SUMMARY_LOG_S = 10.0  # at most one log line per this long for a repeated event
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
 WORKER_BATCH = 256
 TOKENIZER_MEMO_BYTES = 64 << 20
@@ -130,10 +130,10 @@ class Router:
         self.disconnects = Summary(
             "client connection(s) closed: they left, or sent a message over "
             f"server.max_message_bytes={spec.server.max_message_bytes} and were dropped",
-            DISCONNECT_LOG_S,
+            SUMMARY_LOG_S,
         )
         self.failures = Summary(
-            "message(s) failed in the router and were dropped", DISCONNECT_LOG_S, logging.ERROR
+            "message(s) failed in the router and were dropped", SUMMARY_LOG_S, logging.ERROR
         )
         self.errors: dict[str, int] = {}
         self.ctx = ctx or zmq.Context.instance()
@@ -208,7 +208,7 @@ class Router:
         """Handle what is waiting, up to `limit` messages, so neither socket starves the other.
 
         The one catch-all of the router: no message, however malformed, may stop it. A
-        failure is counted and logged (at most once per DISCONNECT_LOG_S) and the loop goes on.
+        failure is counted and logged (at most once per SUMMARY_LOG_S) and the loop goes on.
         """
         for _ in range(limit):
             try:

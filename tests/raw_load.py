@@ -39,59 +39,104 @@ class Outcomes:
         return {"sent": self.sent, "unanswered": self.unanswered, **dict(self.codes)}
 
 
+@dataclass(eq=False)
+class _Client:
+    n: int
+    sock: zmq.Socket
+    next_send: float
+    sent: int = 0
+    pending: dict[int, float] = field(default_factory=dict)
+
+
 class RawLoad:
-    """`clients` threads, each a DEALER with `depth` requests in flight, until stop()."""
+    """`clients` DEALER sockets, each with up to `depth` requests in flight, until stop().
 
-    def __init__(self, endpoint: str, clients: int = 2, depth: int = 1, text: str = "load"):
-        self.endpoint, self.depth, self.text = endpoint, depth, text
+    One thread drives every socket through one poller: threads per client would spend the
+    CPU that the server under test needs on switching between themselves.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        clients: int = 2,
+        depth: int = 1,
+        text: str = "load",
+        rate: float | None = None,
+    ):
+        """`rate`: requests per second per client (an open loop, up to `depth` in flight);
+        None: a new request as soon as one is answered (a closed loop)."""
+        self.endpoint, self.clients, self.depth, self.text, self.rate = (
+            endpoint,
+            clients,
+            depth,
+            text,
+            rate,
+        )
         self.running = True
-        self.results = [Outcomes() for _ in range(clients)]
+        self.drain_until = float("inf")
+        self.outcomes = Outcomes()
         self.ctx = zmq.Context()
-        self.threads = [
-            threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)
-        ]
-        for t in self.threads:
-            t.start()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-    def _client(self, n: int) -> None:
-        out = self.results[n]
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(self.endpoint)
-        pending: dict[int, float] = {}
-        i = 0
-        while self.running or pending:
-            while self.running and len(pending) < self.depth:
-                i += 1
-                body = {"id": i, "op": "embed", "texts": [f"{self.text} {n}-{i}: a few words"]}
-                sock.send_multipart(protocol.pack(body))
-                pending[i] = time.monotonic()
-                out.sent += 1
-            if not sock.poll(100 if self.running else self.drain_left()):
-                if not self.running:
-                    break  # the rest never came
-                continue
-            reply = protocol.unpack(sock.recv_multipart())
-            started = pending.pop(reply.get("id"), None)
-            if started is None:
-                continue
-            code = reply["status"] if reply["status"] == "ok" else reply["error"]["code"]
-            out.codes[code] += 1
-            out.latency_ms.setdefault(code, []).append((time.monotonic() - started) * 1000)
-        out.unanswered = len(pending)
-        sock.close()
+    def _run(self) -> None:
+        out, poller, now = self.outcomes, zmq.Poller(), time.monotonic()
+        clients = {}
+        for n in range(self.clients):
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.connect(self.endpoint)
+            poller.register(sock, zmq.POLLIN)
+            clients[sock] = _Client(
+                n, sock, now + (n / self.clients / self.rate if self.rate else 0)
+            )
+        while True:
+            running = self.running  # read once: stop() may come between here and the poll
+            now = time.monotonic()
+            if running:
+                for c in clients.values():
+                    self._send_due(c, now)
+            elif now >= self.drain_until or not any(c.pending for c in clients.values()):
+                break
+            wait = 0.1 if running and not self.rate else 0.005 if running else 0.05
+            for sock, _ in poller.poll(wait * 1000):
+                c = clients[sock]
+                for _ in range(self.depth):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    reply = protocol.unpack(frames)
+                    started = c.pending.pop(reply.get("id"), None)
+                    if started is None:
+                        continue
+                    code = reply["status"] if reply["status"] == "ok" else reply["error"]["code"]
+                    out.codes[code] += 1
+                    out.latency_ms.setdefault(code, []).append((time.monotonic() - started) * 1000)
+        out.sent = sum(c.sent for c in clients.values())
+        out.unanswered = sum(len(c.pending) for c in clients.values())
+        for sock in clients:
+            sock.close()
 
-    def drain_left(self) -> int:
-        return max(0, int((self.drain_until - time.monotonic()) * 1000))
+    def _send_due(self, c: _Client, now: float) -> None:
+        while len(c.pending) < self.depth:
+            if self.rate:
+                if now < c.next_send:
+                    return
+                c.next_send += 1 / self.rate
+            c.sent += 1
+            body = {
+                "id": c.sent,
+                "op": "embed",
+                "texts": [f"{self.text} {c.n}-{c.sent}: a few words"],
+            }
+            c.sock.send_multipart(protocol.pack(body))
+            c.pending[c.sent] = time.monotonic()
 
     def stop(self, drain_s: float = 15.0) -> Outcomes:
         """Stop sending; wait up to `drain_s` for the replies still due."""
         self.drain_until = time.monotonic() + drain_s
         self.running = False
-        for t in self.threads:
-            t.join(drain_s + 5)
+        self.thread.join(drain_s + 5)
         self.ctx.destroy(linger=0)
-        total = Outcomes()
-        for out in self.results:
-            total.add(out)
-        return total
+        return self.outcomes

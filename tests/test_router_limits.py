@@ -108,3 +108,26 @@ def test_a_worker_that_said_bye_is_forgotten_without_a_warning(make_router, capl
             time.sleep(0.05)
     assert "instance leaving-0 stopped" in caplog.text
     assert "leaving-0 missed" not in caplog.text
+
+
+def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_goes_on(
+    make_router, caplog
+):
+    r = make_router(instances=1)
+    encode = r.router.tokenizer.encode
+
+    def tokenizer_bug(texts):  # a stand-in for a bug no test has found yet
+        if texts == ["boom"]:
+            raise RuntimeError("an unforeseen bug")
+        return encode(texts)
+
+    r.router.tokenizer.encode = tokenizer_bug
+    sock = r.client_socket()
+    with caplog.at_level(logging.ERROR, logger="numaserve.router"):
+        for i in range(3):
+            send(sock, f"boom {i}", "boom")
+        send(sock, "fine", "a fine text")
+        assert replies(sock, 1) == {"fine": "ok"}
+    assert r.router.counters["internal_errors"] == 3
+    assert caplog.text.count("failed in the router and were dropped") == 1
+    assert "RuntimeError: an unforeseen bug" in caplog.text
