@@ -184,7 +184,7 @@ class Router:
                 self._drain(self.workers, self.on_worker, WORKER_BATCH)
                 self._schedule(time.monotonic())
             if self.clients in events:
-                self._drain(self.clients, self.on_client, CLIENT_BATCH)
+                self._drain(self.clients, self.on_client, CLIENT_BATCH, yield_to=self.workers)
             if self.monitor in events:
                 self._on_disconnect()
             now = time.monotonic()
@@ -204,8 +204,10 @@ class Router:
             self.changed = False
             self._send_jobs(self.dispatch.schedule(now))
 
-    def _drain(self, sock: zmq.Socket, handle, limit: int) -> None:
-        """Handle what is waiting, up to `limit` messages, so neither socket starves the other.
+    def _drain(self, sock: zmq.Socket, handle, limit: int, yield_to=None) -> None:
+        """Handle what is waiting, up to `limit` messages, so neither socket starves the other;
+        stop early when `yield_to` has input (a worker's result: its next job must not wait
+        behind a flood of clients).
 
         The one catch-all of the router: no message, however malformed, may stop it. A
         failure is counted and logged (at most once per SUMMARY_LOG_S) and the loop goes on.
@@ -220,6 +222,8 @@ class Router:
             except Exception:
                 self.counters["internal_errors"] += 1
                 self.failures.add(1, time.monotonic(), traceback.format_exc())
+            if yield_to is not None and yield_to.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
 
     def _on_disconnect(self) -> None:
         closed = 0
