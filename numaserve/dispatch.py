@@ -118,13 +118,15 @@ class Dispatcher:
         candidates = range(len(self.pools) if last is None else last + 1)
         return all(self.room(pool) <= 0 for pool in candidates)
 
-    def admit(self, items: list[Item], now: float) -> str | None:
-        """Queue all of `items`, or none: returns why not ('no_instance', 'overloaded')."""
+    def admit(self, items: list[Item], now: float, hold: bool = False) -> str | None:
+        """Queue all of `items`, or none: returns why not ('no_instance', 'overloaded').
+        `hold`: queue them even where no instance is live yet (a router just started, whose
+        instances are about to announce themselves)."""
         need: dict[int, int] = {}
         for item in items:
             need[item.pool] = need.get(item.pool, 0) + 1
         for pool, count in need.items():
-            if not self.servable(pool):
+            if not self.servable(pool) and not hold:
                 return "no_instance"
             if count > self.room(pool):
                 return "overloaded"

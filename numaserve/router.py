@@ -118,6 +118,10 @@ class Router:
         )
         self.heartbeat = spec.server.heartbeat_ms / 1000
         self.expiry = self.heartbeat * spec.server.heartbeat_liveness
+        # Running instances announce themselves again once they have not heard from a router
+        # for `liveness` heartbeats: a restarted router holds texts for them that long
+        # instead of answering no_instance.
+        self.hold_until = time.monotonic() + self.expiry + 2 * self.heartbeat
         self.deadlines: list[tuple[float, int, Pending]] = []
         self.stale_deadlines = 0  # entries in the heap of requests already answered
         self.counters = {
@@ -213,10 +217,9 @@ class Router:
         failure is counted and logged (at most once per SUMMARY_LOG_S) and the loop goes on.
         """
         for _ in range(limit):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than zmq.Again
                 return
+            frames = sock.recv_multipart()
             try:
                 handle(frames)
             except Exception:
@@ -295,7 +298,7 @@ class Router:
         if not misses:
             self._complete(pending)
             return
-        refused = self.dispatch.admit(misses, now)
+        refused = self.dispatch.admit(misses, now, hold=now < self.hold_until)
         if refused == "overloaded":
             self._fail(pending, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
             return
@@ -376,12 +379,12 @@ class Router:
 
     def _expire_queued(self, now: float) -> None:
         for item in self.dispatch.overdue(now):
-            self._fail(
-                item.owner,
-                ErrorCode.OVERLOADED,
-                f"it waited server.max_queue_ms={self.server.max_queue_ms} ms in the queue "
-                "without reaching an instance; retry later",
-            )
+            if self.dispatch.servable(item.pool):
+                code, why = ErrorCode.OVERLOADED, "without reaching an instance; retry later"
+            else:  # held for instances that never announced themselves
+                code, why = ErrorCode.NO_INSTANCE, "and no instance can serve it"
+            wait = f"server.max_queue_ms={self.server.max_queue_ms} ms"
+            self._fail(item.owner, code, f"it waited {wait} in the queue {why}")
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -515,7 +518,7 @@ class Router:
                 len(lost),
             )
             self._retry(lost, count_attempt=True)
-        for item in self.dispatch.unservable_items():
+        for item in self.dispatch.unservable_items() if now >= self.hold_until else ():
             self._fail(
                 item.owner, ErrorCode.NO_INSTANCE, "no ready instance is left for texts this long"
             )

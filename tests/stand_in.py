@@ -69,7 +69,14 @@ class StandInWorker(threading.Thread):
 class InProcessRouter:
     """A Router serving in a thread, with `instances` stand-in workers in one pool."""
 
-    def __init__(self, directory: Path, instances: int = 1, delay: float = 0.0, **server_settings):
+    def __init__(
+        self,
+        directory: Path,
+        instances: int = 1,
+        delay: float = 0.0,
+        start_workers: bool = True,
+        **server_settings,
+    ):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         server = ServerConfig(endpoint=self.endpoint, heartbeat_ms=500, **server_settings)
         spec = RouterSpec(
@@ -88,10 +95,14 @@ class InProcessRouter:
             StandInWorker(self.ctx, spec.workers_endpoint, f"main-{i}", "main", delay)
             for i in range(instances)
         ]
+        if start_workers:
+            self.start_workers()
+
+    def start_workers(self) -> None:
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + 10
-        while len(self.router.dispatch.workers) < instances:
+        while len(self.router.dispatch.workers) < len(self.workers):
             assert time.monotonic() < deadline, "the stand-in workers never became ready"
             time.sleep(0.01)
 
@@ -106,7 +117,8 @@ class InProcessRouter:
         self.thread.join(30)
         for worker in self.workers:
             worker.running = False
-            worker.join(5)
+            if worker.ident is not None:  # started
+                worker.join(5)
         self.router.close()
         self.ctx.destroy(linger=0)  # the tests' client sockets too
         os.close(self.wake_r)

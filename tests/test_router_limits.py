@@ -131,3 +131,21 @@ def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_g
     assert r.router.counters["internal_errors"] == 3
     assert caplog.text.count("failed in the router and were dropped") == 1
     assert "RuntimeError: an unforeseen bug" in caplog.text
+
+
+def test_a_router_just_started_holds_texts_until_its_instances_announce_themselves(make_router):
+    r = make_router(instances=1, start_workers=False)  # as after a router restart
+    sock = r.client_socket()
+    send(sock, "early", "a text sent before any instance is known")
+    time.sleep(0.3)
+    r.start_workers()
+    assert replies(sock, 1) == {"early": "ok"}
+
+
+def test_texts_for_no_instance_at_all_fail_once_the_hold_is_over(make_router):
+    r = make_router(instances=1, start_workers=False)
+    sock = r.client_socket()
+    send(sock, "orphan", "nobody will ever serve this")
+    started = time.monotonic()
+    assert replies(sock, 1) == {"orphan": "no_instance"}
+    assert time.monotonic() - started < 5
