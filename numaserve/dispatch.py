@@ -111,6 +111,10 @@ class Dispatcher:
         idle = sum(1 for p in self._takers(pool) for w in self._live(p) if not w.jobs)
         return self.queue_size + idle - len(self.pools[pool].queue)
 
+    def some_queue_full(self) -> bool:
+        """A cheap first look (a few pools): only then is surely_full worth asking."""
+        return any(len(p.queue) >= self.queue_size for p in self.pools)
+
     def surely_full(self, most_tokens: int) -> bool:
         """True when a text of at most `most_tokens` tokens could not be queued in any pool
         that might be its own: the router then refuses it without tokenizing it."""

@@ -315,7 +315,7 @@ class Router:
 
     def _surely_refused(self, texts: tuple[str, ...]) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
-        return any(
+        return self.dispatch.some_queue_full() and any(
             self.dispatch.surely_full(TOKENS_PER_BYTE * len(text.encode()) + SPECIAL_TOKENS)
             for text in texts
         )
