@@ -354,3 +354,7 @@ def _alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+if __name__ == "__main__":  # python -m numaserve.cli: how the supervisor runs `prepare`
+    main()

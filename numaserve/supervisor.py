@@ -97,6 +97,7 @@ class Reload:
     deployment: Deployment
     waiting: deque[str]
     replacement: Child | None = None
+    preparing: int | None = None  # pid of `numaserve prepare` for a changed model
     started: float = field(default_factory=time.monotonic)
 
 
@@ -273,6 +274,8 @@ class Supervisor:
             child = next((c for c in self.all_children() if c.pid == pid), None)
             if child is not None:
                 self.on_exit(child, status)
+            elif self.reload and pid == self.reload.preparing:
+                self._prepared(os.waitstatus_to_exitcode(status))
 
     def on_exit(self, child: Child, status: int) -> None:
         code = os.waitstatus_to_exitcode(status)
@@ -563,9 +566,38 @@ class Supervisor:
         )
         self.notifier.reloading("reloading")
         self.reload = Reload(config, new, waiting)
+        if config.model != self.config.model and config.model.backend == "onnxruntime":
+            self._prepare_for_reload()
+
+    def _prepare_for_reload(self) -> None:
+        """A changed model's artifact is built before the first new instance starts, so that
+        the build never runs inside an instance's start timeout: by `numaserve prepare`, in a
+        process of its own, while the running instances keep serving."""
+        argv = [sys.executable, "-m", "numaserve.cli", "prepare", "--config", self.config_path]
+        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | self.config_env
+        try:
+            self.reload.preparing = os.posix_spawn(argv[0], argv, env)
+        except OSError as e:
+            self._abort_reload(f"cannot run numaserve prepare: {e}")
+            return
+        log.info(
+            "reload: preparing the changed model's ONNX artifact (pid %d) before restarting "
+            "any instance",
+            self.reload.preparing,
+            extra={"event": "reload"},
+        )
+
+    def _prepared(self, code: int) -> None:
+        self.reload.preparing = None
+        if code != 0:
+            self._abort_reload(f"the changed model could not be prepared (exit {code})")
+        else:
+            log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
 
     def _advance_reload(self, now: float) -> None:
         r = self.reload
+        if r.preparing is not None:
+            return  # no instance restarts before the changed model's artifact is ready
         if r.replacement is None:
             if not r.waiting:
                 self.config = r.config
@@ -592,6 +624,9 @@ class Supervisor:
 
     def _abort_reload(self, why: str) -> None:
         r, self.reload = self.reload, None
+        if r and r.preparing is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.preparing, signal.SIGTERM)  # reaped by reap_children, unmatched
         if r and r.replacement and r.replacement.pid is not None:
             self.retired.append(r.replacement)
             self.terminate(r.replacement)

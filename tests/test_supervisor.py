@@ -245,6 +245,30 @@ def test_sighup_reloads_one_instance_at_a_time_without_failing_a_request(server)
     assert counts.get("ok", 0) > 50 and set(counts) == {"ok"}, counts
 
 
+def test_a_reload_that_changes_the_model_builds_it_before_restarting_any_instance(tmp_path):
+    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, start_timeout_s: 5}")
+    text = config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text")
+    server = server_.Server(tmp_path, text)
+    try:
+        before = server.wait_ready(timeout=300)
+        load = Load(server.endpoint)
+        # fp32 has no artifact yet: its build (about 8 s here) outlasts the start timeout.
+        server.config.write_text(
+            server.config.read_text().replace("model: {path:", "model: {quantize: none, path:")
+        )
+        server.proc.send_signal(signal.SIGHUP)
+        server.wait_for(lambda: "reload: done" in server.log(), what="reload done", timeout=300)
+        after = server.wait_ready()
+        counts = load.stop()
+        log = server.log().split("reload: restarting", 1)[1]
+        assert log.index("the changed model's artifact is ready") < log.index("spawn main-0 pid")
+        assert "not ready after" not in log and "reload aborted" not in log
+        assert all(after[n]["pid"] != before[n]["pid"] for n in before)
+        assert counts.get("ok", 0) > 50 and set(counts) == {"ok"}, counts
+    finally:
+        server.stop()
+
+
 def test_a_worker_that_stops_heartbeating_is_killed_and_restarted(server):
     before = server.wait_ready()
     victim = before["main-1"]["pid"]
