@@ -213,12 +213,13 @@ class Supervisor:
 
     # -- processes ---------------------------------------------------------------------------
 
+    def _child_env(self) -> dict[str, str]:
+        """Our environment less systemd's variables (NotifyAccess=main), plus the logging
+        settings from the config."""
+        return {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | self.config_env
+
     def spawn(self, child: Child) -> None:
-        # systemd's variables are the supervisor's alone (NotifyAccess=main).
-        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | {
-            **self.config_env,
-            PARENT_ENV: str(os.getpid()),
-        }
+        env = self._child_env() | {PARENT_ENV: str(os.getpid())}
         try:
             # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which
             # then stops the children in order (router drains first).
@@ -574,9 +575,8 @@ class Supervisor:
         the build never runs inside an instance's start timeout: by `numaserve prepare`, in a
         process of its own, while the running instances keep serving."""
         argv = [sys.executable, "-m", "numaserve.cli", "prepare", "--config", self.config_path]
-        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS} | self.config_env
         try:
-            self.reload.preparing = os.posix_spawn(argv[0], argv, env)
+            self.reload.preparing = os.posix_spawn(argv[0], argv, self._child_env())
         except OSError as e:
             self._abort_reload(f"cannot run numaserve prepare: {e}")
             return
