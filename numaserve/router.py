@@ -58,9 +58,10 @@ OVERLOADED_MESSAGE = "the pool's queue is full; retry later"
 
 
 class Summary:
-    """Counts a repeated event and logs it at most once per `every` seconds, with the count:
-    clients that open a connection per request (the CLI, a Lazy Pirate retry), or a client
-    sending the same bad message in a loop, must not fill the log."""
+    """Counts a repeated event (`total` is what status reports) and logs it at most once per
+    `every` seconds, with the count: clients that open a connection per request (the CLI, a
+    Lazy Pirate retry), or a client sending the same bad message in a loop, must not fill the
+    log."""
 
     def __init__(self, what: str, every: float, level: int = logging.INFO):
         self.what, self.every, self.level = what, every, level
@@ -128,8 +129,6 @@ class Router:
             "requests": 0,
             "replies_ok": 0,
             "dropped_frames": 0,
-            "client_disconnects": 0,
-            "internal_errors": 0,
         }
         self.disconnects = Summary(
             "client connection(s) closed: they left, or sent a message over "
@@ -223,7 +222,6 @@ class Router:
             try:
                 handle(frames)
             except Exception:
-                self.counters["internal_errors"] += 1
                 self.failures.add(1, time.monotonic(), traceback.format_exc())
             if yield_to is not None and yield_to.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
@@ -233,7 +231,6 @@ class Router:
         while self.monitor.poll(0):
             self.monitor.recv_multipart()
             closed += 1
-        self.counters["client_disconnects"] += closed
         self.disconnects.add(closed, time.monotonic())
 
     def _log_summaries(self, now: float) -> None:
@@ -364,16 +361,14 @@ class Router:
         expired = False
         while self.deadlines and self.deadlines[0][0] <= now:
             _, _, pending = heapq.heappop(self.deadlines)
-            if pending.done:
-                self.stale_deadlines = max(0, self.stale_deadlines - 1)
-            else:
-                self._fail(
+            if not pending.done:
+                self._fail(  # which counts it as a stale entry...
                     pending,
                     ErrorCode.DEADLINE_EXCEEDED,
                     "the deadline passed before it could be answered",
                 )
-                self.stale_deadlines = max(0, self.stale_deadlines - 1)  # popped: not in the heap
                 expired = True
+            self.stale_deadlines = max(0, self.stale_deadlines - 1)  # ...but it left the heap
         if expired:
             self.dispatch.drop_done()
 
@@ -582,7 +577,11 @@ class Router:
             "instances": instances,
             "pools": pools,
             "cache": self.cache.stats(),
-            "requests": dict(self.counters),
+            "requests": {
+                **self.counters,
+                "client_disconnects": self.disconnects.total,
+                "internal_errors": self.failures.total,
+            },
             "errors": dict(self.errors),
             "draining": self.draining_until is not None,
             "routed_pids": sorted(

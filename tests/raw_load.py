@@ -24,10 +24,6 @@ class Outcomes:
     latency_ms: dict[str, list[float]] = field(default_factory=dict)  # by code
     unanswered: int = 0
 
-    @property
-    def answered(self) -> int:
-        return sum(self.codes.values())
-
     def add(self, other: Outcomes) -> None:
         self.sent += other.sent
         self.codes.update(other.codes)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 BASE = """
 model: {{path: {model}}}
 server: {{endpoint: "{endpoint}", heartbeat_ms: 200, heartbeat_liveness: 3}}
-supervisor: {{drain_timeout_s: 15, kill_timeout_s: 3, backoff_initial_s: 0.2, backoff_max_s: 2}}
+supervisor: {{drain_timeout_s: 15, kill_timeout_s: 3, backoff_initial_s: 0.2, backoff_max_s: 2{supervisor}}}
 logging: {{format: {format}}}
 placement:
   pools: [{{name: main, max_tokens: 256, instances: auto}}]
@@ -31,11 +31,16 @@ placement:
 
 
 def start_server(
-    directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None
+    directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None, supervisor=""
 ) -> server_.Server:
-    return server_.Server(
-        directory, BASE.format(model=model, endpoint=server_.ENDPOINT, format=fmt), env
+    """`supervisor`: more keys of the supervisor's section, e.g. "stable_s: 30"."""
+    text = BASE.format(
+        model=model,
+        endpoint=server_.ENDPOINT,
+        format=fmt,
+        supervisor=f", {supervisor}" if supervisor else "",
     )
+    return server_.Server(directory, text, env)
 
 
 @pytest.fixture
@@ -136,10 +141,7 @@ def test_a_worker_killed_by_a_real_time_signal_is_restarted_and_the_server_keeps
 
 
 def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path):
-    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, stable_s: 30}")
-    server = server_.Server(
-        tmp_path, config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text")
-    )
+    server = start_server(tmp_path, supervisor="stable_s: 30")
     try:
         pid = server.wait_ready()["main-0"]["pid"]
         for _ in range(2):  # a crash right after READY, as a model that fails on first use
@@ -161,10 +163,9 @@ def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path
 
 def test_a_first_build_runs_before_the_instances_outside_their_start_timeout(tmp_path):
     # A cold cache: the export takes about 10 s here, twice the instances' start timeout.
-    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, start_timeout_s: 5}")
-    server = server_.Server(
+    server = start_server(
         tmp_path,
-        config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text"),
+        supervisor="start_timeout_s: 5",
         env={"NUMASERVE_CACHE": str(tmp_path / "cold-cache")},
     )
     try:
@@ -246,9 +247,7 @@ def test_sighup_reloads_one_instance_at_a_time_without_failing_a_request(server)
 
 
 def test_a_reload_that_changes_the_model_builds_it_before_restarting_any_instance(tmp_path):
-    config = BASE.replace("backoff_max_s: 2}", "backoff_max_s: 2, start_timeout_s: 5}")
-    text = config.format(model="bundled:minilm", endpoint=server_.ENDPOINT, format="text")
-    server = server_.Server(tmp_path, text)
+    server = start_server(tmp_path, supervisor="start_timeout_s: 5")
     try:
         before = server.wait_ready(timeout=300)
         load = Load(server.endpoint)
