@@ -39,11 +39,11 @@ def main() -> None:
     os.sched_setaffinity(0, {args.cpu})  # before torch or onnxruntime start their threads
 
     from benchmarks.ladder import save_models
+    from numaserve.backends import load_model
+    from numaserve.backends.tokenizer import Tokenizer
     from numaserve.config import ModelConfig
-    from numaserve.corpus import stdlib_sentences
-    from numaserve.models import load_model
-    from numaserve.tokenization import Tokenizer
-    from numaserve.topology import read_topology
+    from numaserve.host.topology import read_topology
+    from numaserve.loadgen.corpus import stdlib_sentences
 
     isa = read_topology().isa
     texts = stdlib_sentences(args.texts)

@@ -30,11 +30,11 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.bench import closed_loop, numaserve_target
+from numaserve.backends.modelpath import resolve_model_path
 from numaserve.client import Client
-from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import resolve_model_path
-from tests.server import ENDPOINT, Server
+from numaserve.loadgen.bench import closed_loop, numaserve_target
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: "{model}", backend: {backend}, quantize: {quantize}, padding: {padding}, max_length: 128}}

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.bench import open_loop
-from numaserve.corpus import stdlib_sentences
-from tests.server import ENDPOINT, Server
+from numaserve.loadgen.bench import open_loop
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: bundled:minilm, max_length: 256}}

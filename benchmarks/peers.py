@@ -35,11 +35,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.peers.minilm import Embedder
-from numaserve.bench import closed_loop, http_target, numaserve_target
 from numaserve.client import Client
-from numaserve.corpus import stdlib_sentences
-from tests.cluster import free_port
-from tests.server import ENDPOINT, Server
+from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.cluster import free_port
+from tests.harness.server import ENDPOINT, Server
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,8 +31,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.client import Client, NumaserveError
-from tests.raw_load import Outcomes, RawLoad
-from tests.server import ENDPOINT, Server
+from tests.harness.raw_load import Outcomes, RawLoad
+from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """
 server: {endpoint: "@ENDPOINT@", cache_entries: 0}

@@ -30,8 +30,8 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
-from numaserve.corpus import stdlib_sentences
-from tests.cluster import Cluster, free_port  # the router and one worker, no supervisor
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.cluster import Cluster, free_port  # the router and one worker, no supervisor
 
 CONFIG = """
 placement:
@@ -45,9 +45,9 @@ def in_process_latencies(texts: list[str], cpu: int) -> list[float]:
 import json, os, time
 os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.config import ModelConfig
-from numaserve.models import load_model
-from numaserve.tokenization import Tokenizer
-from numaserve.topology import read_topology
+from numaserve.backends import load_model
+from numaserve.backends.tokenizer import Tokenizer
+from numaserve.host.topology import read_topology
 tok = Tokenizer("bundled:minilm", 256)
 model = load_model(ModelConfig(), isa=read_topology().isa, threads=1)
 texts = {texts!r}

@@ -26,8 +26,8 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.config import ModelConfig
-from numaserve.topology import read_topology
-from numaserve.worker import WorkerSpec, command
+from numaserve.host.topology import read_topology
+from numaserve.specs import WorkerSpec
 
 TOKENS = 12
 IN_FLIGHT = 2  # per worker: hides the round trip, as a router's queue does
@@ -54,7 +54,7 @@ def raw_loop(model_dir: Path, seconds: float, isa) -> float:
 import os, time, json
 os.sched_setaffinity(0, {{0}})
 from numaserve.config import ModelConfig
-from numaserve.models import load_model
+from numaserve.backends import load_model
 m = load_model(ModelConfig(path={str(model_dir)!r}), isa={tuple(isa)!r}, threads=1)
 ids = [{sample_ids()!r}]
 for _ in range(20): m.run(ids)
@@ -87,7 +87,7 @@ def drive_workers(model_dir: Path, layout: list[tuple[int, ...]], seconds: float
             isa=tuple(isa),
             model=ModelConfig(path=str(model_dir)),
         )
-        procs.append(subprocess.Popen(command(spec), stderr=log))
+        procs.append(subprocess.Popen(spec.argv(), stderr=log))
     idents = set()
     while len(idents) < len(layout):
         ident, *frames = router.recv_multipart()

@@ -12,9 +12,9 @@ import click
 
 from numaserve import __version__, exitcodes
 from numaserve.config import ConfigError, load_config
-from numaserve.cpulist import CPUListError, parse_cpulist
-from numaserve.placement import PlacementError, format_plan, plan_placement
-from numaserve.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
+from numaserve.host.cpulist import CPUListError, parse_cpulist
+from numaserve.host.placement import PlacementError, format_plan, plan_placement
+from numaserve.host.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
 
 
 class UserError(click.ClickException):
@@ -192,7 +192,7 @@ def bench(
     endpoints, corpus, op, url, clients, requests, rate, duration, timeout, seed, as_json
 ) -> None:
     """Load a running server and report throughput, latency percentiles and errors."""
-    from numaserve import bench as load
+    from numaserve.loadgen import bench as load
 
     try:
         texts = load.load_corpus(corpus)
@@ -245,7 +245,7 @@ class _NoBar:
 def start(config_path: str) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
     from numaserve.logs import setup_logging
-    from numaserve.supervisor import start as run
+    from numaserve.supervisor.arbiter import start as run
 
     try:
         config = load_config(config_path)
@@ -266,8 +266,12 @@ def start(config_path: str) -> None:
 def prepare(config_path: str) -> None:
     """Build or verify the model's ONNX artifact ahead of time (image builds, systemd's
     ExecStartPre=), so that a start never waits for it and a read-only cache serves."""
+    from numaserve.backends import prepare_model
+    from numaserve.lifecycle import PARENT_ENV, die_with_parent
     from numaserve.logs import setup_logging
-    from numaserve.supervisor import prepare_model
+
+    if PARENT_ENV in os.environ:  # run by a supervisor: not to outlive it
+        die_with_parent()
 
     try:
         config = load_config(config_path)
@@ -277,7 +281,7 @@ def prepare(config_path: str) -> None:
     if config.model.backend != "onnxruntime":
         click.echo(f"model.backend is {config.model.backend}: nothing to prepare")
         return
-    if not prepare_model(config, _topology(None, None).isa):
+    if not prepare_model(config.model, _topology(None, None).isa):
         sys.exit(exitcodes.MODEL)  # the log says why
 
 
@@ -287,7 +291,7 @@ def prepare(config_path: str) -> None:
 @json_option
 def status(endpoints, timeout: float, as_json: bool) -> None:
     """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
-    from numaserve.status import format_status
+    from numaserve.router.status import format_status
 
     report = _call(endpoints, timeout, "status", None)
     if as_json:

@@ -8,7 +8,6 @@ Every key is documented in docs/configuration.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import types
 import typing
@@ -34,7 +33,7 @@ class ModelConfig:
     # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
     path: str = "bundled:minilm"
     task: Literal["embed", "classify"] = "embed"
-    # onnxruntime: the model exported once to an ONNX artifact (onnx_artifacts.py), the faster.
+    # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
@@ -111,22 +110,6 @@ class Config:
     supervisor: SupervisorConfig = SupervisorConfig()
     logging: LoggingConfig = LoggingConfig()
     source: str = field(default="<defaults>", metadata={"internal": True})
-
-
-class JSONSpec:
-    """A frozen dataclass handed to a child process as JSON on its command line."""
-
-    @classmethod
-    def from_json(cls, text: str):
-        what = f"{cls.__name__} (JSON)"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{what}: not JSON: {e}") from None
-        return from_mapping(cls, data, what)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
 
 
 def load_config(path: str | Path) -> Config:
@@ -271,11 +254,6 @@ def _check_semantics(config: Config, source: str) -> None:
             f"{config.model.max_length} tokens would have no pool; raise a pool's max_tokens "
             "or lower model.max_length"
         )
-
-
-def pools_by_length(config: Config) -> tuple[PoolConfig, ...]:
-    """Pools in dispatch order: the smallest length band first."""
-    return tuple(sorted(config.placement.pools, key=lambda p: p.max_tokens))
 
 
 def _join(where: str, key: str) -> str:

@@ -44,3 +44,31 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class Summary:
+    """Counts a repeated event (`total` is what status reports) and logs it at most once per
+    `every` seconds, with the count: clients that open a connection per request (the CLI, a
+    Lazy Pirate retry), or a client sending the same bad message in a loop, must not fill the
+    log."""
+
+    def __init__(self, log: logging.Logger, what: str, every: float, level: int = logging.INFO):
+        self.log, self.what, self.every, self.level = log, what, every, level
+        self.unlogged = self.total = 0
+        self.next_log = 0.0
+        self.detail = ""  # of the latest occurrence (a traceback)
+
+    def add(self, count: int, now: float, detail: str = "") -> None:
+        self.unlogged += count
+        self.total += count
+        self.detail = detail or self.detail
+        self.flush(now)
+
+    def flush(self, now: float) -> None:
+        if self.unlogged and now >= self.next_log:
+            latest = f"; the latest:\n{self.detail.rstrip()}" if self.detail else ""
+            self.log.log(
+                self.level, "%d %s (%d in all)%s", self.unlogged, self.what, self.total, latest
+            )
+            self.unlogged, self.detail = 0, ""
+            self.next_log = now + self.every

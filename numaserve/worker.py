@@ -5,7 +5,7 @@ the binding), load and warm the model, and only then announce READY to the route
 
 Two threads: the main thread runs forward passes; the I/O thread owns the ZeroMQ socket, so
 heartbeats keep flowing while a long forward pass runs. They talk over an inproc PAIR socket.
-Run as `python -m numaserve.worker --spec JSON` (the supervisor builds the command, see spawn.py).
+Run as `python -m numaserve.worker --spec JSON` (a WorkerSpec, specs.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.config import JSONSpec, ModelConfig
-from numaserve.cpulist import format_cpulist
-from numaserve.lifecycle import die_with_parent, read_spec
-from numaserve.modelpath import ModelLoadError
-from numaserve.pinning import (
+from numaserve.backends.modelpath import ModelLoadError
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.pinning import (
     PINNED_BY_ENV,
     PinningError,
     PinReport,
@@ -34,41 +31,19 @@ from numaserve.pinning import (
     pin_current_process,
     thread_settings,
 )
+from numaserve.lifecycle import die_with_parent, read_spec
+from numaserve.specs import WorkerSpec
 
 log = logging.getLogger("numaserve.worker")
 JOBS = "inproc://jobs"
 STOP = [b"stop"]
 
 
-@dataclass(frozen=True)
-class WorkerSpec(JSONSpec):
-    """Everything a worker needs, passed as JSON on its command line."""
-
-    name: str
-    pool: str
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
-    threads: int
-    router: str  # the router's worker endpoint
-    max_tokens: int  # the pool's length band: warm-up covers up to here
-    model: ModelConfig = field(default_factory=ModelConfig)
-    isa: tuple[str, ...] = ()
-    heartbeat_ms: int = 500
-    liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
-    use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
-
-
-def command(spec: WorkerSpec) -> list[str]:
-    """The worker's command line: a fresh interpreter (as multiprocessing's spawn), never a
-    fork of a process whose torch thread pools may be running."""
-    return [sys.executable, "-m", "numaserve.worker", "--spec", spec.to_json()]
-
-
 class Engine:
     """The model, warmed up, and the translation of its outputs to wire results."""
 
     def __init__(self, spec: WorkerSpec, report: PinReport):
-        from numaserve.models import load_model  # imports the backend: after pinning
+        from numaserve.backends import load_model  # imports the backend: after pinning
 
         self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = spec.model.task
@@ -276,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if numactl and method != "numactl":
         # Bound and checked in-process above (so a bad slot exits PINNING, not numactl's 1);
         # now start over under numactl, so even the interpreter's own memory is node-local.
-        under_numactl = numactl_argv(numactl, cpus, nodes, command(spec))
+        under_numactl = numactl_argv(numactl, cpus, nodes, spec.argv())
         try:
             os.execve(numactl, under_numactl, {**os.environ, PINNED_BY_ENV: "numactl"})
         except OSError as e:

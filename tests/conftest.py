@@ -30,6 +30,6 @@ def sysfs():
 @pytest.fixture(scope="session")
 def classifier_dir(tmp_path_factory):
     """A small BertForSequenceClassification saved with save_pretrained, with a real tokenizer."""
-    from tests.checkpoints import save_tiny_classifier
+    from tests.harness.checkpoints import save_tiny_classifier
 
     return save_tiny_classifier(tmp_path_factory.mktemp("classifier"))

@@ -143,7 +143,7 @@ def ensure_model() -> Path:
             [
                 sys.executable,
                 "-c",
-                f"from tests.checkpoints import *; save_tiny_classifier({str(tmp)!r})",
+                f"from tests.harness.checkpoints import *; save_tiny_classifier({str(tmp)!r})",
             ],
             cwd=REPO,
         )

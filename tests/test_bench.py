@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from numaserve.bench import (
+from numaserve.loadgen.bench import (
     CorpusError,
     Result,
     closed_loop,
@@ -125,7 +125,7 @@ def test_bench_refuses_an_open_loop_over_http():
 def test_default_corpus_does_not_depend_on_what_the_caller_imported(monkeypatch):
     import logging
 
-    from numaserve import corpus
+    from numaserve.loadgen import corpus
 
     def patched(self):
         """This sentence was patched into the stdlib by a test."""

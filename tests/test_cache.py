@@ -1,4 +1,4 @@
-from numaserve.cache import ResultCache
+from numaserve.router.cache import ResultCache
 
 
 def test_a_stored_result_is_a_hit():

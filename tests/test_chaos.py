@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from numaserve import protocol
 from numaserve.client import Client
-from tests import server as server_
-from tests.raw_load import RawLoad
+from tests.harness import server as server_
+from tests.harness.raw_load import RawLoad
 
 pytestmark = pytest.mark.slow
 

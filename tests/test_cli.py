@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console import numaserve
+from tests.harness.console import numaserve
 
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "configs"

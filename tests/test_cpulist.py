@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numaserve.cpulist import CPUListError, format_cpulist, parse_cpulist
+from numaserve.host.cpulist import CPUListError, format_cpulist, parse_cpulist
 
 
 def test_ranges_and_singles_are_expanded():

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from numaserve.config import PoolConfig
-from numaserve.dispatch import Dispatcher, Item
+from numaserve.router.dispatch import Dispatcher, Item
 
 SHORT, LONG = 0, 1
 

@@ -4,12 +4,12 @@ errors), in this process with real weights. The ONNX backend: test_onnx.py."""
 import numpy as np
 import pytest
 
+from numaserve.backends import load_model
+from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
+from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
-from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.models import load_model
-from numaserve.tokenization import Tokenizer
-from numaserve.topology import read_topology
+from numaserve.host.topology import read_topology
+from numaserve.loadgen.corpus import stdlib_sentences
 
 SENTENCES = stdlib_sentences(64)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from numaserve.client import Client
-from numaserve.pinning import live_affinity, read_numa_maps
-from numaserve.topology import read_topology
-from tests.checkpoints import LABELS
-from tests.console import numaserve
-from tests.server import ENDPOINT, Server
+from numaserve.host.pinning import live_affinity, read_numa_maps
+from numaserve.host.topology import read_topology
+from tests.harness.checkpoints import LABELS
+from tests.harness.console import numaserve
+from tests.harness.server import ENDPOINT, Server
 
 pytestmark = [
     pytest.mark.numa_vm,

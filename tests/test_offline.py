@@ -11,7 +11,7 @@ import time
 import pytest
 
 from numaserve.client import Client
-from tests import server as server_
+from tests.harness import server as server_
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,15 +15,16 @@ import psutil
 import pytest
 
 from numaserve import protocol
+from numaserve.backends import load_model
+from numaserve.backends.base import full_range_int8
+from numaserve.backends.modelpath import ModelLoadError
+from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
+from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
-from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import ModelLoadError
-from numaserve.models import full_range_int8, load_model
-from numaserve.onnx_artifacts import INSTALL_HINT, artifact_key, ensure_artifact
-from numaserve.pinning import live_affinity
-from numaserve.tokenization import Tokenizer
-from tests.console import numaserve
-from tests.router_side import ISA, RouterSide, start_worker, worker_spec
+from numaserve.host.pinning import live_affinity
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.console import numaserve
+from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
 
 SENTENCES = stdlib_sentences(64)
 
@@ -69,7 +70,7 @@ BUILD = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 from numaserve.config import ModelConfig
-from numaserve.models import load_model
+from numaserve.backends import load_model
 model = load_model(ModelConfig(path=sys.argv[1], task="classify", backend="onnxruntime"))
 print(model.artifact, model.run([[101, 7592, 102]])[0].label)
 """
@@ -143,7 +144,7 @@ def test_an_onnx_worker_never_loads_torch(classifier_dir, cache):
 def test_a_build_dies_with_the_worker_that_started_it(cache):
     # MiniLM: its build takes about 8 s, so a build that outlived its worker would be seen.
     code = "from numaserve.config import ModelConfig\n" + (
-        "from numaserve.models import load_model\nload_model(ModelConfig(backend='onnxruntime'))"
+        "from numaserve.backends import load_model\nload_model(ModelConfig(backend='onnxruntime'))"
     )
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -165,7 +166,7 @@ def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):
     code = (
         "import sys; sys.modules['onnxruntime'] = None\n"
         "from numaserve.config import ModelConfig\n"
-        "from numaserve.models import load_model\n"
+        "from numaserve.backends import load_model\n"
         "load_model(ModelConfig(backend='onnxruntime'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

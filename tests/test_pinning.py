@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from numaserve.pinning import (
+from numaserve.host.pinning import (
     MPOL_BIND,
     PINNED_BY_ENV,
     PinningError,
@@ -20,7 +20,7 @@ from numaserve.pinning import (
 
 CHILD = """
 import json, sys
-from numaserve.pinning import pin_current_process, get_mempolicy, PinningError
+from numaserve.host.pinning import pin_current_process, get_mempolicy, PinningError
 try:
     method, cpus, nodes = pin_current_process({cpus}, {nodes})
 except PinningError as e:

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numaserve.config import AUTO, PlacementConfig, PoolConfig
-from numaserve.placement import PlacementError, plan_placement
-from numaserve.topology import Core, CPUTopology, Node, read_topology
+from numaserve.host.placement import PlacementError, plan_placement
+from numaserve.host.topology import Core, CPUTopology, Node, read_topology
 
 FIXTURE_MACHINES = [
     "xeon8260_2socket",

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from numaserve import protocol
 from numaserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, Overloaded, TooLong
-from tests.cluster import Cluster
+from tests.harness.cluster import Cluster
 
 LENGTH_POOLS = """
 server: {heartbeat_ms: 200}

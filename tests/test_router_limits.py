@@ -8,7 +8,7 @@ import time
 import pytest
 
 from numaserve import protocol
-from tests.stand_in import InProcessRouter
+from tests.harness.stand_in import InProcessRouter
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from numaserve.sdnotify import Notifier
+from numaserve.supervisor.sdnotify import Notifier
 
 
 @pytest.fixture

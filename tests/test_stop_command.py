@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from numaserve import procinfo, protocol
-from tests.console import numaserve
-from tests.stand_in import InProcessRouter
+from tests.harness.console import numaserve
+from tests.harness.stand_in import InProcessRouter
 
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 

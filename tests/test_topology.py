@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve.topology import TopologyError, cores_from_lscpu, read_topology
-from tests.sysfs_machines import Cpu, Machine
+from numaserve.host.topology import TopologyError, cores_from_lscpu, read_topology
+from tests.harness.sysfs_machines import Cpu, Machine
 
 
 def core_of(topo, cpu):

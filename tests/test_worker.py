@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from numaserve import exitcodes, protocol
+from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
-from numaserve.pinning import live_affinity, read_numa_maps
-from numaserve.tokenization import Tokenizer
-from tests.router_side import RouterSide, start_worker, worker_spec
+from numaserve.host.pinning import live_affinity, read_numa_maps
+from tests.harness.router_side import RouterSide, start_worker, worker_spec
 
 TEXTS = ["Return the absolute value of the argument.", "Hello world"]
 
@@ -71,7 +71,7 @@ def test_worker_announces_what_it_serves(embed_worker):
 
 
 def test_worker_answers_embed_requests_like_the_model_in_process(embed_worker, tokenizer):
-    from numaserve.models import load_model
+    from numaserve.backends import load_model
 
     router, identity, _, _ = embed_worker
     inputs = [list(e.ids) for e in tokenizer.encode(TEXTS)]
@@ -151,7 +151,7 @@ def test_worker_exits_when_its_parent_dies(router, tmp_path):
             sys.executable,
             "-c",
             "import subprocess, sys, time; "
-            f"p = subprocess.Popen({spec_command(spec)!r}); print(p.pid, flush=True); time.sleep(600)",
+            f"p = subprocess.Popen({spec.argv()!r}); print(p.pid, flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -161,12 +161,6 @@ def test_worker_exits_when_its_parent_dies(router, tmp_path):
     parent.kill()
     parent.wait()
     assert wait_gone(worker_pid, timeout=30)
-
-
-def spec_command(spec):
-    from numaserve.worker import command
-
-    return command(spec)
 
 
 def wait_gone(pid, timeout):

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.cpulist import CPUListError, format_cpulist, parse_cpulist
+from numaserve.host.cpulist import CPUListError, format_cpulist, parse_cpulist
 
 LIVE_SYSFS = Path("/sys")
 
@@ -78,9 +78,6 @@ class CPUTopology:
 
     def cores_in_node(self, node: int) -> tuple[Core, ...]:
         return tuple(c for c in self.cores if c.node == node)
-
-    def cpus_in_cores(self, cores: Iterable[Core]) -> tuple[int, ...]:
-        return tuple(sorted(cpu for c in cores for cpu in c.cpus))
 
     def to_json(self) -> dict:
         return {

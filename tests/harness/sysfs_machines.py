@@ -1,6 +1,6 @@
 """Machines described as data, written out as sysfs trees the way Linux lays them out.
 
-`python tests/sysfs_machines.py` regenerates the committed trees in tests/fixtures/sysfs/,
+`python -m tests.harness.sysfs_machines` regenerates the committed trees in tests/fixtures/sysfs/,
 each named after the real machine whose numbering it copies. The property tests write
 random machines the same way and check that the reader recovers them.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.cpulist import format_cpulist
+from numaserve.host.cpulist import format_cpulist
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 
 
 @dataclass(frozen=True)

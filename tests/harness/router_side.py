@@ -14,8 +14,8 @@ from pathlib import Path
 import zmq
 
 from numaserve import protocol
-from numaserve.topology import read_topology
-from numaserve.worker import WorkerSpec, command
+from numaserve.host.topology import read_topology
+from numaserve.specs import WorkerSpec
 
 ISA = read_topology().isa
 
@@ -72,4 +72,4 @@ def worker_spec(router: RouterSide, **overrides) -> WorkerSpec:
 
 
 def start_worker(spec: WorkerSpec, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(command(spec), stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(spec.argv(), stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -1,37 +1,33 @@
 """The router: one process between the clients and the worker pools.
 
-It tokenizes each text, answers repeats from the cache, and dispatches the rest by length
-(dispatch.py). Clients reach it on `server.endpoint` (a ROUTER socket); workers connect to a
-second ROUTER socket over ipc. Run as `python -m numaserve.router --spec JSON`.
+It tokenizes each text, answers repeats from the cache (cache.py), and dispatches the rest by
+length (dispatch.py); requests.py keeps what is in flight, status.py what it reports. Clients
+reach it on `server.endpoint` (a ROUTER socket); workers connect to a second ROUTER socket over
+ipc. Run as `python -m numaserve.router --spec JSON` (a RouterSpec, specs.py).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import signal
-import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.cache import ResultCache
-from numaserve.config import (
-    JSONSpec,
-    ModelConfig,
-    PoolConfig,
-    ServerConfig,
-)
-from numaserve.dispatch import Dispatcher, Item, Job
+from numaserve.backends.modelpath import ModelLoadError
+from numaserve.backends.tokenizer import Tokenizer, TooLongError
+from numaserve.host.pinning import PinningError, pin_current_process
 from numaserve.lifecycle import die_with_parent, read_spec
-from numaserve.modelpath import ModelLoadError
-from numaserve.pinning import PinningError, live_affinity, pin_current_process
+from numaserve.logs import Summary
 from numaserve.protocol import ErrorCode
-from numaserve.tokenization import Tokenizer, TooLongError
+from numaserve.router import status
+from numaserve.router.cache import ResultCache
+from numaserve.router.dispatch import Dispatcher, Item, Job
+from numaserve.router.requests import Deadlines, Pending
+from numaserve.specs import RouterSpec
 
 log = logging.getLogger("numaserve.router")
 SUMMARY_LOG_S = 10.0  # at most one log line per this long for a repeated event
@@ -43,57 +39,7 @@ TOKENIZER_MEMO_BYTES = 64 << 20
 TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
 
 
-@dataclass(frozen=True)
-class RouterSpec(JSONSpec):
-    workers_endpoint: str
-    pools: tuple[PoolConfig, ...]
-    model: ModelConfig = field(default_factory=ModelConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-    cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
-    nodes: tuple[int, ...] = ()
-    drain_timeout_s: float = 30.0
-
-
 OVERLOADED_MESSAGE = "the pool's queue is full; retry later"
-
-
-class Summary:
-    """Counts a repeated event (`total` is what status reports) and logs it at most once per
-    `every` seconds, with the count: clients that open a connection per request (the CLI, a
-    Lazy Pirate retry), or a client sending the same bad message in a loop, must not fill the
-    log."""
-
-    def __init__(self, what: str, every: float, level: int = logging.INFO):
-        self.what, self.every, self.level = what, every, level
-        self.unlogged = self.total = 0
-        self.next_log = 0.0
-        self.detail = ""  # of the latest occurrence (a traceback)
-
-    def add(self, count: int, now: float, detail: str = "") -> None:
-        self.unlogged += count
-        self.total += count
-        self.detail = detail or self.detail
-        self.flush(now)
-
-    def flush(self, now: float) -> None:
-        if self.unlogged and now >= self.next_log:
-            latest = f"; the latest:\n{self.detail.rstrip()}" if self.detail else ""
-            log.log(self.level, "%d %s (%d in all)%s", self.unlogged, self.what, self.total, latest)
-            self.unlogged, self.detail = 0, ""
-            self.next_log = now + self.every
-
-
-@dataclass(eq=False)
-class Pending:
-    """A client request waiting for its texts' results."""
-
-    envelope: list[bytes]
-    request: protocol.Request
-    encoded: list
-    results: list
-    deadline: float | None
-    remaining: int = 0
-    done: bool = False
 
 
 class Router:
@@ -123,20 +69,20 @@ class Router:
         # for `liveness` heartbeats: a restarted router holds texts for them that long
         # instead of answering no_instance.
         self.hold_until = time.monotonic() + self.expiry + 2 * self.heartbeat
-        self.deadlines: list[tuple[float, int, Pending]] = []
-        self.stale_deadlines = 0  # entries in the heap of requests already answered
+        self.deadlines = Deadlines()
         self.counters = {
             "requests": 0,
             "replies_ok": 0,
             "dropped_frames": 0,
         }
         self.disconnects = Summary(
+            log,
             "client connection(s) closed: they left, or sent a message over "
             f"server.max_message_bytes={spec.server.max_message_bytes} and were dropped",
             SUMMARY_LOG_S,
         )
         self.failures = Summary(
-            "message(s) failed in the router and were dropped", SUMMARY_LOG_S, logging.ERROR
+            log, "message(s) failed in the router and were dropped", SUMMARY_LOG_S, logging.ERROR
         )
         self.errors: dict[str, int] = {}
         self.ctx = ctx or zmq.Context.instance()
@@ -170,10 +116,7 @@ class Router:
         while not self.stopping:
             now = time.monotonic()
             timeout = next_beat - now
-            for when in (
-                self.deadlines[0][0] if self.deadlines else None,
-                self.dispatch.next_wakeup(now),
-            ):
+            for when in (self.deadlines.next(), self.dispatch.next_wakeup(now)):
                 if when is not None:
                     timeout = min(timeout, when - now)
             events = dict(poller.poll(max(0.0, timeout) * 1000))
@@ -308,7 +251,7 @@ class Router:
         self.active[id(pending)] = pending
         self.changed = True
         if deadline is not None:
-            heapq.heappush(self.deadlines, (deadline, id(pending), pending))
+            self.deadlines.add(pending)
 
     def _surely_refused(self, texts: tuple[str, ...]) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
@@ -336,12 +279,7 @@ class Router:
         pending.done = True
         pending.results = pending.encoded = []
         self.active.pop(id(pending), None)
-        if pending.deadline is not None:
-            self.stale_deadlines += 1
-            if self.stale_deadlines > len(self.deadlines) // 2 + 64:
-                self.deadlines = [entry for entry in self.deadlines if not entry[2].done]
-                heapq.heapify(self.deadlines)
-                self.stale_deadlines = 0
+        self.deadlines.answered(pending)
 
     def _reply_error(self, envelope, request_id, code: ErrorCode, message: str) -> None:
         self.errors[code.value] = self.errors.get(code.value, 0) + 1
@@ -358,17 +296,10 @@ class Router:
         log.warning("dropped %s", what)
 
     def _expire_deadlines(self, now: float) -> None:
-        expired = False
-        while self.deadlines and self.deadlines[0][0] <= now:
-            _, _, pending = heapq.heappop(self.deadlines)
-            if not pending.done:
-                self._fail(  # which counts it as a stale entry...
-                    pending,
-                    ErrorCode.DEADLINE_EXCEEDED,
-                    "the deadline passed before it could be answered",
-                )
-                expired = True
-            self.stale_deadlines = max(0, self.stale_deadlines - 1)  # ...but it left the heap
+        expired = self.deadlines.expired(now)
+        for pending in expired:
+            message = "the deadline passed before it could be answered"
+            self._fail(pending, ErrorCode.DEADLINE_EXCEEDED, message)
         if expired:
             self.dispatch.drop_done()
 
@@ -530,52 +461,11 @@ class Router:
 
     def status(self) -> dict:
         """The server's state; where a supervisor runs, one entry per slot of its plan."""
-        live = {w.info.get("pid"): w for w in self.dispatch.workers.values()}
-        slots = self.supervisor.get("slots")
-        if slots is None:  # no supervisor: the instances the router knows
-            slots = [
-                {
-                    "name": w.name,
-                    "pool": self.dispatch.pools[w.pool].config.name,
-                    "state": "draining" if w.stopping else "ready",
-                    "pid": w.info.get("pid"),
-                    "cpus": w.info.get("cpus"),
-                    "nodes": w.info.get("nodes"),
-                }
-                for w in self.dispatch.workers.values()
-            ]
-        instances = []
-        for slot in sorted(slots, key=lambda s: s["name"]):
-            worker = live.get(slot.get("pid"))
-            live_cpus = _live_affinity(slot.get("pid"))
-            instances.append(
-                {
-                    **slot,
-                    "routed": worker is not None and not worker.stopping,
-                    "threads": worker.info.get("threads") if worker else None,
-                    "membind": worker.info.get("membind") if worker else None,
-                    "busy": worker.jobs if worker else 0,
-                    "served": worker.served if worker else 0,
-                    "live_cpus": live_cpus,
-                    "affinity_ok": live_cpus == slot.get("cpus") if live_cpus is not None else None,
-                }
-            )
-        pools = [
-            {
-                "name": p.config.name,
-                "max_tokens": p.config.max_tokens,
-                "queue": len(p.queue),
-                "ready": sum(
-                    1 for w in self.dispatch.workers.values() if w.pool == i and not w.stopping
-                ),
-            }
-            for i, p in enumerate(self.dispatch.pools)
-        ]
         return {
             "task": self.task,
             "model": self.spec.model.path,
-            "instances": instances,
-            "pools": pools,
+            "instances": status.instances(self.dispatch, self.supervisor.get("slots")),
+            "pools": status.pools(self.dispatch),
             "cache": self.cache.stats(),
             "requests": {
                 **self.counters,
@@ -584,9 +474,7 @@ class Router:
             },
             "errors": dict(self.errors),
             "draining": self.draining_until is not None,
-            "routed_pids": sorted(
-                w.info.get("pid") for w in self.dispatch.workers.values() if not w.stopping
-            ),
+            "routed_pids": status.routed_pids(self.dispatch),
             "supervisor": {k: v for k, v in self.supervisor.items() if k not in ("type", "slots")},
         }
 
@@ -594,16 +482,6 @@ class Router:
         self.clients.disable_monitor()
         for sock in (self.monitor, self.clients, self.workers):
             sock.close(linger=0)
-
-
-def _live_affinity(pid) -> list[int] | None:
-    """The CPUs the kernel lets `pid` run on now (this router shares the workers' host)."""
-    if not isinstance(pid, int):
-        return None
-    try:
-        return list(live_affinity(pid))
-    except (OSError, PinningError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,7 +520,3 @@ def main(argv: list[str] | None = None) -> int:
     router.close()
     log.info("stopped")
     return exitcodes.OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

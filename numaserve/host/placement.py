@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from numaserve.config import AUTO, PlacementConfig, PoolConfig
-from numaserve.cpulist import format_cpulist
-from numaserve.topology import Core, CPUTopology
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.topology import Core, CPUTopology
 
 
 class PlacementError(ValueError):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
 
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 
 
 class TooLongError(ValueError):

@@ -13,7 +13,7 @@ def save_tiny_classifier(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from numaserve.modelpath import resolve_model_path
+    from numaserve.backends.modelpath import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(

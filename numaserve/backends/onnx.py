@@ -1,5 +1,5 @@
 """The ONNX Runtime backend: a session on the artifact built once for this model and these
-options (onnx_artifacts.py). Its threads inherit the worker's pinned CPUs."""
+options (onnx_build.py). Its threads inherit the worker's pinned CPUs."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from numaserve.backends.base import Model, ModelFacts, full_range_int8
+from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
+from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.models import Model, ModelFacts, full_range_int8
-from numaserve.onnx_artifacts import INSTALL_HINT, ensure_artifact
 
 
 def model_directory(config: ModelConfig) -> Path:

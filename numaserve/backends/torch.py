@@ -9,9 +9,9 @@ import numpy as np
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
+from numaserve.backends.base import Model, ModelFacts, full_range_int8
+from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.models import Model, ModelFacts, full_range_int8
 
 
 def configure_threads(threads: int) -> None:

@@ -7,7 +7,7 @@ the others wait and load it. It is written to a temporary file and renamed into 
 its SHA-256 beside it: a worker that finds a file that does not match (a crash mid-copy, a
 full disk) says so and rebuilds it.
 
-The build runs in a child process (`python -m numaserve.onnx_artifacts`) that inherits the
+The build runs in a child process (`python -m numaserve.backends.onnx_build`) that inherits the
 worker's CPUs and memory policy: export loads the torch model, and a worker that built in
 process kept 2 GB it never used again; the child gives it all back when it exits.
 """
@@ -32,9 +32,9 @@ import warnings
 from pathlib import Path
 
 from numaserve import exitcodes
+from numaserve.backends.modelpath import ModelLoadError
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
-from numaserve.modelpath import ModelLoadError
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the build steps change, so old artifacts are not reused
@@ -136,7 +136,7 @@ def _build_in_child(config: ModelConfig, full_range: bool, output: Path) -> None
     command = [
         sys.executable,
         "-m",
-        "numaserve.onnx_artifacts",
+        "numaserve.backends.onnx_build",
         json.dumps(dataclasses.asdict(config)),
         str(output),
         f"--parent={os.getpid()}",
@@ -221,7 +221,7 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """The build child: ensure_artifact runs it and reads its last stderr line on failure."""
-    parser = argparse.ArgumentParser(prog="python -m numaserve.onnx_artifacts")
+    parser = argparse.ArgumentParser(prog="python -m numaserve.backends.onnx_build")
     parser.add_argument("config", help="the model config, as JSON")
     parser.add_argument("output", type=Path)
     parser.add_argument("--parent", type=int, help="die with this process")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(args.parent, signal.SIGKILL)
     config = ModelConfig(**json.loads(args.config))
     try:
-        from numaserve.torch_model import load_transformers_model
+        from numaserve.backends.torch import load_transformers_model
 
         build(load_transformers_model(config), config, args.full_range, args.output)
     except ModelLoadError as e:

@@ -2,7 +2,7 @@
 
 The router and the workers are started directly, without the supervisor, from the same
 Deployment `numaserve start` uses: the router's tests then see the router alone (no restarts
-behind their back). Real processes, real sockets, real pinning. tests/server.py runs the
+behind their back). Real processes, real sockets, real pinning. tests/harness/server.py runs the
 whole `numaserve start` instead.
 """
 
@@ -17,10 +17,9 @@ from pathlib import Path
 
 from numaserve.client import Client
 from numaserve.config import parse_config
-from numaserve.deployment import deployment
-from numaserve.placement import plan_placement
-from numaserve.topology import read_topology
-from numaserve.worker import command as worker_command
+from numaserve.host.placement import plan_placement
+from numaserve.host.topology import read_topology
+from numaserve.specs import deployment
 
 
 def free_port() -> int:
@@ -55,7 +54,7 @@ class Cluster:
 
     def start_worker(self, name: str) -> subprocess.Popen:
         spec = next(s for s in self.deployment.workers if s.name == name)
-        self.workers[name] = self._spawn(name, worker_command(spec))
+        self.workers[name] = self._spawn(name, spec.argv())
         return self.workers[name]
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:

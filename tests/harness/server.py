@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from numaserve.client import Client, NumaserveError
-from tests.cluster import free_port
+from tests.harness.cluster import free_port
 
 ENDPOINT = (
     "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port

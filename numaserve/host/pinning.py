@@ -13,9 +13,8 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.cpulist import format_cpulist, parse_cpulist
+from numaserve.host.cpulist import format_cpulist, parse_cpulist
 
-MPOL_DEFAULT = 0
 MPOL_BIND = 2
 _MAX_NODES = 1024  # bits in the node masks we pass the kernel; more than any machine has
 _WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8

@@ -16,10 +16,11 @@ from pathlib import Path
 import zmq
 
 from numaserve import protocol
+from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import PoolConfig, ServerConfig
-from numaserve.router import Router, RouterSpec
-from numaserve.tokenization import Tokenizer
-from tests.cluster import free_port
+from numaserve.router.loop import Router
+from numaserve.specs import RouterSpec
+from tests.harness.cluster import free_port
 
 VECTOR = protocol.embedding_to_wire([0.5, 0.5, 0.5, 0.5])
 

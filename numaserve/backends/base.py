@@ -1,8 +1,7 @@
 """One copy of the model in one worker: the part every backend shares.
 
-A backend (torch_model.py, onnx_model.py) supplies only the forward pass. Backends are
-imported on demand, after the worker has pinned itself (see pinning.py), and an ONNX Runtime
-worker never imports torch: that saves about 200 MB per instance.
+A backend (torch.py, onnx.py) supplies only the forward pass: the model's shape facts, the
+input checks, padding, and the pooling or softmax after it are here.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from numaserve.backends.modelpath import ModelLoadError
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -126,14 +125,3 @@ class Model:
         pooled = (out * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
         unit = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return list(unit.astype(np.float32))
-
-
-def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
-    """The model for config.backend, running `threads` intra-op threads."""
-    if config.backend == "onnxruntime":
-        from numaserve.onnx_model import OnnxModel
-
-        return OnnxModel(config, isa, threads)
-    from numaserve.torch_model import TorchModel
-
-    return TorchModel(config, isa, threads)

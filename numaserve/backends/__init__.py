@@ -1,0 +1,60 @@
+"""The model runtimes: what turns token ids into embeddings or class probabilities.
+
+Importing this package imports no runtime: `load_model` imports the backend it needs on
+demand, after the worker has pinned itself (host/pinning.py), so the runtime's thread pools
+inherit the binding, and an ONNX Runtime worker never imports torch (about 200 MB less per
+instance). The router imports only `tokenizer` and `modelpath` from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from numaserve.backends.modelpath import ModelLoadError
+from numaserve.config import ModelConfig
+
+if TYPE_CHECKING:
+    from numaserve.backends.base import Model
+
+log = logging.getLogger("numaserve.backends")
+
+
+def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
+    """The model for config.backend, running `threads` intra-op threads."""
+    if config.backend == "onnxruntime":
+        from numaserve.backends.onnx import OnnxModel
+
+        return OnnxModel(config, isa, threads)
+    from numaserve.backends.torch import TorchModel
+
+    return TorchModel(config, isa, threads)
+
+
+def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
+    """Build or verify the model's ONNX artifact (`numaserve prepare`), so that a first build
+    (minutes for a large model on a slow CPU) runs before any instance starts, and never once
+    per instance. False (logged) when the model cannot be prepared."""
+    if config.backend != "onnxruntime":
+        return True
+    from numaserve.backends.onnx import prepare_artifact
+
+    started = time.monotonic()
+    log.info(
+        "preparing the ONNX artifact of %s (built once and kept; a first build takes a while)",
+        config.path,
+        extra={"event": "prepare"},
+    )
+    try:
+        artifact, _ = prepare_artifact(config, isa)
+    except ModelLoadError as e:
+        log.error("fatal: %s", e, extra={"event": "fatal"})
+        return False
+    log.info(
+        "ONNX artifact ready in %.1f s: %s",
+        time.monotonic() - started,
+        artifact,
+        extra={"event": "prepare"},
+    )
+    return True

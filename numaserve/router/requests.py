@@ -1,0 +1,64 @@
+"""The client requests the router has not answered yet, and their deadlines."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from numaserve import protocol
+
+
+@dataclass(eq=False)
+class Pending:
+    """A client request waiting for its texts' results."""
+
+    envelope: list[bytes]
+    request: protocol.Request
+    encoded: list
+    results: list
+    deadline: float | None  # None once its deadline has left the heap
+    remaining: int = 0
+    done: bool = False
+
+
+class Deadlines:
+    """Pending requests by deadline, soonest first.
+
+    An answered request stays in the heap until its deadline comes (removing it would cost a
+    search); the heap is compacted once more than half of it is answered, so its size follows
+    the requests in flight, not those of the last hour (`protocol.MAX_DEADLINE_MS`)."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Pending]] = []
+        self.stale = 0  # entries of requests already answered
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def add(self, pending: Pending) -> None:
+        heapq.heappush(self.heap, (pending.deadline, id(pending), pending))
+
+    def next(self) -> float | None:
+        return self.heap[0][0] if self.heap else None
+
+    def answered(self, pending: Pending) -> None:
+        """`pending` (done) is answered; its entry, if still in the heap, is stale."""
+        if pending.deadline is None:
+            return
+        self.stale += 1
+        if self.stale > len(self.heap) // 2 + 64:
+            self.heap = [entry for entry in self.heap if not entry[2].done]
+            heapq.heapify(self.heap)
+            self.stale = 0
+
+    def expired(self, now: float) -> list[Pending]:
+        """The unanswered requests whose deadline has passed, taken out of the heap."""
+        due = []
+        while self.heap and self.heap[0][0] <= now:
+            _, _, pending = heapq.heappop(self.heap)
+            if pending.done:
+                self.stale = max(0, self.stale - 1)
+            else:
+                pending.deadline = None  # it left the heap: answering it counts nothing stale
+                due.append(pending)
+        return due

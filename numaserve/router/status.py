@@ -1,0 +1,121 @@
+"""The server's status: what the router reports (instances, pools), and `numaserve status` as
+a person reads it."""
+
+from __future__ import annotations
+
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.pinning import PinningError, live_affinity
+from numaserve.router.dispatch import Dispatcher
+
+
+def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
+    """One entry per slot of the supervisor's plan (`slots`), or, with no supervisor, per
+    instance the router knows; each with what the router sees of it and its live affinity."""
+    live = {w.info.get("pid"): w for w in dispatch.workers.values()}
+    if slots is None:
+        slots = [
+            {
+                "name": w.name,
+                "pool": dispatch.pools[w.pool].config.name,
+                "state": "draining" if w.stopping else "ready",
+                "pid": w.info.get("pid"),
+                "cpus": w.info.get("cpus"),
+                "nodes": w.info.get("nodes"),
+            }
+            for w in dispatch.workers.values()
+        ]
+    entries = []
+    for slot in sorted(slots, key=lambda s: s["name"]):
+        worker = live.get(slot.get("pid"))
+        live_cpus = _live_affinity(slot.get("pid"))
+        entries.append(
+            {
+                **slot,
+                "routed": worker is not None and not worker.stopping,
+                "threads": worker.info.get("threads") if worker else None,
+                "membind": worker.info.get("membind") if worker else None,
+                "busy": worker.jobs if worker else 0,
+                "served": worker.served if worker else 0,
+                "live_cpus": live_cpus,
+                "affinity_ok": live_cpus == slot.get("cpus") if live_cpus is not None else None,
+            }
+        )
+    return entries
+
+
+def pools(dispatch: Dispatcher) -> list[dict]:
+    return [
+        {
+            "name": p.config.name,
+            "max_tokens": p.config.max_tokens,
+            "queue": len(p.queue),
+            "ready": sum(1 for w in dispatch.workers.values() if w.pool == i and not w.stopping),
+        }
+        for i, p in enumerate(dispatch.pools)
+    ]
+
+
+def routed_pids(dispatch: Dispatcher) -> list[int]:
+    """The instances the router hears from and sends work to: the supervisor counts an
+    instance ready once it appears here."""
+    return sorted(w.info.get("pid") for w in dispatch.workers.values() if not w.stopping)
+
+
+def _live_affinity(pid) -> list[int] | None:
+    """The CPUs the kernel lets `pid` run on now (the router shares the workers' host)."""
+    if not isinstance(pid, int):
+        return None
+    try:
+        return list(live_affinity(pid))
+    except (OSError, PinningError):
+        return None
+
+
+def format_status(report: dict) -> str:
+    rows = [
+        ("instance", "pool", "state", "pid", "cpus", "node", "live affinity", "served", "restarts")
+    ]
+    for i in report["instances"]:
+        live = i.get("live_cpus")
+        if live is None:
+            affinity = "-"
+        else:
+            affinity = format_cpulist(live) + (
+                " (as planned)" if i.get("affinity_ok") else " (NOT as planned)"
+            )
+        nodes = i.get("nodes") or []
+        rows.append(
+            (
+                i["name"],
+                str(i.get("pool")),
+                i.get("state", "?"),
+                str(i.get("pid") or "-"),
+                format_cpulist(i.get("cpus") or []),
+                format_cpulist(nodes) or "-",
+                affinity,
+                str(i.get("served", 0)),
+                str(i.get("restarts", 0)),
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.append("")
+    pools = ", ".join(
+        f"{p['name']} (<= {p['max_tokens']} tokens): {p['queue']} queued, {p['ready']} ready"
+        for p in report["pools"]
+    )
+    lines.append(f"pools: {pools}")
+    cache = report["cache"]
+    lines.append(
+        f"cache: {cache['entries']}/{cache['capacity']} entries, hit rate {cache['hit_rate']:.1%} "
+        f"({cache['hits']} hits, {cache['misses']} misses)"
+    )
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(report.get("errors", {}).items())) or "none"
+    lines.append(f"errors: {errors}")
+    supervisor = report.get("supervisor") or {}
+    if supervisor:
+        lines.append(f"supervisor: pid {supervisor.get('pid')}, {supervisor.get('state')}")
+    return "\n".join(lines)

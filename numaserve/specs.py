@@ -1,0 +1,122 @@
+"""What each process of a server is told: the specs a Plan becomes. Pure data.
+
+The supervisor builds them (`deployment`) and hands each child its spec as JSON on the command
+line; the router and the workers parse it back. Keeping them here, apart from the code that
+runs them, lets the supervisor import neither the router nor any model runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from numaserve.config import (
+    Config,
+    ConfigError,
+    ModelConfig,
+    PoolConfig,
+    ServerConfig,
+    from_mapping,
+)
+from numaserve.host.placement import Plan
+from numaserve.host.topology import CPUTopology
+
+
+class JSONSpec:
+    """A frozen dataclass handed to a child process as JSON on its command line."""
+
+    module: ClassVar[str]  # the child's `python -m` module
+
+    @classmethod
+    def from_json(cls, text: str):
+        what = f"{cls.__name__} (JSON)"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{what}: not JSON: {e}") from None
+        return from_mapping(cls, data, what)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    def argv(self) -> list[str]:
+        """The child's command line: a fresh interpreter (as multiprocessing's spawn), never
+        a fork of a process whose thread pools may be running."""
+        return [sys.executable, "-m", self.module, "--spec", self.to_json()]
+
+
+@dataclass(frozen=True)
+class RouterSpec(JSONSpec):
+    module = "numaserve.router"
+
+    workers_endpoint: str
+    pools: tuple[PoolConfig, ...]
+    model: ModelConfig = field(default_factory=ModelConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
+    nodes: tuple[int, ...] = ()
+    drain_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec(JSONSpec):
+    """Everything a worker needs to pin itself, load the model and find the router."""
+
+    module = "numaserve.worker"
+
+    name: str
+    pool: str
+    cpus: tuple[int, ...]
+    nodes: tuple[int, ...]
+    threads: int
+    router: str  # the router's worker endpoint
+    max_tokens: int  # the pool's length band: warm-up covers up to here
+    model: ModelConfig = field(default_factory=ModelConfig)
+    isa: tuple[str, ...] = ()
+    heartbeat_ms: int = 500
+    liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
+    use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
+
+
+@dataclass(frozen=True)
+class Deployment:
+    router: RouterSpec
+    workers: tuple[WorkerSpec, ...]
+
+
+def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
+    """The processes a Plan becomes. `runtime_dir` holds the router's worker socket: private
+    to this server."""
+    workers_endpoint = f"ipc://{runtime_dir}/workers.sock"
+    node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
+    router = RouterSpec(
+        workers_endpoint=workers_endpoint,
+        pools=config.placement.pools,
+        model=config.model,
+        server=config.server,
+        cpus=plan.reserved_cpus,
+        nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
+        drain_timeout_s=config.supervisor.drain_timeout_s,
+    )
+    pools = {p.name: p for p in config.placement.pools}
+    workers = tuple(
+        WorkerSpec(
+            name=slot.name,
+            pool=slot.pool,
+            cpus=slot.cpus,
+            nodes=slot.nodes,
+            threads=slot.threads,
+            router=workers_endpoint,
+            max_tokens=pools[slot.pool].max_tokens,
+            model=config.model,
+            isa=topo.isa,
+            heartbeat_ms=config.server.heartbeat_ms,
+            liveness=config.server.heartbeat_liveness,
+        )
+        for slot in plan.slots
+    )
+    return Deployment(router, workers)

@@ -1,0 +1,103 @@
+"""One supervised process per slot: its states, and what happens when it exits.
+
+After supervisord: a process counts as up only once it has been READY for `stable_s`
+(`startsecs`); one that keeps exiting before that backs off, exponentially, and after
+`max_quick_exits` in a row goes FATAL instead of looping. After circus: a restarted worker keeps
+its slot, so it comes back on the same CPUs and node.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import Enum
+
+from numaserve import exitcodes
+from numaserve.config import SupervisorConfig
+
+
+class State(str, Enum):
+    STARTING = "starting"  # spawned; not yet heard by the router
+    READY = "ready"  # the router sends it work
+    DRAINING = "draining"  # asked to stop (SIGTERM); finishing what it has
+    STOPPED = "stopped"
+    BACKOFF = "backoff"  # exited unexpectedly; restarted at `retry_at`
+    FATAL = "fatal"  # never restarted: a config or model error, or too many quick exits
+
+
+@dataclass(eq=False)
+class Child:
+    """One supervised process: the router, or one slot's worker."""
+
+    name: str
+    argv: list[str]
+    pool: str | None = None
+    cpus: tuple[int, ...] = ()
+    nodes: tuple[int, ...] = ()
+    state: State = State.STOPPED
+    pid: int | None = None
+    started_at: float = 0.0
+    ready_at: float | None = None
+    unrouted_since: float | None = None  # READY, alive, but the router no longer hears it
+    term_sent_at: float | None = None
+    killed: bool = False  # numaserve sent it SIGKILL
+    retry_at: float = 0.0
+    restarts: int = 0
+    quick_exits: int = 0
+    exit_code: int | None = None
+    last_exit: str = ""
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "pool": self.pool,
+            "state": self.state.value,
+            "pid": self.pid,
+            "cpus": list(self.cpus),
+            "nodes": list(self.nodes),
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
+
+
+def describe_exit(code: int, killed_by_us: bool) -> str:
+    """`code` as os.waitstatus_to_exitcode gives it: negative for a signal."""
+    if code >= 0:
+        return f"exit {code} ({exitcodes.DESCRIPTION.get(code, 'error')})"
+    text = f"killed by {exitcodes.signal_name(-code)}"
+    if -code == signal.SIGKILL and not killed_by_us:
+        text += (
+            " (not by numaserve: possibly the out-of-memory killer, see dmesg, or another process)"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What becomes of a process that exited when it should not have."""
+
+    state: State  # BACKOFF or FATAL
+    delay: float  # BACKOFF: seconds before the restart
+    why: str
+
+
+def after_crash(child: Child, code: int, now: float, policy: SupervisorConfig) -> Verdict:
+    """Counts the exit in `child.quick_exits` and says whether, and when, to restart it."""
+    if code in exitcodes.NEVER_RESTART:
+        why = f"{exitcodes.DESCRIPTION[code]}; not restarting it (see its log lines above)"
+        return Verdict(State.FATAL, 0.0, why)
+    was_up = child.ready_at is not None and now - child.ready_at >= policy.stable_s
+    child.quick_exits = 0 if was_up else child.quick_exits + 1
+    if child.quick_exits >= policy.max_quick_exits:
+        why = (
+            f"exited {policy.max_quick_exits} times in a row before it had been ready for "
+            f"{policy.stable_s:g} s (supervisor.stable_s); not restarting it"
+        )
+        return Verdict(State.FATAL, 0.0, why)
+    delay = backoff_delay(child.quick_exits, policy)
+    return Verdict(State.BACKOFF, delay, f"restarting in {delay:.1f} s")
+
+
+def backoff_delay(quick_exits: int, policy: SupervisorConfig) -> float:
+    """Doubles with each quick exit in a row, from backoff_initial_s up to backoff_max_s."""
+    return min(policy.backoff_max_s, policy.backoff_initial_s * 2 ** max(0, quick_exits - 1))

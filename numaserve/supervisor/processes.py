@@ -1,0 +1,93 @@
+"""The supervisor's edge to the OS: processes, signals and the clock.
+
+Everything the arbiter does to the system goes through a `System`, so that its tests drive
+the state machine with a fake one (as supervisord's do with `DummyOptions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import time
+from collections import deque
+
+from numaserve import procinfo
+
+
+class System:
+    """Signal handlers only enqueue and write a byte to a pipe (gunicorn's arbiter); the loop
+    wakes on the pipe and takes the queue."""
+
+    def __init__(self) -> None:
+        self.queued: deque[int] = deque()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def pid() -> int:
+        return os.getpid()
+
+    @staticmethod
+    def identity() -> dict:
+        """Who this process is on this host (procinfo.py), for `numaserve stop`."""
+        return procinfo.identity()
+
+    def catch(self, signals: tuple[int, ...]) -> None:
+        for sig in signals:
+            signal.signal(sig, self._enqueue)
+
+    def _enqueue(self, signum, frame) -> None:
+        self.queued.append(signum)
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.wake_w, b"s")
+
+    def wait(self, timeout: float) -> list[int]:
+        """The signals caught, after waiting up to `timeout` for one."""
+        select.select([self.wake_r], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 4096):
+                pass
+        caught = []
+        while self.queued:
+            caught.append(self.queued.popleft())
+        return caught
+
+    @staticmethod
+    def spawn(argv: list[str], env: dict[str, str], new_session: bool) -> int:
+        """Raises OSError when it cannot be started."""
+        return os.posix_spawn(argv[0], argv, env, setsid=new_session)
+
+    @staticmethod
+    def kill(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+    @staticmethod
+    def reap() -> list[tuple[int, int]]:
+        """(pid, exit code) of each child that has exited: waitpid(-1, WNOHANG) until nothing
+        is left. A code is negative for a signal, as os.waitstatus_to_exitcode gives it."""
+        exited = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # ECHILD: no children at all
+                return exited
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                raise
+            if pid == 0:
+                return exited
+            exited.append((pid, os.waitstatus_to_exitcode(status)))
+
+    def close(self) -> None:
+        os.close(self.wake_r)
+        os.close(self.wake_w)
