@@ -234,7 +234,6 @@ class Supervisor:
         else:
             child.retry_at = self.system.now() + verdict.delay
             self._set(child, State.BACKOFF, f"backoff {child.name}: {verdict.why}", "backoff")
-        self._check_viable()
 
     def _check_viable(self) -> None:
         """With the router or every worker FATAL, nothing can be served: stop, and say so."""
@@ -363,6 +362,7 @@ class Supervisor:
                     extra={"event": "restart"},
                 )
                 self.spawn(child)
+        self._check_viable()  # after any exit, and a spawn that failed
         if self.reload:
             self._advance_reload(now)
         if self.stopping:
@@ -429,7 +429,7 @@ class Supervisor:
         self.notifier.stopping("draining")
         if self.router.pid is not None:
             self.terminate(self.router)
-        else:
+        elif self.router.state != State.FATAL:
             self.router.state = State.STOPPED
 
     def _advance_stop(self) -> None:

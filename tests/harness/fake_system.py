@@ -1,0 +1,243 @@
+"""A supervisor on a fake OS, for testing its state machine without processes.
+
+FAKE OS, said plainly: no process is started and no signal is sent. `FakeSystem` stands in for
+supervisor/processes.py (processes, signals, the clock), `FakeRouter` for the router at the
+other end of supervisor/router_link.py, `FakeNotifier` for systemd. The tests decide when a
+process exits and with what code; the clock moves only when they move it. The slow suite
+(tests/test_supervisor.py) runs the same supervisor with real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from numaserve import protocol
+from numaserve.config import load_config
+from numaserve.host.topology import read_topology
+from numaserve.supervisor.arbiter import Supervisor
+
+MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt_off"  # 8 cores
+
+CONFIG = """
+model: {{path: bundled:minilm, backend: {backend}}}
+server: {{heartbeat_ms: 500, heartbeat_liveness: 3}}
+supervisor:
+  drain_timeout_s: 30
+  start_timeout_s: 60
+  kill_timeout_s: 10
+  stable_s: 5
+  max_quick_exits: {max_quick_exits}
+  backoff_initial_s: 0.5
+  backoff_max_s: 4
+placement:
+  pools: [{{name: main, max_tokens: 512, instances: {instances}}}]
+"""
+
+
+def process_name(argv: list[str]) -> str:
+    """The slot a command line runs ("router", "main-0") or "prepare"."""
+    if "prepare" in argv:
+        return "prepare"
+    spec = json.loads(argv[argv.index("--spec") + 1])
+    return spec.get("name", "router")
+
+
+class FakeSystem:
+    """Processes that run until a test (or a SIGKILL: the kernel's part) ends them."""
+
+    def __init__(self) -> None:
+        self.time = 1000.0
+        self.next_pid = 100
+        self.running: dict[int, str] = {}  # pid -> process name
+        self.argv: dict[int, list[str]] = {}
+        self.exited: list[tuple[int, int]] = []  # not yet reaped
+        self.sent: list[tuple[str, int]] = []  # (process name, signal), in order
+        self.spawn_error: OSError | None = None
+
+    def now(self) -> float:
+        return self.time
+
+    @staticmethod
+    def pid() -> int:
+        return 1
+
+    @staticmethod
+    def identity() -> dict:
+        return {"boot_id": "fake-boot", "started": 1}
+
+    def catch(self, signals) -> None:
+        pass
+
+    def wait(self, timeout: float) -> list[int]:
+        self.time += timeout
+        return []
+
+    def spawn(self, argv: list[str], env: dict[str, str], new_session: bool) -> int:
+        if self.spawn_error:
+            raise self.spawn_error
+        self.next_pid += 1
+        self.running[self.next_pid] = process_name(argv)
+        self.argv[self.next_pid] = argv
+        return self.next_pid
+
+    def kill(self, pid: int, sig: int) -> None:
+        if pid in self.running:
+            self.sent.append((self.running[pid], sig))
+            if sig == signal.SIGKILL:
+                self.exit(pid, -signal.SIGKILL)
+
+    def exit(self, pid: int, code: int) -> None:
+        """The process ends: `code` as os.waitstatus_to_exitcode gives it (-N: signal N)."""
+        del self.running[pid]
+        self.exited.append((pid, code))
+
+    def reap(self) -> list[tuple[int, int]]:
+        exited, self.exited = self.exited, []
+        return exited
+
+    def close(self) -> None:
+        pass
+
+    def pid_of(self, name: str) -> int | None:
+        return next((pid for pid, n in self.running.items() if n == name), None)
+
+    def signals_to(self, name: str) -> list[int]:
+        return [sig for n, sig in self.sent if n == name]
+
+
+class FakeRouter:
+    """Answers each slot table while the router process runs, hearing every running worker
+    but those in `quiet` (loading, or hung), by name or pid."""
+
+    def __init__(self, system: FakeSystem) -> None:
+        self.system = system
+        self.quiet: set[str | int] = set()  # process names or pids
+        self.tables: list[dict] = []  # every slot table the supervisor sent
+        self.unanswered: list[int] = []  # sequence numbers of tables sent
+
+    def send(self, message: dict) -> None:
+        self.tables.append(message)
+        if "router" in self.system.running.values():  # else lost, as on a real socket
+            self.unanswered.append(message["seq"])
+
+    def receive(self) -> list[dict]:
+        """Answers to the tables received, as the router sees its workers now."""
+        if "router" not in self.system.running.values():
+            self.unanswered = []
+        heard = [
+            pid
+            for pid, name in self.system.running.items()
+            if name not in ("router", "prepare") and not {name, pid} & self.quiet
+        ]
+        server = {"routed_pids": sorted(heard)}
+        answers = [
+            {"type": protocol.STATUS, "seq": seq, "server": server} for seq in self.unanswered
+        ]
+        self.unanswered = []
+        return answers
+
+    def close(self) -> None:
+        pass
+
+
+class FakeNotifier:
+    """Records what systemd would be told."""
+
+    watchdog_interval = None
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def _record(self, kind: str, status: str = "") -> bool:
+        self.sent.append((kind, status))
+        return True
+
+    def ready(self, status: str) -> bool:
+        return self._record("READY", status)
+
+    def status(self, status: str) -> bool:
+        return self._record("STATUS", status)
+
+    def stopping(self, status: str) -> bool:
+        return self._record("STOPPING", status)
+
+    def reloading(self, status: str) -> bool:
+        return self._record("RELOADING", status)
+
+    def watchdog(self) -> bool:
+        return self._record("WATCHDOG")
+
+    def close(self) -> None:
+        pass
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.sent if kind != "STATUS"]
+
+
+class Rig:
+    """A Supervisor wired to the fakes, with a config file it can reload."""
+
+    def __init__(
+        self, directory: Path, instances: int = 2, max_quick_exits: int = 3, backend="torch"
+    ):
+        self.config_path = directory / "numaserve.yaml"
+        self.write_config(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
+        self.os = FakeSystem()
+        self.router = FakeRouter(self.os)
+        self.notifier = FakeNotifier()
+        self.sup = Supervisor(
+            str(self.config_path),
+            load_config(self.config_path),
+            read_topology(MACHINE),
+            directory,
+            system=self.os,
+            link=self.router,
+            notifier=self.notifier,
+            environ={},
+        )
+
+    def write_config(self, instances=2, max_quick_exits=3, backend="torch") -> None:
+        self.config_path.write_text(
+            CONFIG.format(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
+        )
+
+    def step(self, *signals: int, seconds: float = 0.0) -> None:
+        """Move the clock, then one turn of the supervisor's loop."""
+        self.os.time += seconds
+        self.sup.step(list(signals))
+
+    def run_for(self, seconds: float, every: float = 0.1) -> None:
+        for _ in range(round(seconds / every)):
+            self.step(seconds=every)
+
+    def start(self) -> None:
+        """Start every process and turn the loop until all are READY."""
+        self.sup.begin()
+        self.step()  # the router answers, and hears the workers
+        assert self.states() == {name: "ready" for name in self.sup.workers}, self.states()
+
+    def states(self) -> dict[str, str]:
+        return {name: c.state.value for name, c in self.sup.workers.items()}
+
+    def pid(self, name: str) -> int:
+        pid = self.sup.router.pid if name == "router" else self.sup.workers[name].pid
+        assert pid is not None, f"{name} is not running"
+        return pid
+
+    def exit(self, name: str, code: int) -> None:
+        """The process of `name` ends with `code`; the next step reaps it."""
+        self.os.exit(self.pid(name), code)
+
+    def restart_after(self, delay: float) -> None:
+        """Let a backoff pass: the slot restarts, and the router hears it."""
+        self.step(seconds=delay)
+        self.step()
+
+    def crash(self, name: str, code: int = 1) -> float:
+        """`name` exits with `code`; returns the backoff the supervisor chose (or 0)."""
+        self.exit(name, code)
+        self.step()
+        child = self.sup.workers.get(name, self.sup.router)
+        return round(child.retry_at - self.os.time, 6) if child.state.value == "backoff" else 0.0

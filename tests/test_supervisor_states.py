@@ -1,0 +1,386 @@
+"""The supervisor's state machine, every transition, on a FAKE OS (tests/harness/fake_system.py):
+no process is started and the clock moves only when a test moves it. The same supervisor
+runs real processes in tests/test_supervisor.py (slow)."""
+
+import signal
+
+import pytest
+
+from numaserve import exitcodes
+from numaserve.supervisor.arbiter import FAST_STOP_EXIT
+from tests.harness.fake_system import Rig
+
+
+@pytest.fixture
+def rig(tmp_path) -> Rig:
+    return Rig(tmp_path)
+
+
+# -- starting ----------------------------------------------------------------------------------
+
+
+def test_every_process_starts_and_a_worker_is_ready_once_the_router_hears_it(rig):
+    rig.sup.begin()
+    assert rig.states() == {"main-0": "starting", "main-1": "starting"}
+    assert rig.sup.router.state.value == "starting"
+    rig.router.quiet.add("main-1")  # still loading its model
+    rig.step()
+    assert rig.states() == {"main-0": "ready", "main-1": "starting"}
+    assert rig.sup.router.state.value == "ready"
+    assert "READY" not in rig.notifier.kinds()  # not every instance is ready yet
+    rig.router.quiet.clear()
+    rig.step(seconds=0.1)
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+    rig.step(seconds=0.1)  # once the router has the table that says so
+    assert rig.notifier.kinds() == ["READY"]
+
+
+def test_a_restarted_worker_keeps_its_slot_and_cpus(rig):
+    rig.start()
+    before = rig.os.argv[rig.pid("main-1")]
+    rig.crash("main-1")
+    rig.run_for(1)
+    assert rig.states()["main-1"] == "ready"
+    assert rig.os.argv[rig.pid("main-1")] == before  # the same WorkerSpec: CPUs, node, name
+    assert rig.sup.workers["main-1"].restarts == 1
+
+
+def test_nothing_is_judged_while_the_router_does_not_answer(rig):
+    rig.sup.begin()
+    rig.os.exit(rig.pid("router"), 1)  # the router dies before it ever answers
+    rig.step()
+    assert rig.states() == {"main-0": "starting", "main-1": "starting"}
+    assert rig.sup.router.state.value == "backoff"
+
+
+def test_a_worker_not_ready_within_the_start_timeout_is_killed_and_backs_off(rig):
+    rig.router.quiet.add("main-0")
+    rig.sup.begin()
+    rig.run_for(59.9, every=1.0)
+    assert rig.states()["main-0"] == "starting"
+    rig.step(seconds=1)
+    assert rig.os.signals_to("main-0") == [signal.SIGKILL]
+    rig.step()
+    child = rig.sup.workers["main-0"]
+    assert child.state.value == "backoff"
+    assert child.last_exit == "killed by SIGKILL"  # numaserve's own kill: no OOM hint
+
+
+def test_a_spawn_that_fails_makes_the_slot_fatal_and_with_none_left_the_server_stops(rig):
+    rig.os.spawn_error = FileNotFoundError(2, "No such file or directory")
+    rig.sup.begin()
+    assert rig.states() == {"main-0": "fatal", "main-1": "fatal"}
+    rig.step()
+    assert rig.sup.exit_code == 1  # nothing can serve: the server stops, and says so
+
+
+# -- exits, backoff and fatal ------------------------------------------------------------------
+
+
+def test_quick_exits_back_off_doubling_up_to_the_maximum(tmp_path):
+    rig = Rig(tmp_path, max_quick_exits=10)
+    rig.start()
+    delays = []
+    for _ in range(6):
+        delays.append(rig.crash("main-0"))
+        rig.restart_after(delays[-1])  # ready again, but not for stable_s
+        assert rig.states()["main-0"] == "ready"
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_backoff_starts_over_after_an_uptime_of_stable_s(rig):
+    rig.start()
+    first = rig.crash("main-0")
+    rig.restart_after(first)
+    second = rig.crash("main-0")
+    rig.restart_after(second)
+    rig.run_for(5.0)  # READY for stable_s: it was up, the next exit is not a quick one
+    third = rig.crash("main-0")
+    assert (first, second, third) == (0.5, 1.0, 0.5)
+    assert rig.sup.workers["main-0"].quick_exits == 0
+
+
+def test_max_quick_exits_in_a_row_make_a_slot_fatal_and_the_others_keep_serving(rig, caplog):
+    rig.start()
+    for _ in range(2):
+        rig.restart_after(rig.crash("main-0"))
+    rig.crash("main-0")
+    assert rig.states() == {"main-0": "fatal", "main-1": "ready"}
+    assert "fatal: main-0 exited 3 times in a row before it had been ready for 5 s" in caplog.text
+    rig.run_for(60, every=5)
+    assert rig.states() == {"main-0": "fatal", "main-1": "ready"}  # never restarted
+    assert not rig.sup.stopping
+
+
+@pytest.mark.parametrize("code", sorted(exitcodes.NEVER_RESTART))
+def test_an_exit_that_a_restart_cannot_fix_is_fatal_at_once(rig, code):
+    rig.start()
+    rig.crash("main-0", code)
+    child = rig.sup.workers["main-0"]
+    assert child.state.value == "fatal"
+    assert child.last_exit == f"exit {code} ({exitcodes.DESCRIPTION[code]})"
+
+
+def test_when_every_worker_is_fatal_the_server_stops_with_their_exit_code(rig):
+    rig.start()
+    rig.crash("main-0", exitcodes.MODEL)
+    rig.crash("main-1", exitcodes.MODEL)
+    assert rig.sup.stopping
+    rig.os.exit(rig.pid("router"), 0)  # it drained
+    rig.step()
+    assert rig.sup.exit_code == exitcodes.MODEL
+
+
+def test_a_fatal_router_stops_the_server(tmp_path):
+    rig = Rig(tmp_path, max_quick_exits=1)
+    rig.start()
+    rig.crash("router")
+    assert rig.sup.router.state.value == "fatal"
+    rig.step()  # the workers get SIGTERM once no router is left to drain
+    for name in ("main-0", "main-1"):
+        rig.exit(name, 0)
+    rig.step()
+    assert rig.sup.exit_code == 1
+
+
+@pytest.mark.parametrize("number", range(1, signal.SIGRTMAX + 1))
+def test_an_exit_by_any_signal_number_backs_off_and_says_which(rig, number):
+    rig.start()
+    delay = rig.crash("main-0", -number)
+    child = rig.sup.workers["main-0"]
+    assert (child.state.value, delay) == ("backoff", 0.5)
+    assert child.last_exit.startswith(f"killed by {exitcodes.signal_name(number)}")
+    rig.restart_after(delay)
+    assert rig.states()["main-0"] == "ready"
+
+
+def test_a_sigkill_numaserve_did_not_send_points_at_the_oom_killer(rig):
+    rig.start()
+    rig.crash("main-0", -signal.SIGKILL)
+    assert "out-of-memory killer" in rig.sup.workers["main-0"].last_exit
+
+
+# -- a hung instance ---------------------------------------------------------------------------
+
+
+def test_a_ready_worker_the_router_stops_hearing_gets_sigterm_then_sigkill_and_restarts(rig):
+    rig.start()
+    hung = rig.pid("main-0")
+    rig.router.quiet.add("main-0")
+    rig.run_for(4.0)  # 2 x 3 heartbeats of 0.5 s + 1 s: not yet
+    assert rig.os.signals_to("main-0") == []
+    rig.run_for(0.5)
+    assert rig.os.signals_to("main-0") == [signal.SIGTERM]
+    rig.run_for(10.5)  # supervisor.kill_timeout_s
+    assert rig.os.signals_to("main-0") == [signal.SIGTERM, signal.SIGKILL]
+    rig.router.quiet.clear()
+    rig.run_for(1.0)
+    assert rig.states()["main-0"] == "ready"
+    assert rig.pid("main-0") != hung
+
+
+# -- stopping ----------------------------------------------------------------------------------
+
+
+def test_sigterm_drains_the_router_first_then_stops_the_workers_and_exits_0(rig):
+    rig.start()
+    rig.step(signal.SIGTERM)
+    assert rig.os.signals_to("router") == [signal.SIGTERM]
+    assert rig.os.signals_to("main-0") == []  # they answer what the router has in flight
+    assert "STOPPING" in rig.notifier.kinds()
+    rig.run_for(5.0)
+    assert rig.os.signals_to("main-0") == []
+    rig.exit("router", 0)
+    rig.step()
+    assert rig.states() == {"main-0": "draining", "main-1": "draining"}
+    assert rig.os.signals_to("main-0") == [signal.SIGTERM]
+    rig.exit("main-0", 0)
+    rig.exit("main-1", 0)
+    rig.step()
+    assert rig.states() == {"main-0": "stopped", "main-1": "stopped"}
+    assert rig.sup.exit_code == 0
+
+
+def test_a_router_that_does_not_drain_in_time_gets_sigkill(rig):
+    rig.start()
+    rig.step(signal.SIGTERM)
+    rig.run_for(39.9, every=1.0)  # drain_timeout_s + kill_timeout_s
+    assert rig.os.signals_to("router") == [signal.SIGTERM]
+    rig.run_for(2.0, every=1.0)
+    assert rig.os.signals_to("router") == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_a_crash_while_stopping_is_not_restarted(rig):
+    rig.start()
+    rig.step(signal.SIGTERM)
+    rig.crash("main-0")
+    assert rig.states()["main-0"] == "stopped"
+
+
+def test_a_second_sigint_kills_every_process_and_exits_130(rig):
+    rig.start()
+    rig.step(signal.SIGINT)
+    assert rig.os.signals_to("router") == [signal.SIGTERM]
+    rig.step(signal.SIGINT)
+    assert rig.os.running == {}
+    rig.step()
+    assert rig.sup.exit_code == FAST_STOP_EXIT == 130
+
+
+# -- reloading ---------------------------------------------------------------------------------
+
+
+def test_sighup_restarts_one_slot_at_a_time_each_old_one_after_its_replacement_is_ready(rig):
+    rig.start()
+    old = {name: rig.pid(name) for name in ("main-0", "main-1")}
+    rig.step(signal.SIGHUP)
+    assert rig.notifier.kinds()[-1] == "RELOADING"
+    new0 = rig.sup.reload.replacement.pid
+    rig.router.quiet.add(new0)  # hold the first replacement in STARTING
+    assert rig.os.running[new0] == "main-0" and old["main-0"] in rig.os.running
+    rig.run_for(1.0)
+    assert rig.os.signals_to("main-0") == []  # the old one serves until its replacement is READY
+    assert list(rig.sup.reload.waiting) == ["main-1"]
+    rig.router.quiet.clear()
+    rig.step(seconds=0.3)  # main-0's replacement is heard
+    rig.step()
+    assert rig.os.signals_to("main-0") == [signal.SIGTERM]
+    assert rig.pid("main-0") == new0
+    rig.os.exit(old["main-0"], 0)
+    rig.run_for(1.0)
+    assert rig.sup.reload is None
+    assert rig.pid("main-1") != old["main-1"]
+    assert rig.os.signals_to("main-1") == [signal.SIGTERM]
+    assert rig.notifier.kinds()[-1] == "READY"  # told again once the reload is done
+
+
+def test_a_reload_whose_replacement_dies_is_aborted_and_the_old_instance_keeps_serving(rig):
+    rig.start()
+    old = rig.pid("main-0")
+    rig.step(signal.SIGHUP)
+    rig.os.exit(rig.sup.reload.replacement.pid, exitcodes.MODEL)
+    rig.step()
+    assert rig.sup.reload is None
+    assert rig.pid("main-0") == old
+    assert rig.os.signals_to("main-0") == []
+
+
+def test_a_reload_whose_replacement_is_not_ready_in_time_is_aborted(rig):
+    rig.start()
+    rig.step(signal.SIGHUP)
+    new = rig.sup.reload.replacement.pid
+    rig.router.quiet.add(new)
+    rig.run_for(61, every=1.0)
+    assert rig.sup.reload is None
+    assert new not in rig.os.running
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+def test_a_reload_of_a_broken_config_keeps_the_running_config(rig):
+    rig.start()
+    rig.config_path.write_text("placement: {pools: nonsense}")
+    rig.step(signal.SIGHUP)
+    assert rig.sup.reload is None
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+def test_sigterm_during_a_reload_aborts_it_and_stops(rig):
+    rig.start()
+    rig.step(signal.SIGHUP)
+    replacement = rig.sup.reload.replacement.pid
+    rig.step(signal.SIGTERM)
+    assert rig.sup.reload is None
+    assert rig.os.signals_to("main-0")[0] == signal.SIGTERM  # the replacement, retired
+    rig.os.exit(replacement, 0)
+    rig.exit("router", 0)
+    rig.step()
+    rig.exit("main-0", 0)
+    rig.exit("main-1", 0)
+    rig.step()
+    assert rig.sup.exit_code == 0
+
+
+# -- preparing the model (the ONNX Runtime backend) --------------------------------------------
+
+
+def test_the_model_is_prepared_before_any_instance_starts(tmp_path):
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    assert set(rig.os.running.values()) == {"prepare"}
+    rig.run_for(30, every=5)
+    assert set(rig.os.running.values()) == {"prepare"}  # a first build takes its time
+    rig.os.exit(rig.os.pid_of("prepare"), 0)
+    rig.step()
+    assert set(rig.os.running.values()) == {"router", "main-0", "main-1"}
+
+
+def test_a_model_that_cannot_be_prepared_exits_with_the_model_code_and_starts_nothing(tmp_path):
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    rig.os.exit(rig.os.pid_of("prepare"), exitcodes.MODEL)
+    rig.step()
+    assert rig.sup.exit_code == exitcodes.MODEL
+    assert rig.os.running == {}
+
+
+def test_sigterm_while_preparing_stops_the_preparation_and_exits_0(tmp_path):
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    rig.step(signal.SIGTERM)
+    assert rig.os.signals_to("prepare") == [signal.SIGTERM]
+    rig.os.exit(rig.os.pid_of("prepare"), -signal.SIGTERM)
+    rig.step()
+    assert rig.sup.exit_code == 0
+    assert rig.os.running == {}
+
+
+def reload_a_changed_onnx_model(tmp_path) -> Rig:
+    """A serving ONNX Runtime server, sent SIGHUP after its config names another model."""
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    rig.os.exit(rig.os.pid_of("prepare"), 0)
+    rig.step()
+    rig.step()
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+    rig.config_path.write_text(rig.config_path.read_text().replace("minilm", "minilm-copy"))
+    rig.step(signal.SIGHUP)
+    return rig
+
+
+def test_a_reload_that_changes_the_model_prepares_it_before_restarting_any_instance(tmp_path):
+    rig = reload_a_changed_onnx_model(tmp_path)
+    rig.run_for(5)
+    assert sorted(rig.os.running.values()) == ["main-0", "main-1", "prepare", "router"]
+    rig.os.exit(rig.os.pid_of("prepare"), 0)
+    rig.step()
+    assert rig.sup.reload.replacement is not None
+
+
+def test_a_reload_whose_model_cannot_be_prepared_is_aborted(tmp_path):
+    rig = reload_a_changed_onnx_model(tmp_path)
+    rig.os.exit(rig.os.pid_of("prepare"), exitcodes.MODEL)
+    rig.step()
+    assert rig.sup.reload is None
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+# -- what the router and systemd are told ------------------------------------------------------
+
+
+def test_every_change_of_state_sends_the_router_a_new_slot_table(rig):
+    rig.start()
+    rig.crash("main-1")
+    table = rig.router.tables[-1]
+    assert table["pid"] == 1 and table["boot_id"] == "fake-boot"  # for `numaserve stop`
+    assert {s["name"]: s["state"] for s in table["slots"]} == {
+        "main-0": "ready",
+        "main-1": "backoff",
+    }
+
+
+def test_a_restarted_router_is_ready_only_once_it_answers_itself(rig):
+    rig.start()
+    rig.step(seconds=rig.crash("router"))  # restarted after its backoff
+    assert rig.sup.router.state.value == "starting"  # answers to the old one's tables are stale
+    rig.step()
+    assert rig.sup.router.state.value == "ready"
