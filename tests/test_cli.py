@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from numaserve.host.topology import read_topology
 from tests.harness.console import numaserve
 
 ROOT = Path(__file__).parents[1]
@@ -34,8 +35,14 @@ def test_plan_json_for_the_default_config_on_this_machine():
     r = numaserve("plan", "--config", CONFIGS / "default.yaml", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    cpus = sorted(os.sched_getaffinity(0))
-    assert [i["cpus"] for i in data["instances"]] == [[c] for c in cpus]
+    # One single-CPU instance on each physical core we may use (SMT off), whatever the host.
+    topo = read_topology()
+    core_of = {cpu: core.id for core in topo.cores for cpu in core.cpus}
+    usable = {core.id for core in topo.cores if set(core.cpus) & topo.allowed_cpus}
+    cpus = [cpu for i in data["instances"] for cpu in i["cpus"]]
+    assert all(len(i["cpus"]) == 1 for i in data["instances"])
+    assert set(cpus) <= topo.allowed_cpus
+    assert sorted(core_of[c] for c in cpus) == sorted(usable)  # each core once
     assert all(
         set(i) == {"name", "pool", "cpus", "node", "nodes", "threads"} for i in data["instances"]
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from numaserve import exitcodes
 from numaserve.config import SupervisorConfig
 
 UNIT = Path(__file__).parents[1] / "systemd" / "numaserve.service"
@@ -38,7 +39,10 @@ def test_unit_is_a_notify_service_that_reloads_and_stops_gracefully():
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert service["KillMode"] == "mixed"
     assert service["Restart"] == "on-failure"
-    assert set(service["RestartPreventExitStatus"].split()) == {"71", "78"}
+    # systemd must not restart what the supervisor itself would never restart
+    assert set(service["RestartPreventExitStatus"].split()) == {
+        str(code) for code in exitcodes.NEVER_RESTART
+    }
     defaults = SupervisorConfig()
     assert int(service["TimeoutStopSec"]) > defaults.drain_timeout_s + defaults.kill_timeout_s
 

@@ -3,12 +3,13 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve.host.topology import TopologyError, cores_from_lscpu, read_topology
+from numaserve.host.topology import INTERESTING_ISA, TopologyError, cores_from_lscpu, read_topology
 from tests.harness.sysfs_machines import Cpu, Machine
 
 
@@ -127,7 +128,12 @@ def test_this_machine_matches_lscpu_and_our_affinity():
     ).stdout
     assert topo.cores == cores_from_lscpu(lscpu, topo.online_cpus)
     assert topo.allowed_cpus == frozenset(os.sched_getaffinity(0))
-    assert "avx2" in topo.isa  # every machine this project runs on has it
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, arm
+            flags |= set(value.split())
+    assert topo.isa == tuple(f for f in INTERESTING_ISA if f in flags)
 
 
 def test_the_captured_dev_machine_fixture_reads_like_the_machine(sysfs):
