@@ -1,0 +1,148 @@
+"""numaserve's import graph, read from the source: which module imports which.
+
+`python -m tests.import_graph` prints it, one module per line with what it imports, and exits
+1 on an import cycle or an import that docs/architecture.md does not allow (the rules are
+`ALLOWED` below); tests/test_import_graph.py runs the same checks. Imports inside functions
+count (a lazy import is still a dependency); those under `if TYPE_CHECKING:` do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "numaserve"
+
+# Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
+# subpackage, or one of the top-level modules; "base" is the modules every part shares.
+BASE = {"config", "protocol", "exitcodes", "logs", "procinfo", "lifecycle"}
+ALLOWED = {
+    "base": {"base"},
+    "host": {"base", "host"},
+    "specs": {"base", "host"},
+    "backends": {"base", "backends"},
+    "router": {"base", "host", "specs", "backends", "router"},
+    "worker": {"base", "host", "specs", "backends"},
+    "supervisor": {"base", "host", "specs", "supervisor"},
+    "client": {"base"},
+    "loadgen": {"base", "client", "loadgen"},
+    "cli": {"base", "host", "specs", "backends", "router", "supervisor", "client", "loadgen"},
+}
+# The router tokenizes; it never loads a model.
+ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer", "numaserve.backends.modelpath"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The numaserve modules `path` imports, anywhere in it but under `if TYPE_CHECKING:`."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from numaserve.router import status`: a module
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in known else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {m for m in found if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(path, known) - {name} for name, path in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(g):
+        if v not in index:
+            connect(v)
+    return sorted(found)
+
+
+def part(module: str) -> str:
+    """`numaserve.router.loop` -> router; `numaserve.config` -> base; `numaserve` -> base."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "base"
+    return "base" if parts[1] in BASE else parts[1]
+
+
+def forbidden(g: dict[str, set[str]]) -> list[str]:
+    """Each import that crosses the architecture's lines, as 'a imports b (part x -> y)'."""
+    wrong = []
+    for module, imported in sorted(g.items()):
+        source = part(module)
+        for target in sorted(imported):
+            allowed = part(target) in ALLOWED[source]
+            if source == "router" and part(target) == "backends":
+                allowed = target in ROUTER_MAY_USE_FROM_BACKENDS
+            if not allowed:
+                wrong.append(f"{module} imports {target} ({source} -> {part(target)})")
+    return wrong
+
+
+def main() -> int:
+    g = graph()
+    for module, imported in sorted(g.items()):
+        print(f"{module}: {', '.join(sorted(imported)) or '-'}")
+    problems = [f"cycle: {' <-> '.join(c)}" for c in cycles(g)] + forbidden(g)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The package's shape holds: no import cycle, each part imports only what
+docs/architecture.md allows, and the processes import only what they need."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import import_graph
+
+RUNTIMES = ("torch", "onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+
+
+def loaded_by(module: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing `module`."""
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+def roots(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_numaserve_has_no_import_cycle():
+    assert import_graph.cycles(import_graph.graph()) == []
+
+
+def test_every_import_follows_the_architecture():
+    assert import_graph.forbidden(import_graph.graph()) == []
+
+
+def test_the_checks_find_a_cycle_and_an_import_across_the_lines():
+    g = {
+        "numaserve.backends": {"numaserve.backends.onnx"},
+        "numaserve.backends.onnx": {"numaserve.backends.base"},
+        "numaserve.backends.base": {"numaserve.backends"},
+        "numaserve.supervisor.arbiter": {"numaserve.router.loop"},
+        "numaserve.router.loop": {"numaserve.backends"},
+    }
+    assert import_graph.cycles(g) == [
+        ["numaserve.backends", "numaserve.backends.base", "numaserve.backends.onnx"]
+    ]
+    assert import_graph.forbidden(g) == [
+        "numaserve.router.loop imports numaserve.backends (router -> backends)",
+        "numaserve.supervisor.arbiter imports numaserve.router.loop (supervisor -> router)",
+    ]
+
+
+def test_the_script_prints_the_graph_and_passes():
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.import_graph"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "numaserve.supervisor.arbiter: numaserve.config," in out.stdout
+
+
+def test_importing_the_supervisor_loads_neither_the_router_nor_a_model_runtime():
+    loaded = loaded_by("numaserve.supervisor.arbiter")
+    assert not {m for m in loaded if m.startswith(("numaserve.router", "numaserve.backends"))}
+    assert not roots(loaded) & set(RUNTIMES)
+
+
+@pytest.mark.parametrize("module", ["numaserve.router.loop", "numaserve.worker"])
+def test_the_router_and_worker_load_no_runtime_before_they_pin_themselves(module):
+    # A runtime's thread pool started before pinning keeps the old affinity (docs/worker.md);
+    # the router only tokenizes, so `tokenizers` is the one it may load.
+    allowed = {"tokenizers"} if module == "numaserve.router.loop" else set()
+    assert roots(loaded_by(module)) & set(RUNTIMES) == allowed
