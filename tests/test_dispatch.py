@@ -168,6 +168,18 @@ def test_answered_requests_leave_the_queue():
     assert job.items[0].owner is kept
 
 
+def test_a_micro_batch_leaves_out_texts_of_answered_requests():
+    d = dispatcher(max_batch=3, queue_size=10)
+    add_worker(d, "long-0", "long")
+    d.workers[b"long-0"].jobs = 1
+    gone, kept = Request(), Request()
+    d.admit([item(d, 100, kept), item(d, 101, gone), item(d, 102, kept)], now=0)
+    gone.done = True
+    d.workers[b"long-0"].jobs = 0
+    (job,) = d.schedule(now=0)
+    assert [len(i.ids) for i in job.items] == [100, 102]
+
+
 def test_micro_batch_takes_texts_of_similar_length():
     d = dispatcher(max_batch=3, queue_size=10)
     add_worker(d, "long-0", "long")
