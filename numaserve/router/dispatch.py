@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 from numaserve.config import PoolConfig
@@ -188,7 +189,7 @@ class Dispatcher:
         first = queue.popleft()
         if self.max_batch == 1 or not queue:
             return [first]
-        window = [i for i in list(queue)[: 4 * self.max_batch] if not i.owner.done]
+        window = [i for i in islice(queue, 4 * self.max_batch) if not i.owner.done]
         window.sort(key=lambda i: abs(len(i.ids) - len(first.ids)))
         chosen = window[: self.max_batch - 1]
         picked = set(map(id, chosen))

@@ -163,7 +163,6 @@ class Supervisor:
             # then stops the children in order (router drains first).
             child.pid = self.system.spawn(child.argv, env, new_session=True)
         except OSError as e:
-            child.pid = None
             self._set(child, State.FATAL, f"fatal: {child.name} cannot be started: {e}", "fatal")
             if child is self.prepare:
                 self._prepared(exitcodes.MODEL)
@@ -206,7 +205,6 @@ class Supervisor:
         child.pid = None
         child.exit_code = code
         child.last_exit = describe_exit(code, child.killed)
-        expected = child.state in (State.DRAINING, State.STOPPED) or self.fast
         if child is self.prepare:
             self._prepared(code)
             return
@@ -217,6 +215,7 @@ class Supervisor:
         if self.reload and child is self.reload.replacement:
             self._abort_reload(f"the new {child.name} {child.last_exit} before it was ready")
             return
+        expected = child.state in (State.DRAINING, State.STOPPED) or self.fast
         level = logging.INFO if expected and code == 0 else logging.WARNING
         log.log(
             level,
@@ -237,9 +236,9 @@ class Supervisor:
 
     def _check_viable(self) -> None:
         """With the router or every worker FATAL, nothing can be served: stop, and say so."""
-        workers = list(self.workers.values())
         if self.stopping:
             return
+        workers = list(self.workers.values())
         if self.router.state == State.FATAL or all(w.state == State.FATAL for w in workers):
             codes = {c.exit_code for c in [self.router, *workers] if c.state == State.FATAL}
             code = codes.pop() if len(codes) == 1 and codes <= exitcodes.NEVER_RESTART else 1
