@@ -94,23 +94,26 @@ class Dispatcher:
         """The smallest pool whose band fits `tokens`."""
         return next((i for i, p in enumerate(self.pools) if tokens <= p.config.max_tokens), None)
 
-    def _takers(self, pool: int) -> list[int]:
-        """Pools whose instances may run a text of `pool`: itself, and larger ones if spilling."""
-        return list(range(pool, len(self.pools))) if self.spillover else [pool]
-
-    def _live(self, pool: int) -> list[WorkerState]:
-        return [w for w in self.workers.values() if w.pool == pool and not w.stopping]
+    def _takers_live(self, pool: int) -> tuple[int, int]:
+        """How many live instances may run a text of `pool`, and how many of them are idle:
+        one pass over the instances (this runs for every request)."""
+        live = idle = 0
+        spill = self.spillover
+        for w in self.workers.values():
+            if not w.stopping and (w.pool == pool or (spill and w.pool > pool)):
+                live += 1
+                idle += not w.jobs
+        return live, idle
 
     def servable(self, pool: int) -> bool:
-        return any(self._live(p) for p in self._takers(pool))
+        return self._takers_live(pool)[0] > 0
 
     # -- admission -------------------------------------------------------------------------
 
     def room(self, pool: int) -> int:
         """How many more texts `pool` can take now: its queue's free places, plus the idle
         instances that would take a text at once."""
-        idle = sum(1 for p in self._takers(pool) for w in self._live(p) if not w.jobs)
-        return self.queue_size + idle - len(self.pools[pool].queue)
+        return self.queue_size + self._takers_live(pool)[1] - len(self.pools[pool].queue)
 
     def some_queue_full(self) -> bool:
         """A cheap first look (a few pools): only then is surely_full worth asking."""
@@ -131,9 +134,10 @@ class Dispatcher:
         for item in items:
             need[item.pool] = need.get(item.pool, 0) + 1
         for pool, count in need.items():
-            if not self.servable(pool) and not hold:
+            live, idle = self._takers_live(pool)
+            if not live and not hold:
                 return "no_instance"
-            if count > self.room(pool):
+            if count > self.queue_size + idle - len(self.pools[pool].queue):
                 return "overloaded"
         for item in items:
             item.queued_at = now

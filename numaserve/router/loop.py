@@ -33,6 +33,11 @@ log = logging.getLogger("numaserve.router")
 SUMMARY_LOG_S = 10.0  # at most one log line per this long for a repeated event
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
 WORKER_BATCH = 256
+# While busy, the router looks for worker results between client messages this often (a
+# finished instance's next job waits at most this long behind clients), and polls its wake
+# pipe and monitor socket this often.
+YIELD_CHECK_S = 0.0001
+BUSY_POLL_S = 0.001
 TOKENIZER_MEMO_BYTES = 64 << 20
 # An upper bound on a text's token count from its UTF-8 length, before tokenizing: no
 # tokenizer numaserve serves makes more than two tokens of a byte, plus special tokens.
@@ -40,6 +45,20 @@ TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
 
 
 OVERLOADED_MESSAGE = "the pool's queue is full; retry later"
+# Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
+# cost the router 4% of its time.
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+SNDMORE = int(zmq.SNDMORE)
+
+
+def send(sock: zmq.Socket, envelope: list[bytes], body: dict, flags: int = 0) -> None:
+    """send_multipart's work for a protocol message, without its per-frame type checks and
+    flag enums (a tenth of the router's cost of a send)."""
+    version, payload = protocol.pack(body)
+    for frame in envelope:
+        sock.send(frame, SNDMORE | flags)
+    sock.send(version, SNDMORE | flags)
+    sock.send(payload, flags)
 
 
 class Router:
@@ -113,24 +132,31 @@ class Router:
         if wake_fd is not None:
             poller.register(wake_fd, zmq.POLLIN)
         next_beat = time.monotonic()
+        busy, next_look = False, 0.0
         while not self.stopping:
             now = time.monotonic()
-            timeout = next_beat - now
-            for when in (self.deadlines.next(), self.dispatch.next_wakeup(now)):
-                if when is not None:
-                    timeout = min(timeout, when - now)
-            events = dict(poller.poll(max(0.0, timeout) * 1000))
+            # Poll only when the last pass found nothing to read; while messages keep coming,
+            # look at the wake pipe and the monitor once per BUSY_POLL_S. A zmq poll costs a
+            # syscall per socket, more than a message's own receive.
+            events: dict = {}
+            if not busy or now >= next_look:
+                timeout = 0.0 if busy else next_beat - now
+                for when in (self.deadlines.next(), self.dispatch.next_wakeup(now)):
+                    if when is not None:
+                        timeout = min(timeout, when - now)
+                events = dict(poller.poll(max(0.0, timeout) * 1000))
+                next_look = time.monotonic() + BUSY_POLL_S
             if wake_fd is not None and wake_fd in events:
                 os.read(wake_fd, 64)
                 self.begin_drain()
             # Workers first, and then a small batch of clients: under a flood of requests
             # an instance that finished gets its next job within one batch, not after the
             # whole inbound queue (dispatch stays paced by the workers).
-            if self.workers in events:
-                self._drain(self.workers, self.on_worker, WORKER_BATCH)
+            got = self._drain(self.workers, self.on_worker, WORKER_BATCH)
+            if got:
                 self._schedule(time.monotonic())
-            if self.clients in events:
-                self._drain(self.clients, self.on_client, CLIENT_BATCH, yield_to=self.workers)
+            got += self._drain(self.clients, self.on_client, CLIENT_BATCH, yield_to=self.workers)
+            busy = got > 0
             if self.monitor in events:
                 self._on_disconnect()
             now = time.monotonic()
@@ -150,24 +176,30 @@ class Router:
             self.changed = False
             self._send_jobs(self.dispatch.schedule(now))
 
-    def _drain(self, sock: zmq.Socket, handle, limit: int, yield_to=None) -> None:
+    def _drain(self, sock: zmq.Socket, handle, limit: int, yield_to=None) -> int:
         """Handle what is waiting, up to `limit` messages, so neither socket starves the other;
         stop early when `yield_to` has input (a worker's result: its next job must not wait
-        behind a flood of clients).
+        behind a flood of clients), looked at once per YIELD_CHECK_S. Returns how many
+        messages it handled.
 
         The one catch-all of the router: no message, however malformed, may stop it. A
         failure is counted and logged (at most once per SUMMARY_LOG_S) and the loop goes on.
         """
-        for _ in range(limit):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than zmq.Again
-                return
-            frames = sock.recv_multipart()
+        look_at = time.monotonic() + YIELD_CHECK_S
+        for handled in range(limit):
+            try:  # not getsockopt(EVENTS) first: that costs a poll syscall every time
+                frames = sock.recv_multipart(NOBLOCK)
+            except zmq.Again:
+                return handled
             try:
                 handle(frames)
             except Exception:
                 self.failures.add(1, time.monotonic(), traceback.format_exc())
-            if yield_to is not None and yield_to.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                return
+            if yield_to is not None and time.monotonic() >= look_at:
+                if yield_to.getsockopt(EVENTS) & POLLIN:
+                    return handled + 1
+                look_at = time.monotonic() + YIELD_CHECK_S
+        return limit
 
     def _on_disconnect(self) -> None:
         closed = 0
@@ -287,7 +319,7 @@ class Router:
 
     def _reply(self, envelope: list[bytes], body: dict) -> None:
         try:
-            self.clients.send_multipart([*envelope, *protocol.pack(body)], zmq.NOBLOCK)
+            send(self.clients, envelope, body, NOBLOCK)
         except zmq.ZMQError as e:  # the client is gone, or its queue is full: its loss
             log.debug("reply not sent: %s", e)
 
@@ -353,7 +385,7 @@ class Router:
         if kind == protocol.SUPERVISOR:
             self.supervisor = body
             reply = {"type": protocol.STATUS, "server": self.status(), "seq": body.get("seq")}
-            self.workers.send_multipart([identity, *protocol.pack(reply)])
+            send(self.workers, [identity], reply)
             return
         if kind == protocol.READY:
             known = identity in self.dispatch.workers
@@ -454,8 +486,8 @@ class Router:
 
     def _send_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
-            body = {"type": protocol.RUN, "job": job.id, "inputs": [list(i.ids) for i in job.items]}
-            self.workers.send_multipart([job.worker, *protocol.pack(body)])
+            body = {"type": protocol.RUN, "job": job.id, "inputs": [i.ids for i in job.items]}
+            send(self.workers, [job.worker], body)
 
     # -- status ----------------------------------------------------------------------------
 
@@ -505,7 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    router = Router(spec, tokenizer)
+    ctx = zmq.Context()
+    ctx.set(zmq.THREAD_SCHED_POLICY, os.SCHED_BATCH)
+    router = Router(spec, tokenizer, ctx)
     try:
         router.bind()
     except zmq.ZMQError as e:
