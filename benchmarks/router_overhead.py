@@ -167,7 +167,7 @@ def main() -> None:
         cluster = Cluster(Path(tmp), CONFIG).start()
         try:
             worker_cpu = cluster.deployment.workers[0].cpus[0]
-            router_cpu = cluster.deployment.router.cpus[0]
+            router_cpu = cluster.deployment.routers[0].cpus[0]
             direct = in_process_latencies(texts, worker_cpu)
             routed = router_latencies(cluster, texts)
             hits = cache_hit_rate(cluster, texts, args.seconds)

@@ -62,6 +62,8 @@ class ServerConfig:
     max_message_bytes: int = field(default=4 << 20, metadata=_bounds(1024))
     heartbeat_ms: int = field(default=500, metadata=_bounds(10, 60_000))
     heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))
+    # Router shards: auto is one per NUMA node that holds instances, behind one endpoint.
+    routers: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
 
 
 @dataclass(frozen=True)

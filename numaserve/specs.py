@@ -23,6 +23,7 @@ from numaserve.config import (
     from_mapping,
 )
 from numaserve.host.placement import Plan
+from numaserve.host.shards import plan_shards
 from numaserve.host.topology import CPUTopology
 
 
@@ -51,6 +52,8 @@ class JSONSpec:
 
 @dataclass(frozen=True)
 class RouterSpec(JSONSpec):
+    """One router shard (the only one, by default)."""
+
     module = "numaserve.router"
 
     workers_endpoint: str
@@ -60,6 +63,22 @@ class RouterSpec(JSONSpec):
     cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
     nodes: tuple[int, ...] = ()
     drain_timeout_s: float = 30.0
+    shard: int = 0
+    # Where the frontend hands out requests (ipc), for the shard to connect to; empty: the
+    # router binds server.endpoint itself (one shard, no frontend).
+    frontend: str = ""
+
+
+@dataclass(frozen=True)
+class FrontendSpec(JSONSpec):
+    """The one endpoint in front of several router shards (router/frontend.py)."""
+
+    module = "numaserve.router.frontend"
+
+    endpoint: str  # server.endpoint, for clients
+    shards: str  # ipc, for the shards to connect to
+    max_message_bytes: int
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,28 +99,44 @@ class WorkerSpec(JSONSpec):
     heartbeat_ms: int = 500
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
     use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
+    shard: int = 0  # the router shard it serves
 
 
 @dataclass(frozen=True)
 class Deployment:
-    router: RouterSpec
+    routers: tuple[RouterSpec, ...]  # the shards
+    frontend: FrontendSpec | None  # with more than one shard
     workers: tuple[WorkerSpec, ...]
 
 
 def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
-    """The processes a Plan becomes. `runtime_dir` holds the router's worker socket: private
-    to this server."""
-    workers_endpoint = f"ipc://{runtime_dir}/workers.sock"
+    """The processes a Plan becomes. `runtime_dir` holds the routers' private sockets (workers,
+    and the frontend's hand-out): private to this server."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
-    router = RouterSpec(
-        workers_endpoint=workers_endpoint,
-        pools=config.placement.pools,
-        model=config.model,
-        server=config.server,
-        cpus=plan.reserved_cpus,
-        nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
-        drain_timeout_s=config.supervisor.drain_timeout_s,
+    shards = plan_shards(plan, topo, config.server.routers)
+    frontend = None
+    if len(shards) > 1:
+        frontend = FrontendSpec(
+            endpoint=config.server.endpoint,
+            shards=f"ipc://{runtime_dir}/frontend.sock",
+            max_message_bytes=config.server.max_message_bytes,
+            cpus=plan.reserved_cpus,
+        )
+    routers = tuple(
+        RouterSpec(
+            workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
+            pools=config.placement.pools,
+            model=config.model,
+            server=config.server,
+            cpus=shard.cpus,
+            nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
+            drain_timeout_s=config.supervisor.drain_timeout_s,
+            shard=shard.index,
+            frontend=frontend.shards if frontend else "",
+        )
+        for shard in shards
     )
+    router_of = {name: routers[shard.index] for shard in shards for name in shard.slots}
     pools = {p.name: p for p in config.placement.pools}
     workers = tuple(
         WorkerSpec(
@@ -110,13 +145,14 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             cpus=slot.cpus,
             nodes=slot.nodes,
             threads=slot.threads,
-            router=workers_endpoint,
+            router=router_of[slot.name].workers_endpoint,
             max_tokens=pools[slot.pool].max_tokens,
             model=config.model,
             isa=topo.isa,
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,
+            shard=router_of[slot.name].shard,
         )
         for slot in plan.slots
     )
-    return Deployment(router, workers)
+    return Deployment(routers, frontend, workers)

@@ -91,10 +91,10 @@ def test_smt_on_gives_both_siblings_and_two_threads(sysfs):
     assert plan.slots[0].threads == 2
 
 
-def test_reserved_cores_are_the_lowest_numbered_with_their_siblings(sysfs):
-    topo = read_topology(sysfs("xeon8260_2socket"))
-    plan = plan_placement(topo, PlacementConfig(reserved_cores=2, pools=pools((1, AUTO))))
-    assert plan.reserved_cpus == (0, 1, 48, 49)
+def test_reserved_cores_are_the_lowest_numbered_of_each_node_in_turn_with_their_siblings(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))  # node 0: CPUs 0-23,48-71; node 1: the rest
+    plan = plan_placement(topo, PlacementConfig(reserved_cores=3, pools=pools((1, AUTO))))
+    assert plan.reserved_cpus == (0, 1, 24, 48, 49, 72)
 
 
 def test_auto_spreads_over_uneven_nodes_without_spanning(sysfs):

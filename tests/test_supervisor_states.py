@@ -22,11 +22,11 @@ def rig(tmp_path) -> Rig:
 def test_every_process_starts_and_a_worker_is_ready_once_the_router_hears_it(rig):
     rig.sup.begin()
     assert rig.states() == {"main-0": "starting", "main-1": "starting"}
-    assert rig.sup.router.state.value == "starting"
+    assert rig.sup.routers[0].state.value == "starting"
     rig.router.quiet.add("main-1")  # still loading its model
     rig.step()
     assert rig.states() == {"main-0": "ready", "main-1": "starting"}
-    assert rig.sup.router.state.value == "ready"
+    assert rig.sup.routers[0].state.value == "ready"
     assert "READY" not in rig.notifier.kinds()  # not every instance is ready yet
     rig.router.quiet.clear()
     rig.step(seconds=0.1)
@@ -50,7 +50,7 @@ def test_nothing_is_judged_while_the_router_does_not_answer(rig):
     rig.os.exit(rig.pid("router"), 1)  # the router dies before it ever answers
     rig.step()
     assert rig.states() == {"main-0": "starting", "main-1": "starting"}
-    assert rig.sup.router.state.value == "backoff"
+    assert rig.sup.routers[0].state.value == "backoff"
 
 
 def test_a_worker_not_ready_within_the_start_timeout_is_killed_and_backs_off(rig):
@@ -135,7 +135,7 @@ def test_a_fatal_router_stops_the_server(tmp_path):
     rig = Rig(tmp_path, max_quick_exits=1)
     rig.start()
     rig.crash("router")
-    assert rig.sup.router.state.value == "fatal"
+    assert rig.sup.routers[0].state.value == "fatal"
     rig.step()  # the workers get SIGTERM once no router is left to drain
     for name in ("main-0", "main-1"):
         rig.exit(name, 0)
@@ -381,6 +381,6 @@ def test_every_change_of_state_sends_the_router_a_new_slot_table(rig):
 def test_a_restarted_router_is_ready_only_once_it_answers_itself(rig):
     rig.start()
     rig.step(seconds=rig.crash("router"))  # restarted after its backoff
-    assert rig.sup.router.state.value == "starting"  # answers to the old one's tables are stale
+    assert rig.sup.routers[0].state.value == "starting"  # answers to the old one's tables are stale
     rig.step()
-    assert rig.sup.router.state.value == "ready"
+    assert rig.sup.routers[0].state.value == "ready"

@@ -2,7 +2,8 @@
 
 A slot is whole physical cores on one NUMA node. The rules, each checked by the tests:
 no CPU or physical core in two slots; one thread per core unless `smt: true`; an instance
-spans nodes only when no single node has room for it; reserved cores are never placed;
+spans nodes only when no single node has room for it; reserved cores (the lowest-numbered of
+each node in turn) are never placed;
 `auto` fills what is left, node by node.
 """
 
@@ -123,7 +124,7 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
             f"placement.reserved_cores is {placement.reserved_cores}, but {machine}: nothing "
             f"would be left for instances. Would fit: reserved_cores <= {len(usable) - 1}"
         )
-    reserved = sorted(usable, key=lambda c: c.id)[: placement.reserved_cores]
+    reserved = _reserve(usable, placement.reserved_cores)
     free = _FreeCores([c for c in usable if c not in reserved])
     reserved_note = (
         f"after reserving {len(reserved)} core(s)" if reserved else "with no cores reserved"
@@ -174,6 +175,16 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
     used = {cpu for s in slots for cpu in s.cpus} | set(reserved_cpus)
     idle = tuple(sorted(topo.allowed_cpus - used))
     return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
+
+
+def _reserve(usable: list[Core], count: int) -> list[Core]:
+    """The lowest-numbered cores of each node, taken a node at a time in turn, so that every
+    node gets a reserved core (for its router shard) before any gets two."""
+    by_node: dict[int, list[Core]] = {}
+    for core in sorted(usable, key=lambda c: c.id):
+        by_node.setdefault(core.node, []).append(core)
+    order = [cores[i] for i in range(len(usable)) for cores in by_node.values() if i < len(cores)]
+    return order[:count]
 
 
 def _describe_machine(usable: list[Core]) -> str:

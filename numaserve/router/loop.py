@@ -119,7 +119,12 @@ class Router:
         self.changed = False  # something new to schedule: texts queued, or an instance freed
 
     def bind(self) -> None:
-        self.clients.bind(self.server.endpoint)
+        """Listen for workers; and for clients, on server.endpoint, or, as one of several
+        shards, by connecting to the frontend that hands their requests out."""
+        if self.spec.frontend:
+            self.clients.connect(self.spec.frontend)
+        else:
+            self.clients.bind(self.server.endpoint)
         self.workers.bind(self.spec.workers_endpoint)
 
     # -- the loop --------------------------------------------------------------------------
@@ -384,7 +389,7 @@ class Router:
         kind = body.get("type")
         if kind == protocol.SUPERVISOR:
             self.supervisor = body
-            reply = {"type": protocol.STATUS, "server": self.status(), "seq": body.get("seq")}
+            reply = {"type": protocol.STATUS, "server": self.own_status(), "seq": body.get("seq")}
             send(self.workers, [identity], reply)
             return
         if kind == protocol.READY:
@@ -492,9 +497,18 @@ class Router:
     # -- status ----------------------------------------------------------------------------
 
     def status(self) -> dict:
-        """The server's state; where a supervisor runs, one entry per slot of its plan."""
+        """The whole server's state, for the status op: this shard's own, merged with the
+        other shards' latest (which the supervisor forwards with its slot table)."""
+        if not self.spec.frontend:  # the only router
+            return self.own_status()
+        return status.whole_server(self.own_status(), self.supervisor.get("peers") or [])
+
+    def own_status(self) -> dict:
+        """This shard's state; where a supervisor runs, one entry per slot of its plan."""
         return {
             "task": self.task,
+            "shard": self.spec.shard,
+            "cpus": list(self.spec.cpus),
             "model": self.spec.model.path,
             "instances": status.instances(self.dispatch, self.supervisor.get("slots")),
             "pools": status.pools(self.dispatch),
@@ -507,7 +521,9 @@ class Router:
             "errors": dict(self.errors),
             "draining": self.draining_until is not None,
             "routed_pids": status.routed_pids(self.dispatch),
-            "supervisor": {k: v for k, v in self.supervisor.items() if k not in ("type", "slots")},
+            "supervisor": {
+                k: v for k, v in self.supervisor.items() if k not in ("type", "slots", "peers")
+            },
         }
 
     def close(self) -> None:
@@ -549,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     os.set_blocking(wake_w, False)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os.write(wake_w, b"s"))
-    log.info("listening on %s; workers on %s", spec.server.endpoint, spec.workers_endpoint)
+    clients = (
+        f"shard {spec.shard} behind {spec.frontend}" if spec.frontend else spec.server.endpoint
+    )
+    log.info("listening on %s; workers on %s", clients, spec.workers_endpoint)
     router.serve(wake_r)
     router.close()
     log.info("stopped")

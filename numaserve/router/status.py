@@ -61,6 +61,60 @@ def routed_pids(dispatch: Dispatcher) -> list[int]:
     return sorted(w.info.get("pid") for w in dispatch.workers.values() if not w.stopping)
 
 
+def whole_server(own: dict, peers: list[dict]) -> dict:
+    """The status op's answer where several shards serve: totals over every shard, each
+    instance as the shard that routes to it sees it, and one line per shard. The peers' parts
+    are as fresh as the supervisor's last round (a quarter of a second)."""
+    shards = sorted([own, *peers], key=lambda s: s.get("shard", 0))
+    by_shard = {s.get("shard"): s for s in shards}
+    instances = []
+    for entry in own["instances"]:
+        owner = by_shard.get(entry.get("shard"), own)
+        seen = {i["name"]: i for i in owner["instances"]}
+        instances.append(seen.get(entry["name"], entry))
+    pools = {}
+    for shard in shards:
+        for pool in shard["pools"]:
+            total = pools.setdefault(pool["name"], {**pool, "queue": 0, "ready": 0})
+            total["queue"] += pool["queue"]
+            total["ready"] += pool["ready"]
+    cache = {
+        k: sum(s["cache"][k] for s in shards) for k in ("entries", "capacity", "hits", "misses")
+    }
+    looked_up = cache["hits"] + cache["misses"]
+    cache["hit_rate"] = round(cache["hits"] / looked_up, 4) if looked_up else 0.0
+    return {
+        **own,
+        "instances": instances,
+        "pools": list(pools.values()),
+        "cache": cache,
+        "requests": _sums(s["requests"] for s in shards),
+        "errors": _sums(s["errors"] for s in shards),
+        "draining": any(s["draining"] for s in shards),
+        "routed_pids": sorted(pid for s in shards for pid in s["routed_pids"]),
+        "shards": [
+            {
+                "shard": s.get("shard"),
+                "cpus": s.get("cpus"),
+                "instances": sum(1 for i in instances if i.get("shard") == s.get("shard")),
+                "requests": s["requests"],
+                "pools": s["pools"],
+                "cache": s["cache"],
+                "draining": s["draining"],
+            }
+            for s in shards
+        ],
+    }
+
+
+def _sums(counters) -> dict:
+    total: dict = {}
+    for counter in counters:
+        for key, value in counter.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 def _live_affinity(pid) -> list[int] | None:
     """The CPUs the kernel lets `pid` run on now (the router shares the workers' host)."""
     if not isinstance(pid, int):
@@ -115,6 +169,14 @@ def format_status(report: dict) -> str:
     )
     errors = ", ".join(f"{k} {v}" for k, v in sorted(report.get("errors", {}).items())) or "none"
     lines.append(f"errors: {errors}")
+    for shard in report.get("shards", ()):
+        requests = shard["requests"]
+        lines.append(
+            f"router shard {shard['shard']} (CPUs {format_cpulist(shard.get('cpus') or []) or 'any'})"
+            f": {shard['instances']} instance(s), {requests.get('requests', 0)} requests, "
+            f"{requests.get('replies_ok', 0)} answered ok"
+            + (", draining" if shard.get("draining") else "")
+        )
     supervisor = report.get("supervisor") or {}
     if supervisor:
         lines.append(f"supervisor: pid {supervisor.get('pid')}, {supervisor.get('state')}")

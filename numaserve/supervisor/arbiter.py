@@ -4,8 +4,8 @@ After gunicorn's arbiter: signal handlers only enqueue (processes.py), and the l
 to `handle_<signal>`; exited children are reaped in a loop. Each slot moves through the states
 of children.py, on events (spawned, heard by the router, exited, a signal) and the clock.
 
-All of its effects go through a System (processes, signals, the clock), a RouterLink and a
-Notifier, so that the tests drive the whole state machine with fakes of the three.
+All of its effects go through a System (processes, signals, the clock), a RouterLink per
+router shard and a Notifier, so that the tests drive the whole state machine with fakes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from numaserve import exitcodes, protocol
@@ -26,11 +26,11 @@ from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import CPUTopology, read_topology
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
-from numaserve.specs import Deployment, WorkerSpec, deployment
+from numaserve.specs import Deployment, RouterSpec, WorkerSpec, deployment
 from numaserve.supervisor.children import Child, State, after_crash, describe_exit
 from numaserve.supervisor.processes import System
 from numaserve.supervisor.reload import Reload, unapplied_changes
-from numaserve.supervisor.router_link import RouterLink
+from numaserve.supervisor.router_link import RouterLink, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 
 log = logging.getLogger("numaserve.supervisor")
@@ -49,7 +49,7 @@ class Supervisor:
         runtime_dir: Path,
         *,
         system: System,
-        link: RouterLink | None = None,
+        connect: Callable[[str], RouterLink] = RouterLink,
         notifier: Notifier | None = None,
         environ: Mapping[str, str] = os.environ,
     ):
@@ -57,20 +57,19 @@ class Supervisor:
         self.runtime_dir = runtime_dir
         self.system = system
         self.deployment = self._deploy(config)
-        self.link = link or RouterLink(self.deployment.router.workers_endpoint)
         self.notifier = notifier or Notifier()
-        self.router = Child(
-            "router", self.deployment.router.argv(), cpus=self.deployment.router.cpus
-        )
+        routers = self.deployment.routers
+        self.shards = [
+            ShardView(self._router_child(spec, len(routers)), connect(spec.workers_endpoint))
+            for spec in routers
+        ]
+        frontend = self.deployment.frontend
+        self.frontend = Child("frontend", frontend.argv(), cpus=frontend.cpus) if frontend else None
         self.workers = {spec.name: self._worker_child(spec) for spec in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
-        self.router_status: dict | None = None
-        self.router_heard_at = 0.0
         self.next_poll = 0.0
-        self.slots_sent = 0  # sequence number of the latest slot table sent to the router
-        self.slots_acked = 0  # ... and of the latest one the router has answered
-        self.router_seq_floor = 0  # answers to tables sent before the router's start are stale
+        self.slots_sent = 0  # sequence number of the latest slot table sent to the shards
         self.next_watchdog = 0.0
         self.stopping = False  # a graceful stop is under way
         self.fast = False
@@ -93,7 +92,20 @@ class Supervisor:
 
     @staticmethod
     def _worker_child(spec: WorkerSpec) -> Child:
-        return Child(spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes)
+        return Child(spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard)
+
+    @staticmethod
+    def _router_child(spec: RouterSpec, shards: int) -> Child:
+        name = "router" if shards == 1 else f"router-{spec.shard}"
+        return Child(name, spec.argv(), cpus=spec.cpus, nodes=spec.nodes, shard=spec.shard)
+
+    @property
+    def routers(self) -> list[Child]:
+        """The router shards' processes (one, by default)."""
+        return [shard.child for shard in self.shards]
+
+    def _shard_view(self, child: Child) -> ShardView | None:
+        return next((v for v in self.shards if v.child is child), None)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -108,8 +120,9 @@ class Supervisor:
     def begin(self) -> None:
         """Prepare the model, if it needs it; then start the router and every worker."""
         log.info(
-            "starting: %d instance(s), router on %s, config %s",
+            "starting: %d instance(s), %d router shard(s) on %s, config %s",
             len(self.workers),
+            len(self.shards),
             self.config.server.endpoint,
             self.config_path,
             extra={"event": "start"},
@@ -120,7 +133,10 @@ class Supervisor:
             self._start_all()
 
     def _start_all(self) -> None:
-        self.spawn(self.router)
+        if self.frontend:
+            self.spawn(self.frontend)
+        for child in self.routers:
+            self.spawn(child)
         for child in self.workers.values():
             self.spawn(child)
 
@@ -170,9 +186,10 @@ class Supervisor:
         child.started_at = self.system.now()
         child.term_sent_at = child.unrouted_since = child.ready_at = None
         child.killed = False
-        if child is self.router:  # it is ready when *it* answers, not its predecessor
-            self.router_status = None
-            self.router_seq_floor = self.slots_sent
+        view = self._shard_view(child)
+        if view is not None:  # it is ready when *it* answers, not its predecessor
+            view.status = None
+            view.seq_floor = self.slots_sent
         where = f" on CPUs {format_cpulist(child.cpus)}" if child.cpus else ""
         nodes = f", node(s) {format_cpulist(child.nodes)}" if child.nodes else ""
         self._set(
@@ -193,7 +210,9 @@ class Supervisor:
             self.system.kill(child.pid, sig)
 
     def all_children(self) -> list[Child]:
-        current = [self.router, *self.workers.values(), *self.retired]
+        current = [*self.routers, *self.workers.values(), *self.retired]
+        if self.frontend:
+            current.append(self.frontend)
         if self.prepare:
             current.append(self.prepare)
         if self.reload and self.reload.replacement:
@@ -235,12 +254,16 @@ class Supervisor:
             self._set(child, State.BACKOFF, f"backoff {child.name}: {verdict.why}", "backoff")
 
     def _check_viable(self) -> None:
-        """With the router or every worker FATAL, nothing can be served: stop, and say so."""
+        """With a router shard, the frontend or every worker FATAL, the server cannot serve as
+        planned: stop, and say so."""
         if self.stopping:
             return
         workers = list(self.workers.values())
-        if self.router.state == State.FATAL or all(w.state == State.FATAL for w in workers):
-            codes = {c.exit_code for c in [self.router, *workers] if c.state == State.FATAL}
+        front = [*self.routers, *([self.frontend] if self.frontend else [])]
+        if any(c.state == State.FATAL for c in front) or all(
+            w.state == State.FATAL for w in workers
+        ):
+            codes = {c.exit_code for c in [*front, *workers] if c.state == State.FATAL}
             code = codes.pop() if len(codes) == 1 and codes <= exitcodes.NEVER_RESTART else 1
             log.error(
                 "fatal: no instance can serve; stopping (exit %d)", code, extra={"event": "fatal"}
@@ -294,55 +317,62 @@ class Supervisor:
     # -- the router's view -------------------------------------------------------------------
 
     def talk_to_router(self, now: float) -> None:
-        """Tell the router our slot table; its answer says which workers it hears from."""
-        for body in self.link.receive():
-            if (
-                body.get("type") == protocol.STATUS
-                and (body.get("seq") or 0) > self.router_seq_floor
-            ):
-                self.router_status = body["server"]
-                self.router_heard_at = now
-                self.slots_acked = max(self.slots_acked, body.get("seq") or 0)
+        """Tell each shard our slot table; its answer says which workers it hears from."""
+        for view in self.shards:
+            for body in view.link.receive():
+                if body.get("type") == protocol.STATUS and (body.get("seq") or 0) > view.seq_floor:
+                    view.status = body["server"]
+                    view.heard_at = now
+                    view.acked = max(view.acked, body.get("seq") or 0)
         if now >= self.next_poll:
             self.send_slots()
 
     def send_slots(self) -> None:
-        """Our slot table to the router, for `numaserve status`: on a timer, and on every
-        change of state, so that status never lags what systemd was told."""
+        """Our slot table to every shard, for `numaserve status`: on a timer, and on every
+        change of state, so that status never lags what systemd was told. Each shard also gets
+        the others' latest status, so that any of them can answer for the whole server."""
         self.next_poll = self.system.now() + POLL_ROUTER_S
         self.slots_sent += 1
-        self.link.send(
-            {
-                "type": protocol.SUPERVISOR,
-                "seq": self.slots_sent,
-                "pid": self.system.pid(),
-                # so that `numaserve stop` signals this process and no other
-                **self.system.identity(),
-                "state": self.summary(),
-                "slots": [c.describe() for c in self.workers.values()],
-            }
-        )
+        table = {
+            "type": protocol.SUPERVISOR,
+            "seq": self.slots_sent,
+            "pid": self.system.pid(),
+            # so that `numaserve stop` signals this process and no other
+            **self.system.identity(),
+            "state": self.summary(),
+            "slots": [c.describe() for c in self.workers.values()],
+        }
+        for view in self.shards:
+            peers = [v.status for v in self.shards if v is not view and v.status]
+            view.link.send({**table, "peers": peers} if len(self.shards) > 1 else table)
 
-    def routed_pids(self, now: float) -> set[int] | None:
-        if self.router_status is None or now - self.router_heard_at > 4 * POLL_ROUTER_S:
-            return None  # no fresh word from the router: judge nobody
-        return set(self.router_status.get("routed_pids", ()))
+    def routed_pids(self, now: float) -> dict[int, set[int] | None]:
+        """Per shard, the workers it hears from (None: no fresh word, judge nobody)."""
+        return {v.child.shard: v.routed_pids(now, 4 * POLL_ROUTER_S) for v in self.shards}
 
     # -- timers ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
         routed = self.routed_pids(now)
-        if self.router.state == State.STARTING and routed is not None:
-            message = f"ready router, clients on {self.config.server.endpoint}"
-            self._set(self.router, State.READY, message, "ready")
+        for router in self.routers:
+            if router.state == State.STARTING and routed[router.shard] is not None:
+                message = f"ready {router.name}, clients on {self.config.server.endpoint}"
+                self._set(router, State.READY, message, "ready")
+        frontend = self.frontend
+        if frontend and frontend.state == State.STARTING and any(routed.values()):
+            # Up once a shard answers: the shards start after it, and it has no socket of
+            # its own to the supervisor; a frontend that cannot listen exits first.
+            message = f"ready frontend, clients on {self.config.server.endpoint}"
+            self._set(frontend, State.READY, message, "ready")
         for child in [
             *self.workers.values(),
             *([self.reload.replacement] if self.reload and self.reload.replacement else []),
         ]:
+            heard = routed.get(child.shard)
             if child.state == State.STARTING:
-                self._check_started(child, now, routed)
-            elif child.state == State.READY and routed is not None and not self.stopping:
-                self._check_heard(child, now, routed)
+                self._check_started(child, now, heard)
+            elif child.state == State.READY and heard is not None and not self.stopping:
+                self._check_heard(child, now, heard)
         for child in self.all_children():
             if (
                 child.term_sent_at is not None
@@ -406,7 +436,8 @@ class Supervisor:
 
     def _kill_after(self, child: Child) -> float:
         s = self.config.supervisor
-        return s.drain_timeout_s + s.kill_timeout_s if child is self.router else s.kill_timeout_s
+        draining = child in self.routers
+        return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -420,20 +451,22 @@ class Supervisor:
         if self.prepare:
             self.terminate(self.prepare)
         log.info(
-            "drain: %s: the router finishes requests in flight (%.0f s at most), then the workers stop",
+            "drain: %s: the router shards finish requests in flight (%.0f s at most), then the "
+            "workers stop",
             why,
             self.config.supervisor.drain_timeout_s,
             extra={"event": "drain"},
         )
         self.notifier.stopping("draining")
-        if self.router.pid is not None:
-            self.terminate(self.router)
-        elif self.router.state != State.FATAL:
-            self.router.state = State.STOPPED
+        for router in self.routers:
+            if router.pid is not None:
+                self.terminate(router)
+            elif router.state != State.FATAL:
+                router.state = State.STOPPED
 
     def _advance_stop(self) -> None:
-        if self.router.pid is not None:
-            return  # still draining
+        if any(router.pid is not None for router in self.routers):
+            return  # still draining; the frontend carries their last replies
         live = [c for c in self.all_children() if c.pid is not None]
         for child in live:
             if child.term_sent_at is None:
@@ -547,16 +580,20 @@ class Supervisor:
             if self.prepare
             else ""
         )
-        return f"{prefix}{parts}; router {self.router.state.value}"
+        routers = ", ".join(r.state.value for r in self.routers)
+        return f"{prefix}{parts}; router{'s' if len(self.shards) > 1 else ''} {routers}"
 
     def _notify(self, now: float) -> None:
         workers = list(self.workers.values())
-        serving = self.router.state == State.READY and any(w.state == State.READY for w in workers)
+        front = [*self.routers, *([self.frontend] if self.frontend else [])]
+        serving = all(c.state == State.READY for c in front) and any(
+            w.state == State.READY for w in workers
+        )
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
         status = self.summary()
-        # The router must have our latest slot table before systemd hears READY=1, so
+        # Every shard must have our latest slot table before systemd hears READY=1, so
         # that `numaserve status` asked right after it shows what systemd was told.
-        router_current = self.slots_acked == self.slots_sent
+        router_current = all(v.acked == self.slots_sent for v in self.shards)
         if (
             serving
             and settled
@@ -579,7 +616,8 @@ class Supervisor:
             self.notifier.watchdog()
 
     def close(self) -> None:
-        self.link.close()
+        for view in self.shards:
+            view.link.close()
         self.notifier.close()
 
 
@@ -589,7 +627,7 @@ def start(config_path: str) -> int:
     config = load_config(config_path)
     topo = read_topology()
     plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
-    runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the router's worker socket
+    runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
     system = System()
     try:
         return Supervisor(config_path, config, topo, runtime_dir, system=system).run()

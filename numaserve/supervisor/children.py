@@ -27,13 +27,14 @@ class State(str, Enum):
 
 @dataclass(eq=False)
 class Child:
-    """One supervised process: the router, or one slot's worker."""
+    """One supervised process: a router shard, the frontend, or one slot's worker."""
 
     name: str
     argv: list[str]
     pool: str | None = None
     cpus: tuple[int, ...] = ()
     nodes: tuple[int, ...] = ()
+    shard: int = 0  # a worker: the router shard that routes to it; a shard: its own index
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
@@ -55,6 +56,7 @@ class Child:
             "pid": self.pid,
             "cpus": list(self.cpus),
             "nodes": list(self.nodes),
+            "shard": self.shard,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
         }

@@ -26,7 +26,9 @@ class Reload:
 def unapplied_changes(current: Deployment, new: Deployment) -> list[str]:
     """What a reload cannot change while serving; it applies at the next restart."""
     changes = []
-    if new.router.to_json() != current.router.to_json():
+    if [r.to_json() for r in new.routers] != [r.to_json() for r in current.routers] or (
+        new.frontend != current.frontend
+    ):
         changes.append("router and server settings changed")
     if {w.name for w in new.workers} != {w.name for w in current.workers}:
         changes.append("the placement changed")

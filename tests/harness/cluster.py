@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,10 +41,8 @@ class Cluster:
         self.workers = {}
 
     def start(self, wait: bool = True) -> Cluster:
-        self.router = self._spawn(
-            "router",
-            [sys.executable, "-m", "numaserve.router", "--spec", self.deployment.router.to_json()],
-        )
+        (router,) = self.deployment.routers  # one shard: this harness has no frontend
+        self.router = self._spawn("router", router.argv())
         for spec in self.deployment.workers:
             self.start_worker(spec.name)
         if wait:

@@ -193,7 +193,7 @@ class Rig:
             read_topology(MACHINE),
             directory,
             system=self.os,
-            link=self.router,
+            connect=lambda endpoint: self.router,
             notifier=self.notifier,
             environ={},
         )
@@ -222,7 +222,7 @@ class Rig:
         return {name: c.state.value for name, c in self.sup.workers.items()}
 
     def pid(self, name: str) -> int:
-        pid = self.sup.router.pid if name == "router" else self.sup.workers[name].pid
+        pid = self.sup.routers[0].pid if name == "router" else self.sup.workers[name].pid
         assert pid is not None, f"{name} is not running"
         return pid
 
@@ -239,5 +239,5 @@ class Rig:
         """`name` exits with `code`; returns the backoff the supervisor chose (or 0)."""
         self.exit(name, code)
         self.step()
-        child = self.sup.workers.get(name, self.sup.router)
+        child = self.sup.workers.get(name, self.sup.routers[0])
         return round(child.retry_at - self.os.time, 6) if child.state.value == "backoff" else 0.0

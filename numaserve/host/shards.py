@@ -1,0 +1,83 @@
+"""Router shards: which instances each shard owns and where it runs. Pure, as placement is.
+
+One router process caps a big host (docs/benchmarks.md, "Router capacity"): `server.routers`
+splits the routing into shards behind one endpoint. Each shard owns a share of every pool's
+instances, taken node by node, so that a text is never refused by a shard for want of a pool
+another shard has, and a shard's traffic to its instances stays on its node; each is pinned to
+a reserved core of its own node where there is one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from numaserve.config import AUTO
+from numaserve.host.placement import PlacementError, Plan, Slot
+from numaserve.host.topology import CPUTopology
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    slots: tuple[str, ...]  # the instances it routes to
+    node: int  # where most of its instances' CPUs are
+    cpus: tuple[int, ...]  # the reserved CPUs it is pinned to; empty: not pinned
+
+
+def shard_count(plan: Plan, routers: int | str) -> int:
+    """`auto`: one shard per node that holds instances; never more shards than the smallest
+    pool has instances (each shard needs one of every pool)."""
+    per_pool = Counter(slot.pool for slot in plan.slots)
+    most = min(per_pool.values())
+    if routers == AUTO:
+        nodes = {_home(slot) for slot in plan.slots}
+        return max(1, min(len(nodes), most))
+    if routers > most:
+        pool, count = min(per_pool.items(), key=lambda item: item[1])
+        raise PlacementError(
+            f"server.routers is {routers}, but pool {pool!r} has {count} instance(s), and every "
+            f"router shard needs an instance of every pool. Would fit: routers <= {most}, or "
+            "more instances in that pool"
+        )
+    return routers
+
+
+def plan_shards(plan: Plan, topo: CPUTopology, routers: int | str) -> tuple[Shard, ...]:
+    count = shard_count(plan, routers)
+    owned: list[list[Slot]] = [[] for _ in range(count)]
+    for pool in dict.fromkeys(slot.pool for slot in plan.slots):
+        # A pool's instances in node order, cut into `count` runs of near-equal length: each
+        # shard gets at least one, and with a shard per node, the run of its own node.
+        slots = sorted(plan.pool_slots(pool), key=lambda s: (_home(s), s.cpus))
+        for i, slot in enumerate(slots):
+            owned[i * count // len(slots)].append(slot)
+    homes = [Counter(_home(s) for s in mine).most_common(1)[0][0] for mine in owned]
+    cpus = _pin(plan, topo, homes)
+    return tuple(Shard(i, tuple(s.name for s in owned[i]), homes[i], cpus[i]) for i in range(count))
+
+
+def _home(slot: Slot) -> int:
+    return slot.node if slot.node is not None else slot.nodes[0]
+
+
+def _pin(plan: Plan, topo: CPUTopology, homes: list[int]) -> list[tuple[int, ...]]:
+    """A reserved core of its own node for each shard: one to itself while its node has
+    reserved cores to go round, shared after that; a reserved core of another node where its
+    own has none; unpinned where nothing is reserved."""
+    reserved = set(plan.reserved_cpus)
+    cores = [
+        (core.node, tuple(cpu for cpu in core.cpus if cpu in reserved))
+        for core in sorted(topo.cores, key=lambda c: c.id)
+        if reserved & set(core.cpus)
+    ]
+    if not cores:
+        return [() for _ in homes]
+    taken: Counter = Counter()
+    pins = []
+    for node in homes:
+        mine = [cpus for n, cpus in cores if n == node] or [cpus for _, cpus in cores]
+        choice = min(mine, key=lambda cpus: taken[cpus])  # the least shared, lowest first
+        taken[choice] += 1
+        pins.append(choice)
+    return pins
