@@ -181,6 +181,11 @@ def _convert(hint, value, source: str, key: str, meta):
         return value
     if origin in (Union, types.UnionType):  # a type or named words, as in `int | Literal["auto"]`
         args = typing.get_args(hint)
+        if type(None) in args:  # `X | None`: a spec's field that may be absent
+            if value is None:
+                return None
+            (hint,) = [a for a in args if a is not type(None)]
+            return _convert(hint, value, source, key, meta)
         words = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
         if value in words and not isinstance(value, bool):
             return value

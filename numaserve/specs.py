@@ -64,9 +64,9 @@ class RouterSpec(JSONSpec):
     nodes: tuple[int, ...] = ()
     drain_timeout_s: float = 30.0
     shard: int = 0
-    # Where the frontend hands out requests (ipc), for the shard to connect to; empty: the
+    # Where the frontend hands out requests (ipc), for the shard to connect to; None: the
     # router binds server.endpoint itself (one shard, no frontend).
-    frontend: str = ""
+    frontend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
             drain_timeout_s=config.supervisor.drain_timeout_s,
             shard=shard.index,
-            frontend=frontend.shards if frontend else "",
+            frontend=frontend.shards if frontend else None,
         )
         for shard in shards
     )
