@@ -17,8 +17,7 @@ import signal
 import zmq
 
 from numaserve import exitcodes
-from numaserve.host.pinning import PinningError, pin_current_process
-from numaserve.lifecycle import die_with_parent, read_spec
+from numaserve.router.process import begin
 from numaserve.specs import FrontendSpec
 
 log = logging.getLogger("numaserve.frontend")
@@ -33,16 +32,9 @@ def _stop(*_) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = read_spec(FrontendSpec, "numaserve.router.frontend", argv, log)
-    if spec is None:
-        return exitcodes.CRASH
-    die_with_parent()
-    if spec.cpus:
-        try:
-            pin_current_process(spec.cpus, ())
-        except PinningError as e:
-            log.error("cannot pin the frontend: %s", e)
-            return exitcodes.PINNING
+    spec = begin(FrontendSpec, "numaserve.router.frontend", argv, log, exitcodes.CRASH)
+    if isinstance(spec, int):
+        return spec
     ctx = zmq.Context()
     ctx.set(zmq.THREAD_SCHED_POLICY, 3)  # SCHED_BATCH, as the router's (router/loop.py)
     clients = ctx.socket(zmq.ROUTER)

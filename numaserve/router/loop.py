@@ -19,13 +19,12 @@ import zmq
 from numaserve import exitcodes, protocol
 from numaserve.backends.modelpath import ModelLoadError
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
-from numaserve.host.pinning import PinningError, pin_current_process
-from numaserve.lifecycle import die_with_parent, read_spec
 from numaserve.logs import Summary
 from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job
+from numaserve.router.process import begin
 from numaserve.router.requests import Deadlines, Pending
 from numaserve.specs import RouterSpec
 
@@ -533,16 +532,9 @@ class Router:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = read_spec(RouterSpec, "numaserve.router", argv, log)
-    if spec is None:
-        return exitcodes.MODEL
-    die_with_parent()
-    if spec.cpus:
-        try:
-            pin_current_process(spec.cpus, spec.nodes)
-        except PinningError as e:
-            log.error("cannot pin the router: %s", e)
-            return exitcodes.PINNING
+    spec = begin(RouterSpec, "numaserve.router", argv, log, exitcodes.MODEL)
+    if isinstance(spec, int):
+        return spec
     try:
         tokenizer = Tokenizer(
             spec.model.path,

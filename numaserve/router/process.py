@@ -1,0 +1,25 @@
+"""How a router-side process (a shard, the frontend) begins: its spec, its parent, its CPUs."""
+
+from __future__ import annotations
+
+import logging
+
+from numaserve import exitcodes
+from numaserve.host.pinning import PinningError, pin_current_process
+from numaserve.lifecycle import die_with_parent, read_spec
+
+
+def begin(spec_type, module: str, argv: list[str] | None, log: logging.Logger, bad_spec: int):
+    """The process's spec, once it dies with its parent and runs on its CPUs (where it names
+    any); or the exit code to leave with: `bad_spec` for an unreadable spec, PINNING."""
+    spec = read_spec(spec_type, module, argv, log)
+    if spec is None:
+        return bad_spec
+    die_with_parent()
+    if spec.cpus:
+        try:
+            pin_current_process(spec.cpus, getattr(spec, "nodes", ()))
+        except PinningError as e:
+            log.error("cannot pin %s: %s", module, e)
+            return exitcodes.PINNING
+    return spec
