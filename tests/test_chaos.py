@@ -94,7 +94,7 @@ def test_sigterm_under_load_answers_what_is_in_flight_and_leaves_nothing(server)
     load = RawLoad(server.endpoint, clients=2, depth=4)
     time.sleep(1)
     pids = server.pids()
-    runtime = Path(re.search(r"workers on ipc://(\S+)/workers\.sock", server.log())[1])
+    runtime = Path(re.search(r"workers on ipc://(\S+)/workers-0\.sock", server.log())[1])
     server.proc.send_signal(signal.SIGTERM)
     outcomes = load.stop(drain_s=15)  # no new requests; the replies still due
     report(outcomes)
