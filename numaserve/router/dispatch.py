@@ -94,26 +94,25 @@ class Dispatcher:
         """The smallest pool whose band fits `tokens`."""
         return next((i for i, p in enumerate(self.pools) if tokens <= p.config.max_tokens), None)
 
-    def _takers_live(self, pool: int) -> tuple[int, int]:
-        """How many live instances may run a text of `pool`, and how many of them are idle:
-        one pass over the instances (this runs for every request)."""
+    def _capacity(self, pool: int) -> tuple[int, int]:
+        """How many live instances may run a text of `pool`, and how many more texts `pool`
+        can take now: its queue's free places, plus the idle instances that would take a text
+        at once. One pass over the instances: this runs for every request."""
         live = idle = 0
         spill = self.spillover
         for w in self.workers.values():
             if not w.stopping and (w.pool == pool or (spill and w.pool > pool)):
                 live += 1
                 idle += not w.jobs
-        return live, idle
+        return live, self.queue_size + idle - len(self.pools[pool].queue)
 
     def servable(self, pool: int) -> bool:
-        return self._takers_live(pool)[0] > 0
+        return self._capacity(pool)[0] > 0
 
     # -- admission -------------------------------------------------------------------------
 
     def room(self, pool: int) -> int:
-        """How many more texts `pool` can take now: its queue's free places, plus the idle
-        instances that would take a text at once."""
-        return self.queue_size + self._takers_live(pool)[1] - len(self.pools[pool].queue)
+        return self._capacity(pool)[1]
 
     def some_queue_full(self) -> bool:
         """A cheap first look (a few pools): only then is surely_full worth asking."""
@@ -134,10 +133,10 @@ class Dispatcher:
         for item in items:
             need[item.pool] = need.get(item.pool, 0) + 1
         for pool, count in need.items():
-            live, idle = self._takers_live(pool)
+            live, room = self._capacity(pool)
             if not live and not hold:
                 return "no_instance"
-            if count > self.queue_size + idle - len(self.pools[pool].queue):
+            if count > room:
                 return "overloaded"
         for item in items:
             item.queued_at = now

@@ -17,7 +17,7 @@ import signal
 import zmq
 
 from numaserve import exitcodes
-from numaserve.router.process import begin
+from numaserve.router.process import begin, context
 from numaserve.specs import FrontendSpec
 
 log = logging.getLogger("numaserve.frontend")
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = begin(FrontendSpec, "numaserve.router.frontend", argv, log, exitcodes.CRASH)
     if isinstance(spec, int):
         return spec
-    ctx = zmq.Context()
-    ctx.set(zmq.THREAD_SCHED_POLICY, 3)  # SCHED_BATCH, as the router's (router/loop.py)
+    ctx = context()
     clients = ctx.socket(zmq.ROUTER)
     clients.setsockopt(zmq.MAXMSGSIZE, spec.max_message_bytes)
     shards = ctx.socket(zmq.DEALER)

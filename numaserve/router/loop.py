@@ -24,7 +24,7 @@ from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job
-from numaserve.router.process import begin
+from numaserve.router.process import begin, context
 from numaserve.router.requests import Deadlines, Pending
 from numaserve.specs import RouterSpec
 
@@ -545,9 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    ctx = zmq.Context()
-    ctx.set(zmq.THREAD_SCHED_POLICY, os.SCHED_BATCH)
-    router = Router(spec, tokenizer, ctx)
+    router = Router(spec, tokenizer, context())
     try:
         router.bind()
     except zmq.ZMQError as e:

@@ -1,8 +1,12 @@
-"""How a router-side process (a shard, the frontend) begins: its spec, its parent, its CPUs."""
+"""How a router-side process (a shard, the frontend) begins: its spec, its parent, its CPUs,
+and its ZeroMQ context."""
 
 from __future__ import annotations
 
 import logging
+import os
+
+import zmq
 
 from numaserve import exitcodes
 from numaserve.host.pinning import PinningError, pin_current_process
@@ -23,3 +27,13 @@ def begin(spec_type, module: str, argv: list[str] | None, log: logging.Logger, b
             log.error("cannot pin %s: %s", module, e)
             return exitcodes.PINNING
     return spec
+
+
+def context() -> zmq.Context:
+    """A context whose I/O thread runs SCHED_BATCH. Pinned to the router's core, libzmq's I/O
+    thread was woken by every send and, under CFS wakeup preemption, ran at once: two context
+    switches a request and 29% of the router's CPU. SCHED_BATCH does not preempt on wakeup: it
+    runs when the router waits, with several messages to move at once."""
+    ctx = zmq.Context()
+    ctx.set(zmq.THREAD_SCHED_POLICY, os.SCHED_BATCH)
+    return ctx

@@ -66,12 +66,8 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
     instance as the shard that routes to it sees it, and one line per shard. The peers' parts
     are as fresh as the supervisor's last round (a quarter of a second)."""
     shards = sorted([own, *peers], key=lambda s: s.get("shard", 0))
-    by_shard = {s.get("shard"): s for s in shards}
-    instances = []
-    for entry in own["instances"]:
-        owner = by_shard.get(entry.get("shard"), own)
-        seen = {i["name"]: i for i in owner["instances"]}
-        instances.append(seen.get(entry["name"], entry))
+    seen = {s.get("shard"): {i["name"]: i for i in s["instances"]} for s in shards}
+    instances = [seen.get(e.get("shard"), {}).get(e["name"], e) for e in own["instances"]]
     pools = {}
     for shard in shards:
         for pool in shard["pools"]:

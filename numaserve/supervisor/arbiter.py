@@ -104,6 +104,10 @@ class Supervisor:
         """The router shards' processes (one, by default)."""
         return [shard.child for shard in self.shards]
 
+    def _front(self) -> list[Child]:
+        """The processes between the clients and the workers: the shards, and the frontend."""
+        return [*self.routers, *([self.frontend] if self.frontend else [])]
+
     def _shard_view(self, child: Child) -> ShardView | None:
         return next((v for v in self.shards if v.child is child), None)
 
@@ -259,7 +263,7 @@ class Supervisor:
         if self.stopping:
             return
         workers = list(self.workers.values())
-        front = [*self.routers, *([self.frontend] if self.frontend else [])]
+        front = self._front()
         if any(c.state == State.FATAL for c in front) or all(
             w.state == State.FATAL for w in workers
         ):
@@ -585,8 +589,7 @@ class Supervisor:
 
     def _notify(self, now: float) -> None:
         workers = list(self.workers.values())
-        front = [*self.routers, *([self.frontend] if self.frontend else [])]
-        serving = all(c.state == State.READY for c in front) and any(
+        serving = all(c.state == State.READY for c in self._front()) and any(
             w.state == State.READY for w in workers
         )
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
