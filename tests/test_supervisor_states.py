@@ -35,6 +35,20 @@ def test_every_process_starts_and_a_worker_is_ready_once_the_router_hears_it(rig
     assert rig.notifier.kinds() == ["READY"]
 
 
+def test_with_two_shards_the_frontend_is_ready_once_a_shard_answers_before_any_worker_is(
+    tmp_path,
+):
+    rig = Rig(tmp_path, routers=2)
+    rig.sup.begin()
+    assert rig.sup.frontend.state.value == "starting"
+    rig.router.quiet.update(rig.sup.workers)  # every worker still loading its model
+    rig.shards[1].quiet.update(rig.sup.workers)
+    rig.step()
+    assert [r.state.value for r in rig.sup.routers] == ["ready", "ready"]
+    assert rig.sup.frontend.state.value == "ready"
+    assert rig.states() == {"main-0": "starting", "main-1": "starting"}
+
+
 def test_a_restarted_worker_keeps_its_slot_and_cpus(rig):
     rig.start()
     before = rig.os.argv[rig.pid("main-1")]

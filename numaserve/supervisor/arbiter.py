@@ -363,7 +363,8 @@ class Supervisor:
                 message = f"ready {router.name}, clients on {self.config.server.endpoint}"
                 self._set(router, State.READY, message, "ready")
         frontend = self.frontend
-        if frontend and frontend.state == State.STARTING and any(routed.values()):
+        answered = any(pids is not None for pids in routed.values())
+        if frontend and frontend.state == State.STARTING and answered:
             # Up once a shard answers: the shards start after it, and it has no socket of
             # its own to the supervisor; a frontend that cannot listen exits first.
             message = f"ready frontend, clients on {self.config.server.endpoint}"

@@ -22,7 +22,7 @@ MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt
 
 CONFIG = """
 model: {{path: bundled:minilm, backend: {backend}}}
-server: {{heartbeat_ms: 500, heartbeat_liveness: 3}}
+server: {{heartbeat_ms: 500, heartbeat_liveness: 3, routers: {routers}}}
 supervisor:
   drain_timeout_s: 30
   start_timeout_s: 60
@@ -36,12 +36,21 @@ placement:
 """
 
 
+def spec_of(argv: list[str]) -> dict:
+    return json.loads(argv[argv.index("--spec") + 1])
+
+
 def process_name(argv: list[str]) -> str:
-    """The slot a command line runs ("router", "main-0") or "prepare"."""
+    """The slot a command line runs ("main-0"), its router ("router", or "router-N" of several
+    shards), "frontend" or "prepare": the names the supervisor gives them."""
     if "prepare" in argv:
         return "prepare"
-    spec = json.loads(argv[argv.index("--spec") + 1])
-    return spec.get("name", "router")
+    spec = spec_of(argv)
+    if "shards" in spec:
+        return "frontend"
+    if "workers_endpoint" in spec:
+        return f"router-{spec['shard']}" if spec.get("frontend") else "router"
+    return spec["name"]
 
 
 class FakeSystem:
@@ -108,28 +117,31 @@ class FakeSystem:
 
 
 class FakeRouter:
-    """Answers each slot table while the router process runs, hearing every running worker
-    but those in `quiet` (loading, or hung), by name or pid."""
+    """Answers each slot table while its router process (`name`) runs, hearing every running
+    worker of its shard but those in `quiet` (loading, or hung), by name or pid."""
 
-    def __init__(self, system: FakeSystem) -> None:
+    def __init__(self, system: FakeSystem, name: str = "router", shard: int = 0) -> None:
         self.system = system
+        self.name, self.shard = name, shard
         self.quiet: set[str | int] = set()  # process names or pids
         self.tables: list[dict] = []  # every slot table the supervisor sent
         self.unanswered: list[int] = []  # sequence numbers of tables sent
 
     def send(self, message: dict) -> None:
         self.tables.append(message)
-        if "router" in self.system.running.values():  # else lost, as on a real socket
+        if self.name in self.system.running.values():  # else lost, as on a real socket
             self.unanswered.append(message["seq"])
 
     def receive(self) -> list[dict]:
         """Answers to the tables received, as the router sees its workers now."""
-        if "router" not in self.system.running.values():
+        if self.name not in self.system.running.values():
             self.unanswered = []
         heard = [
             pid
             for pid, name in self.system.running.items()
-            if name not in ("router", "prepare") and not {name, pid} & self.quiet
+            if not name.startswith(("router", "frontend", "prepare"))
+            and spec_of(self.system.argv[pid]).get("shard", 0) == self.shard
+            and not {name, pid} & self.quiet
         ]
         server = {"routed_pids": sorted(heard)}
         answers = [
@@ -180,12 +192,18 @@ class Rig:
     """A Supervisor wired to the fakes, with a config file it can reload."""
 
     def __init__(
-        self, directory: Path, instances: int = 2, max_quick_exits: int = 3, backend="torch"
+        self,
+        directory: Path,
+        instances: int = 2,
+        max_quick_exits: int = 3,
+        backend="torch",
+        routers: int | str = "auto",  # auto: one shard on this one-node machine
     ):
         self.config_path = directory / "numaserve.yaml"
+        self.routers_setting = routers
         self.write_config(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
         self.os = FakeSystem()
-        self.router = FakeRouter(self.os)
+        self.shards: list[FakeRouter] = []  # one per router shard, in shard order
         self.notifier = FakeNotifier()
         self.sup = Supervisor(
             str(self.config_path),
@@ -193,14 +211,31 @@ class Rig:
             read_topology(MACHINE),
             directory,
             system=self.os,
-            connect=lambda endpoint: self.router,
+            connect=self._connect,
             notifier=self.notifier,
             environ={},
         )
 
+    def _connect(self, endpoint: str) -> FakeRouter:
+        """The supervisor's link to a shard (connected in shard order)."""
+        shard = len(self.shards)
+        many = self.routers_setting != "auto" and self.routers_setting > 1
+        self.shards.append(FakeRouter(self.os, f"router-{shard}" if many else "router", shard))
+        return self.shards[-1]
+
+    @property
+    def router(self) -> FakeRouter:
+        """The first (by default, the only) shard."""
+        return self.shards[0]
+
     def write_config(self, instances=2, max_quick_exits=3, backend="torch") -> None:
         self.config_path.write_text(
-            CONFIG.format(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
+            CONFIG.format(
+                instances=instances,
+                max_quick_exits=max_quick_exits,
+                backend=backend,
+                routers=self.routers_setting,
+            )
         )
 
     def step(self, *signals: int, seconds: float = 0.0) -> None:
