@@ -341,7 +341,7 @@ def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
     click.echo(f"sent SIGTERM to the numaserve supervisor (pid {pid}); it drains, then stops")
     if wait:
         deadline = time.monotonic() + stop_timeout
-        while _alive(pid):
+        while procinfo.running(pid):
             if time.monotonic() >= deadline:
                 raise MachineError(
                     f"supervisor pid {pid} is still running after {stop_timeout:g} s; "
@@ -349,15 +349,6 @@ def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
                 )
             time.sleep(0.2)
         click.echo("stopped")
-
-
-def _alive(pid: int) -> bool:
-    """Running: not gone, and not a zombie waiting for its parent to reap it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 if __name__ == "__main__":  # python -m numaserve.cli: how the supervisor runs `prepare`

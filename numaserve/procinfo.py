@@ -19,15 +19,27 @@ def boot_id() -> str:
         return ""
 
 
-def start_ticks(pid: int | str) -> int | None:
-    """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat);
-    None if there is no such process."""
+def _stat(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on; None if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    return int(stat.rpartition(")")[2].split()[19])
+    return stat.rpartition(")")[2].split()
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat);
+    None if there is no such process."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def running(pid: int) -> bool:
+    """Running: not gone, and not a zombie waiting for its parent to reap it."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def identity(pid: int | str = "self") -> dict:

@@ -3,11 +3,12 @@ throughout. Slow: CI runs them in their own step. The NUMA placement of shards i
 tested in tests/test_shards.py; this machine has one node, so here `routers: 2` makes two
 unpinned shards of one instance each."""
 
+import json
 import os
 import signal
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.harness import server as server_
@@ -35,18 +36,10 @@ def sharded(tmp_path):
 
 def shard_pid(server: server_.Server, shard: int) -> int:
     """The supervisor's child running router shard `shard` (its spec is on its command line)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == server.proc.pid and b"numaserve.router" in argv:
-            spec = argv[argv.index(b"--spec") + 1]
-            if f'"shard": {shard},'.encode() in spec:
-                return int(entry.name)
+    for child in psutil.Process(server.proc.pid).children():
+        argv = child.cmdline()
+        if "numaserve.router" in argv and json.loads(argv[-1])["shard"] == shard:
+            return child.pid
     raise AssertionError(f"no router shard {shard} under {server.proc.pid}")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from numaserve import exitcodes
+from numaserve import exitcodes, procinfo
 from numaserve.backends.modelpath import resolve_model_path
 from numaserve.client import Client, NoInstance, NumaserveError
 from numaserve.config import load_config
@@ -92,13 +92,8 @@ class Load:
 
 
 def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie (exited, not yet reaped by its parent) counts as gone
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ")[1].startswith("Z")
+    """Exited; a zombie (not yet reaped by its parent) counts as gone."""
+    return not procinfo.running(pid)
 
 
 def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
