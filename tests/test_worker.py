@@ -144,6 +144,28 @@ def test_heartbeats_flow_during_a_long_forward_pass_and_sigterm_finishes_it(rout
     assert proc.wait(30) == exitcodes.OK
 
 
+def test_a_stopping_worker_runs_what_still_reaches_it_and_leaves_when_the_router_answers_bye(
+    router, tmp_path, tokenizer
+):
+    # Heartbeats 10 s apart: waiting out the router's answer would take 30 s.
+    proc = start_worker(worker_spec(router, heartbeat_ms=10_000), tmp_path / "w.log")
+    identity, _ = router.wait_for(protocol.READY)
+    proc.send_signal(signal.SIGTERM)
+    bye_from, _ = router.wait_for(protocol.BYE)
+    assert bye_from == identity  # on the job connection: after it, no run is in flight
+    assert "results" in router.run(identity, [list(tokenizer.encode(["sent before bye"])[0].ids)])
+    router.send(identity, {"type": protocol.BYE})
+    assert proc.wait(10) == exitcodes.OK
+
+
+def test_a_stopping_worker_leaves_at_once_when_the_router_is_gone(router, tmp_path):
+    proc = start_worker(worker_spec(router, heartbeat_ms=10_000), tmp_path / "w.log")
+    router.wait_for(protocol.READY)
+    router.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == exitcodes.OK
+
+
 def test_worker_exits_when_its_parent_dies(router, tmp_path):
     spec = worker_spec(router)
     parent = subprocess.Popen(

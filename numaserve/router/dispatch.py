@@ -57,6 +57,7 @@ class WorkerState:
     jobs: int = 0
     served: int = 0
     stopping: bool = False
+    control: bytes | None = None  # its control connection, where heartbeats go, if it has one
 
 
 @dataclass

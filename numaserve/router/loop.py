@@ -410,14 +410,24 @@ class Router:
                     pid,
                 )
             return
+        if kind == protocol.HEARTBEAT and isinstance(body.get("instance"), bytes):
+            # From a worker's control connection: `instance` names its job connection.
+            worker = self.dispatch.worker_seen(body["instance"], now)
+            if worker is not None:
+                worker.control = identity
+            return
         worker = self.dispatch.worker_seen(identity, now)
-        if worker is None:
+        if kind == protocol.BYE:
+            # Answered on the same connection, after every run sent to it: the worker may
+            # leave once it has this. Answered even when unknown (this router restarted).
+            send(self.workers, [identity], {"type": protocol.BYE})
+            if worker is not None and not worker.stopping:
+                worker.stopping = True
+                log.info("instance %s is stopping", worker.name)
+        elif worker is None:
             return  # expired, or never announced: it will send READY again
-        if kind == protocol.RESULT:
+        elif kind == protocol.RESULT:
             self._on_result(body, now)
-        elif kind == protocol.BYE:
-            worker.stopping = True
-            log.info("instance %s is stopping", worker.name)
 
     def _on_result(self, body: dict, now: float) -> None:
         job = self.dispatch.finish(body.get("job"), now)
@@ -485,8 +495,8 @@ class Router:
                 item.owner, ErrorCode.NO_INSTANCE, "no ready instance is left for texts this long"
             )
         beat = protocol.pack({"type": protocol.HEARTBEAT})
-        for identity in self.dispatch.workers:
-            self.workers.send_multipart([identity, *beat])
+        for worker in self.dispatch.workers.values():
+            self.workers.send_multipart([worker.control or worker.identity, *beat])
 
     def _send_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
