@@ -78,7 +78,8 @@ class FrontendSpec(JSONSpec):
     endpoint: str  # server.endpoint, for clients
     shards: str  # ipc, for the shards to connect to
     max_message_bytes: int
-    cpus: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
+    nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             shards=f"ipc://{runtime_dir}/frontend.sock",
             max_message_bytes=config.server.max_message_bytes,
             cpus=plan.reserved_cpus,
+            nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
         )
     routers = tuple(
         RouterSpec(

@@ -2,10 +2,11 @@
 
 import pytest
 
-from numaserve.config import AUTO, PlacementConfig
+from numaserve.config import AUTO, Config, PlacementConfig, ServerConfig
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.shards import plan_shards
 from numaserve.host.topology import read_topology
+from numaserve.specs import deployment
 from tests.test_placement import FIXTURE_MACHINES, pools
 
 
@@ -70,3 +71,12 @@ def test_more_routers_than_a_pool_has_instances_is_refused_with_what_fits(sysfs)
     topo = read_topology(sysfs("xeon8260_2socket"))
     with pytest.raises(PlacementError, match=r"pool 'p0' has 2 instance.*routers <= 2"):
         shards_of(topo, PlacementConfig(pools=pools((1, 2), (1, AUTO))), routers=3)
+
+
+def test_the_frontend_binds_its_memory_to_the_nodes_of_its_reserved_cores(sysfs, tmp_path):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    placement = PlacementConfig(reserved_cores=2, pools=pools((1, AUTO)))
+    config = Config(server=ServerConfig(routers=2), placement=placement)
+    frontend = deployment(config, plan_placement(topo, placement), topo, tmp_path).frontend
+    assert frontend.cpus == (0, 24, 48, 72)
+    assert frontend.nodes == (0, 1)

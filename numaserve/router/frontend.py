@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 
 import zmq
 
@@ -22,45 +23,57 @@ from numaserve.specs import FrontendSpec
 
 log = logging.getLogger("numaserve.frontend")
 
-
-class _Stopped(Exception):
-    pass
-
-
-def _stop(*_) -> None:
-    raise _Stopped
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+CONTROL = "inproc://frontend-control"
 
 
 def main(argv: list[str] | None = None) -> int:
     spec = begin(FrontendSpec, "numaserve.router.frontend", argv, log, exitcodes.CRASH)
     if isinstance(spec, int):
         return spec
+    # Blocked here, and so in the proxy's thread too, the stop signals wait for sigwait below.
+    # A Python handler could not stop the proxy: it runs only when libzmq returns to Python,
+    # and a signal that lands while the proxy moves messages never makes it return.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     ctx = context()
     clients = ctx.socket(zmq.ROUTER)
     clients.setsockopt(zmq.MAXMSGSIZE, spec.max_message_bytes)
     shards = ctx.socket(zmq.DEALER)
-    for sock in (clients, shards):
+    control = ctx.socket(zmq.PAIR)
+    for sock in (clients, shards, control):
         sock.linger = 0
     try:
         clients.bind(spec.endpoint)
         shards.bind(spec.shards)
     except zmq.ZMQError as e:
         log.error("cannot listen on %s or %s: %s", spec.endpoint, spec.shards, e)
+        ctx.destroy(linger=0)
         return exitcodes.CRASH
-    # SIGTERM ends the proxy (the supervisor stops the frontend after the shards have drained):
-    # pyzmq runs the handler when libzmq's poll is interrupted, and the exception leaves proxy().
-    signal.signal(signal.SIGTERM, _stop)
+    control.bind(CONTROL)
+    proxy = threading.Thread(target=_proxy, args=(ctx, clients, shards), name="proxy")
+    proxy.start()
     log.info("listening on %s; shards on %s", spec.endpoint, spec.shards)
-    try:
-        zmq.proxy(clients, shards)
-    except _Stopped:
-        pass
-    finally:
-        clients.close(linger=0)
-        shards.close(linger=0)
-        ctx.term()
+    # SIGTERM ends the proxy (the supervisor stops the frontend after the shards have drained).
+    signal.sigwait(STOP_SIGNALS)
+    control.send(b"TERMINATE")
+    proxy.join()
+    control.close()
+    ctx.term()
     log.info("stopped")
     return exitcodes.OK
+
+
+def _proxy(ctx: zmq.Context, clients: zmq.Socket, shards: zmq.Socket) -> None:
+    """libzmq's proxy, until TERMINATE arrives on the control socket; the sockets are this
+    thread's from here on."""
+    control = ctx.socket(zmq.PAIR)
+    control.linger = 0
+    control.connect(CONTROL)
+    try:
+        zmq.proxy_steerable(clients, shards, None, control)
+    finally:
+        for sock in (clients, shards, control):
+            sock.close(linger=0)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def begin(spec_type, module: str, argv: list[str] | None, log: logging.Logger, b
     die_with_parent()
     if spec.cpus:
         try:
-            pin_current_process(spec.cpus, getattr(spec, "nodes", ()))
+            pin_current_process(spec.cpus, spec.nodes)
         except PinningError as e:
             log.error("cannot pin %s: %s", module, e)
             return exitcodes.PINNING
