@@ -1,24 +1,29 @@
-"""How many requests one router passes, and what each costs it in CPU.
+"""How many requests a router passes, and what each costs it in CPU; or `--routers N` shards.
 
-The real router (`python -m numaserve.router`) pinned to CPU 0, with `--workers` stand-in
-instances (benchmarks/stand_in_workers.py: the worker protocol, an answer at once) and a
-pipelined load generator keeping `--inflight` requests outstanding, both on CPU 1. Each text is
-distinct. Measured in one run:
-  floor        a bare pyzmq ROUTER that echoes each request, on CPU 0: what ZeroMQ and Python
-               cost at the least, and the most the load generator can drive here
+The real router (`python -m numaserve.router`) pinned to the first allowed CPU, with `--workers`
+stand-in instances (benchmarks/stand_in_workers.py: the worker protocol, an answer at once) and
+`--clients` pipelined load generators, each keeping `--inflight` requests outstanding. With
+`--routers N`, N shards (one CPU each, `--workers` stand-ins each) behind the frontend
+(router/frontend.py, a CPU of its own), as `server.routers: N` runs them. Which CPU each
+process gets is printed (`layout`: on 2 CPUs, the router on one and all the rest on the
+other). Each text is distinct. Measured in one run:
+  floor        a bare pyzmq ROUTER that echoes each request, on the router's CPU: what ZeroMQ and
+               Python cost at the least, and the most the load generators can drive here
   cache off    the router with server.cache_entries: 0: tokenize, queue, dispatch, reply
   cache hits   the router answering texts its cache holds (no worker involved)
 For each: requests/s, and the router's CPU time per request (utime + stime from /proc over
-the measured window, divided by the requests answered in it). Also the tokenizer alone on the
-router's CPU, one text per call and 32 per `encode_batch` call, the same distinct texts.
+the measured window, divided by the requests answered in it; with shards, all shards' CPU
+together, and the frontend's apart). Also the tokenizer alone on the router's CPU, one text
+per call and 32 per `encode_batch` call, the same distinct texts.
 
 Run:  .venv/bin/python benchmarks/router_capacity.py [--seconds 5] [--inflight 256]
-                                                       [--workers 8] [--json FILE]
+          [--workers 8] [--routers 1] [--clients 1] [--model bundled:minilm] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
@@ -37,17 +43,43 @@ from numaserve import protocol
 from numaserve.config import ModelConfig, PoolConfig, ServerConfig
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.corpus import stdlib_sentences
-from numaserve.specs import RouterSpec
+from numaserve.specs import FrontendSpec, RouterSpec
 from tests.harness.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTER_CPU, LOAD_CPU = 0, 1
 ERROR = msgpack.packb("status") + msgpack.packb("error")  # in an error reply's body
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system time of all the process's threads (as benchmarks/reliability.py reads it)."""
-    return sum(psutil.Process(pid).cpu_times()[:2])
+@dataclass(frozen=True)
+class Layout:
+    """Which CPU each process of a run is pinned to."""
+
+    routers: tuple[int, ...]  # one per shard
+    frontend: int | None  # with more than one shard
+    stand_ins: tuple[int, ...]  # one stand-in process per shard
+    load: tuple[int, ...]  # one load generator per CPU
+
+
+def layout(cpus: list[int], routers: int, clients: int) -> Layout:
+    """Shards first, a CPU each, then the frontend, then a CPU for each shard's stand-ins and
+    one per load generator; where too few CPUs are left, the rest share the last one (on 2
+    CPUs: the router on CPU 0, everything else on CPU 1)."""
+    if len(cpus) < routers + 1:
+        sys.exit(f"--routers {routers} needs {routers + 1} CPUs at least; {len(cpus)} allowed")
+    rest = iter(cpus[routers + (routers > 1) :])
+    others = [next(rest, cpus[-1]) for _ in range(routers + clients)]
+    return Layout(
+        routers=tuple(cpus[:routers]),
+        frontend=cpus[routers] if routers > 1 else None,
+        stand_ins=tuple(others[:routers]),
+        load=tuple(others[routers:]),
+    )
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system time of all the processes' threads (as benchmarks/reliability.py reads
+    it)."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
 
 def texts(count: int, distinct: bool) -> list[str]:
@@ -58,10 +90,11 @@ def texts(count: int, distinct: bool) -> list[str]:
     return [f"{i}: {sentences[i % len(sentences)]}" for i in range(count)]
 
 
-def load(endpoint: str, pid: int, texts_: list[str], inflight: int, warmup: float, seconds: float):
-    """Pipelined requests, `inflight` outstanding, one text each; counts the replies (ok and
-    errors) and the server's CPU over the measured window. Runs pinned to LOAD_CPU."""
-    os.sched_setaffinity(0, {LOAD_CPU})
+def load(endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, args) -> tuple:
+    """One load generator: pipelined requests, `inflight` outstanding, one text each (the
+    `nth` of every `of` texts, so that generators never send the same one). Counts the replies
+    (ok and errors) after the warm-up, for `seconds`."""
+    os.sched_setaffinity(0, {cpu})
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.set_hwm(0)
@@ -69,22 +102,20 @@ def load(endpoint: str, pid: int, texts_: list[str], inflight: int, warmup: floa
     packb = msgpack.packb
 
     def request(i: int) -> list[bytes]:
-        return [
-            protocol.VERSION,
-            packb({"id": i, "op": "embed", "texts": [texts_[i % len(texts_)]]}),
-        ]
+        text = texts_[(i * of + nth) % len(texts_)]
+        return [protocol.VERSION, packb({"id": i, "op": "embed", "texts": [text]})]
 
-    for i in range(inflight):
+    for i in range(args.inflight):
         sock.send_multipart(request(i))
-    sent = inflight
+    sent = args.inflight
     ok = errors = 0
     start = time.perf_counter()
     window = None
     while True:
         now = time.perf_counter()
-        if window is None and now - start >= warmup:
-            window = (now, cpu_seconds(pid), ok + errors)
-        if window is not None and now - window[0] >= seconds:
+        if window is None and now - start >= WARMUP_S:
+            window = (now, ok + errors)
+        if window is not None and now - window[0] >= args.seconds:
             break
         frames = sock.recv_multipart()
         if frames[-1].find(ERROR) < 0:
@@ -93,23 +124,43 @@ def load(endpoint: str, pid: int, texts_: list[str], inflight: int, warmup: floa
             errors += 1
         sock.send_multipart(request(sent))
         sent += 1
-    elapsed = time.perf_counter() - window[0]
-    answered = ok + errors - window[2]
-    cpu = cpu_seconds(pid) - window[1]
     sock.close()
-    return {
-        "requests_per_s": answered / elapsed,
-        "cpu_us_per_request": 1e6 * cpu / answered,
-        "cpu_utilization": cpu / elapsed,
-        "errors": errors,
-    }
+    return ok + errors - window[1], errors, time.perf_counter() - window[0]
 
 
-def _tokenizer_cost(texts_: list[str]) -> dict:
-    os.sched_setaffinity(0, {ROUTER_CPU})
+WARMUP_S = 1.0
+
+
+def run_load(endpoint: str, measured: dict[str, list[int]], texts_: list[str], args, lay) -> dict:
+    """Every load generator at once; the CPU time of each group of `measured` processes over
+    the same window (from this process: the generators' windows start together, after
+    WARMUP_S)."""
+    spawn = multiprocessing.get_context("spawn")
+    of = len(lay.load)
+    with spawn.Pool(of) as pool:
+        pending = pool.starmap_async(
+            load, [(endpoint, cpu, texts_, n, of, args) for n, cpu in enumerate(lay.load)]
+        )
+        time.sleep(WARMUP_S)
+        before = {name: cpu_seconds(pids) for name, pids in measured.items()}
+        time.sleep(args.seconds)
+        used = {name: cpu_seconds(pids) - before[name] for name, pids in measured.items()}
+        counts = pending.get()
+    answered = sum(c[0] for c in counts)
+    rate = sum(c[0] / c[2] for c in counts)
+    result = {"requests_per_s": rate, "errors": sum(c[1] for c in counts)}
+    for name, cpu in used.items():
+        prefix = "" if name == "router" else f"{name}_"
+        result[f"{prefix}cpu_us_per_request"] = 1e6 * cpu / answered
+        result[f"{prefix}cpu_utilization"] = cpu / args.seconds
+    return result
+
+
+def _tokenizer_cost(model: str, cpu: int, texts_: list[str]) -> dict:
+    os.sched_setaffinity(0, {cpu})
     from numaserve.backends.tokenizer import Tokenizer
 
-    raw = Tokenizer("bundled:minilm", 256).raw
+    raw = Tokenizer(model, 256).raw
     raw.encode_batch(texts_[:64])  # warm
     start = time.perf_counter()
     for text in texts_:
@@ -127,118 +178,165 @@ def _tokenizer_cost(texts_: list[str]) -> dict:
     }
 
 
-def tokenizer_cost() -> dict:
+def tokenizer_cost(model: str, cpu: int) -> dict:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_tokenizer_cost, (texts(5000, True),))
+        return pool.apply(_tokenizer_cost, (model, cpu, texts(5000, True)))
 
 
-def _echo(endpoint: str) -> None:
-    os.sched_setaffinity(0, {ROUTER_CPU})
+def _echo(endpoint: str, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
     while True:
         sock.send_multipart(sock.recv_multipart())
 
 
-def run_load(endpoint: str, pid: int, texts_: list[str], args) -> dict:
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(1) as pool:
-        return pool.apply(load, (endpoint, pid, texts_, args.inflight, 1.0, args.seconds))
-
-
-def floor(args) -> dict:
+def floor(args, lay: Layout) -> dict:
+    """A bare pyzmq ROUTER echo on the (first) router's CPU, driven by the same generators."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    proc = multiprocessing.get_context("spawn").Process(target=_echo, args=(endpoint,))
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_echo, args=(endpoint, lay.routers[0])
+    )
     proc.start()
     try:
-        return run_load(endpoint, proc.pid, texts(100_000, True), args)
+        return run_load(endpoint, {"router": [proc.pid]}, texts(100_000, True), args, lay)
     finally:
         proc.kill()
         proc.join()
 
 
-def router(args, tmp: str, cache_entries: int, texts_: list[str]) -> dict:
+def router(args, lay: Layout, tmp: str, cache_entries: int, texts_: list[str]) -> dict:
+    """The real router, or `--routers` shards behind the frontend, each shard with
+    `--workers` stand-in instances of its own."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    workers = f"ipc://{tmp}/workers-{cache_entries}.sock"
-    spec = RouterSpec(
-        workers_endpoint=workers,
-        pools=(PoolConfig(name="main", max_tokens=256),),
-        model=ModelConfig(max_length=256),
-        server=ServerConfig(endpoint=endpoint, cache_entries=cache_entries, queue_size=4096),
-        cpus=(ROUTER_CPU,),
-        nodes=(0,),
-    )
+    sharded = len(lay.routers) > 1
+    shards_endpoint = f"ipc://{tmp}/frontend-{cache_entries}.sock"
+    server = ServerConfig(endpoint=endpoint, cache_entries=cache_entries, queue_size=4096)
     log = open(f"{tmp}/router-{cache_entries}.log", "w")  # noqa: SIM115 (closed below)
-    router_proc = subprocess.Popen(spec.argv(), stderr=log)
-    stand_ins = subprocess.Popen(
-        [
-            *(sys.executable, str(ROOT / "benchmarks/stand_in_workers.py")),
-            *("--endpoint", workers, "--count", str(args.workers), "--cpu", str(LOAD_CPU)),
-        ],
-        stderr=log,
-    )
+    procs, routers = [], []
     try:
+        if sharded:
+            frontend = FrontendSpec(
+                endpoint=endpoint,
+                shards=shards_endpoint,
+                max_message_bytes=server.max_message_bytes,
+                cpus=(lay.frontend,),
+                nodes=(args.node_of[lay.frontend],),
+            )
+            procs.append(subprocess.Popen(frontend.argv(), stderr=log))
+        for shard, (cpu, stand_in_cpu) in enumerate(zip(lay.routers, lay.stand_ins, strict=True)):
+            workers = f"ipc://{tmp}/workers-{cache_entries}-{shard}.sock"
+            spec = RouterSpec(
+                workers_endpoint=workers,
+                pools=(PoolConfig(name="main", max_tokens=256),),
+                model=ModelConfig(path=args.model, max_length=256),
+                server=server,
+                cpus=(cpu,),
+                nodes=(args.node_of[cpu],),
+                shard=shard,
+                frontend=shards_endpoint if sharded else None,
+            )
+            routers.append(subprocess.Popen(spec.argv(), stderr=log))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, str(ROOT / "benchmarks/stand_in_workers.py")),
+                        *("--endpoint", workers, "--count", str(args.workers)),
+                        *("--cpu", str(stand_in_cpu)),
+                    ],
+                    stderr=log,
+                )
+            )
+        procs.extend(routers)
         try:
-            wait_for_instances(endpoint, args.workers)
-        except RuntimeError:
+            wait_for_instances(endpoint, len(routers), args.workers, procs)
+        except RuntimeError as e:
             log.flush()
-            sys.exit(f"{Path(log.name).read_text()[-2000:]}\nthe router did not start (above)")
-        if cache_entries:  # fill the cache with the texts the load then repeats
-            warm(endpoint, texts_)
-        return run_load(endpoint, router_proc.pid, texts_, args)
+            sys.exit(f"{Path(log.name).read_text()[-2000:]}\n{e} (log above)")
+        if cache_entries:  # fill every shard's cache with the texts the load then repeats
+            warm(endpoint, texts_, len(routers))
+        measured = {"router": [p.pid for p in routers]}
+        if sharded:
+            measured["frontend"] = [procs[0].pid]
+        return run_load(endpoint, measured, texts_, args, lay)
     finally:
-        for p in (stand_ins, router_proc):
+        for p in procs:
             p.kill()
             p.wait()
         log.close()
 
 
-def wait_for_instances(endpoint: str, count: int) -> None:
+def wait_for_instances(endpoint: str, shards: int, count: int, procs) -> None:
+    """Until every shard has said (through the frontend, which hands the status requests to
+    each in turn) that `count` instances are ready."""
     from numaserve.client import Client
 
+    ready: dict[int, int] = {}
     deadline = time.monotonic() + 60
     with Client(endpoint, timeout=2, retries=0) as client:
         while time.monotonic() < deadline:
             try:
-                if sum(p["ready"] for p in client.status()["pools"]) >= count:
-                    return
+                status = client.status()
+                ready[status.get("shard", 0)] = sum(p["ready"] for p in status["pools"])
             except Exception:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError(f"the router at {endpoint} did not see {count} instances")
+                if dead := [p.args[2] for p in procs if p.poll() is not None]:
+                    raise RuntimeError(f"exited: {dead}") from None
+                time.sleep(0.2)
+                continue
+            if len(ready) == shards and min(ready.values()) >= count:
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"not every shard at {endpoint} saw {count} instances: {ready}")
 
 
-def warm(endpoint: str, texts_: list[str]) -> None:
+def warm(endpoint: str, texts_: list[str], shards: int) -> None:
+    """Each batch sent once to each shard: the frontend hands consecutive requests to the
+    shards in turn."""
     from numaserve.client import Client
 
     with Client(endpoint, timeout=10) as client:
         for start in range(0, len(texts_), 64):
-            client.embed(texts_[start : start + 64])
+            for _ in range(shards):
+                client.embed(texts_[start : start + 64])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--inflight", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--inflight", type=int, default=256, help="per load generator")
+    parser.add_argument("--workers", type=int, default=8, help="stand-in instances per shard")
+    parser.add_argument("--routers", type=int, default=1, help="router shards")
+    parser.add_argument("--clients", type=int, default=1, help="load generator processes")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--model", default="bundled:minilm", help="model.path whose tokenizer the router runs"
+    )
     args = parser.parse_args()
     topo = read_topology()
     print(format_topology(topo), flush=True)
-    results = {"topology": topo.to_json(), "settings": vars(args) | {"json": str(args.json)}}
+    lay = layout(sorted(os.sched_getaffinity(0)), args.routers, args.clients)
+    print(f"CPUs: {lay}", flush=True)
+    results = {
+        "topology": topo.to_json(),
+        "settings": vars(args) | {"json": str(args.json)},
+        "layout": dataclasses.asdict(lay),
+    }
+    args.node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     with tempfile.TemporaryDirectory() as tmp:
-        results["floor"] = floor(args)
-        results["cache_off"] = router(args, tmp, 0, texts(1_000_000, True))
-        results["cache_hits"] = router(args, tmp, 100_000, texts(500, False))
-    results["tokenizer"] = tokenizer_cost()
+        results["floor"] = floor(args, lay)
+        results["cache_off"] = router(args, lay, tmp, 0, texts(1_000_000, True))
+        results["cache_hits"] = router(args, lay, tmp, 100_000, texts(500, False))
+    results["tokenizer"] = tokenizer_cost(args.model, lay.routers[0])
     print(
-        f"\n{'':12} {'requests/s':>11} {'router CPU us/request':>22} {'CPU use':>8} {'errors':>7}"
+        f"\n{'':12} {'requests/s':>11} {'router CPU us/request':>22} {'CPU use':>8}"
+        f" {'frontend CPU use':>17} {'errors':>7}"
     )
     for name in ("floor", "cache_off", "cache_hits"):
         r = results[name]
+        front = f"{r['frontend_cpu_utilization']:.0%}" if "frontend_cpu_utilization" in r else "-"
         print(
             f"{name:12} {r['requests_per_s']:11,.0f} {r['cpu_us_per_request']:22.1f} "
-            f"{r['cpu_utilization']:8.0%} {r['errors']:7}"
+            f"{r['cpu_utilization']:8.0%} {front:>17} {r['errors']:7}"
         )
     t = results["tokenizer"]
     print(

@@ -1,0 +1,176 @@
+"""Do instances add up: N real single-core instances against one, behind the real router.
+
+`numaserve start` with one pool of single-core instances (cache off), the router shard(s) on
+`--reserved` reserved cores, and pipelined load generators (router_capacity.load: 4 requests in
+flight per instance, each text distinct, about `--words` words) on the CPUs no instance or
+router holds (on the reserved cores where none are left). Runs one instance, then
+`--instances N`, and reports requests/s for each and the ratio N's / (N x one's): 1.0 is
+linear scaling, and the issue asks for 0.9 or more.
+
+What the hardware allows is measured in the same run: the model alone (`load_model(...).run` in
+a loop, one thread, no router, no ZeroMQ) in one process pinned to an instance's CPU, then in N
+at once on the N instances' CPUs. Cores that slow each other down (a lower all-core clock,
+shared caches and memory bandwidth, a hypervisor's neighbours) show there, and numaserve's own
+share of any shortfall is its ratio against that one.
+
+Run:  .venv/bin/python benchmarks/instance_scaling.py [--instances 14] [--seconds 10]
+          [--words 40] [--reserved 1] [--routers auto] [--model bundled:minilm] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from router_capacity import Layout, run_load
+
+from numaserve.backends.tokenizer import Tokenizer
+from numaserve.host.topology import format_topology, read_topology
+from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.server import ENDPOINT, Server
+
+CONFIG = """
+model: {{path: "{model}", max_length: 256}}
+server: {{endpoint: "{endpoint}", cache_entries: 0, queue_size: 4096, routers: {routers}}}
+placement:
+  reserved_cores: {reserved}
+  pools: [{{name: main, max_tokens: 256, instances: {instances}}}]
+"""
+
+
+def texts(count: int, words: int) -> list[str]:
+    """Distinct texts of `words` words, cut from a run of real sentences."""
+    corpus = " ".join(stdlib_sentences(500)).split()
+    return [
+        f"{i}: " + " ".join(corpus[(i * 7) % (len(corpus) - words) :][:words]) for i in range(count)
+    ]
+
+
+def serve(args, instances: int, tmp: Path, texts_: list[str]) -> dict:
+    config = CONFIG.format(
+        model=args.model,
+        endpoint=ENDPOINT,
+        routers=args.routers,
+        reserved=args.reserved,
+        instances=instances,
+    )
+    server = Server(tmp, config, name=f"scaling-{instances}")
+    try:
+        held = {cpu for i in server.wait_ready(timeout=600).values() for cpu in i["cpus"]}
+        status = server.status()
+        shards = status.get("shards") or [status]
+        reserved = {cpu for shard in shards for cpu in shard["cpus"] or ()}
+        free = sorted(os.sched_getaffinity(0) - held - reserved) or sorted(reserved)
+        clients = max(1, min(len(free), instances // 4))
+        lay = Layout(routers=(), frontend=None, stand_ins=(), load=tuple(free[:clients]))
+        load = argparse.Namespace(seconds=args.seconds, inflight=4 * instances // clients)
+        result = run_load(server.endpoint, {}, texts_, load, lay)
+        return result | {"instance_cpus": sorted(held), "load_cpus": list(lay.load)}
+    finally:
+        server.stop()
+
+
+RAW = """
+import json, os, sys, time
+os.sched_setaffinity(0, {{{cpu}}})
+from numaserve.backends import load_model
+from numaserve.config import ModelConfig
+model = load_model(ModelConfig(path={model!r}, max_length=256), isa={isa!r}, threads=1)
+ids = [{ids!r}]
+for _ in range(20):
+    model.run(ids)
+late = time.time() > {start_at}
+time.sleep(max(0.0, {start_at} - time.time()))
+n, start = 0, time.perf_counter()
+while time.perf_counter() - start < {seconds}:
+    model.run(ids)
+    n += 1
+print(json.dumps({{"runs_per_s": n / (time.perf_counter() - start), "late": late}}))
+"""
+
+
+def raw(args, cpus: list[int], ids: list[int], isa: tuple[str, ...]) -> dict:
+    """The model alone in one process per CPU, all measuring over the same window (they load,
+    warm up, then wait for a common start; `late` marks one that was not ready by then)."""
+    start_at = time.time() + 15
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RAW.format(
+                    cpu=cpu,
+                    model=args.model,
+                    isa=isa,
+                    ids=ids,
+                    start_at=start_at,
+                    seconds=args.seconds,
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for cpu in cpus
+    ]
+    runs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    return {
+        "runs_per_s": sum(r["runs_per_s"] for r in runs),
+        "per_cpu": [r["runs_per_s"] for r in runs],
+        "late": sum(r["late"] for r in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", type=int, default=14)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--reserved", type=int, default=1, help="placement.reserved_cores")
+    parser.add_argument("--routers", default="auto", help="server.routers")
+    parser.add_argument("--model", default="bundled:minilm", help="model.path")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    topo = read_topology()
+    print(format_topology(topo), flush=True)
+    texts_ = texts(200_000, args.words)
+    results = {"topology": topo.to_json(), "settings": vars(args) | {"json": str(args.json)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (1, args.instances):
+            results[str(n)] = serve(args, n, Path(tmp), texts_)
+            r = results[str(n)]
+            print(
+                f"{n:3} instance(s) on CPUs {r['instance_cpus']}: {r['requests_per_s']:9,.1f} "
+                f"requests/s, {r['errors']} errors (load on CPUs {r['load_cpus']})",
+                flush=True,
+            )
+    n = args.instances
+    ids = Tokenizer(args.model, 256).raw.encode(texts_[0]).ids
+    cpus = results[str(n)]["instance_cpus"]
+    results["raw_1"] = raw(args, cpus[:1], ids, topo.isa)
+    results[f"raw_{n}"] = raw(args, cpus, ids, topo.isa)
+    for key in ("raw_1", f"raw_{n}"):
+        r = results[key]
+        print(
+            f"model alone, {key[4:]:>3} process(es): {r['runs_per_s']:9,.1f} runs/s"
+            f" ({len(ids)} tokens; {r['late']} late)"
+        )
+    served = results[str(n)]["requests_per_s"] / (n * results["1"]["requests_per_s"])
+    alone = results[f"raw_{n}"]["runs_per_s"] / (n * results["raw_1"]["runs_per_s"])
+    results["scaling"] = {"served": served, "model_alone": alone, "served_vs_alone": served / alone}
+    print(
+        f"\n{n} / ({n} x one): served {served:.3f}, model alone {alone:.3f};"
+        f" served against what the hardware allows: {served / alone:.3f}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=list) + "\n")
+
+
+if __name__ == "__main__":
+    main()
