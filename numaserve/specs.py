@@ -67,6 +67,8 @@ class RouterSpec(JSONSpec):
     # Where the frontend hands out requests (ipc), for the shard to connect to; None: the
     # router binds server.endpoint itself (one shard, no frontend).
     frontend: str | None = None
+    # Every shard's address for requests its peers pass on (router/handover.py), by shard.
+    handovers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
     and the frontend's hand-out): private to this server."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     shards = plan_shards(plan, topo, config.server.routers)
-    frontend = None
+    frontend, handovers = None, ()
     if len(shards) > 1:
+        handovers = tuple(f"ipc://{runtime_dir}/handover-{s.index}.sock" for s in shards)
         frontend = FrontendSpec(
             endpoint=config.server.endpoint,
             shards=f"ipc://{runtime_dir}/frontend.sock",
@@ -135,6 +138,7 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             drain_timeout_s=config.supervisor.drain_timeout_s,
             shard=shard.index,
             frontend=frontend.shards if frontend else None,
+            handovers=handovers,
         )
         for shard in shards
     )

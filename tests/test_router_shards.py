@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.harness import server as server_
+from tests.harness.raw_load import RawLoad
 from tests.test_supervisor import Load
 
 pytestmark = pytest.mark.slow
@@ -92,3 +93,31 @@ def test_sigterm_drains_every_shard_and_exits_0(sharded):
     log = sharded.log()
     assert "exit router-0: exit 0" in log and "exit router-1: exit 0" in log
     assert "stopped" in log
+
+
+def test_instances_killed_hung_stopped_and_reloaded_under_two_shards_refuse_nothing(sharded):
+    """Each shard has one instance here: while it is gone, its shard hands texts to the
+    other (router/handover.py) instead of answering no_instance. Raw clients never retry."""
+    load = RawLoad(sharded.endpoint, clients=2, depth=4)
+    time.sleep(1)
+    for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
+        before = sharded.instances()["main-0"]
+        os.kill(before["pid"], sig)
+        sharded.wait_replaced("main-0", before["pid"])
+        time.sleep(1)
+    sharded.reload()
+    time.sleep(1)
+    outcomes = load.stop()
+    assert outcomes.unanswered == 0, outcomes.summary()
+    assert set(outcomes.codes) == {"ok"} and outcomes.sent > 300, outcomes.summary()
+    assert sharded.status()["requests"]["handed_over"] > 0
+
+
+def test_25x_overload_on_two_shards_answers_every_request(sharded):
+    load = RawLoad(sharded.endpoint, clients=25, depth=64)
+    time.sleep(8)
+    outcomes = load.stop(drain_s=10)
+    assert outcomes.unanswered == 0, outcomes.summary()
+    assert set(outcomes.codes) <= {"ok", "overloaded"}, outcomes.summary()
+    assert outcomes.codes["ok"] > 0 and outcomes.codes["overloaded"] > 0, outcomes.summary()
+    assert all(s["instances"] == 1 for s in sharded.status()["shards"])

@@ -24,6 +24,7 @@ from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job
+from numaserve.router.handover import Handover, is_handed_over
 from numaserve.router.process import begin, context
 from numaserve.router.requests import Deadlines, Pending
 from numaserve.specs import RouterSpec
@@ -38,6 +39,9 @@ WORKER_BATCH = 256
 YIELD_CHECK_S = 0.0001
 BUSY_POLL_S = 0.001
 TOKENIZER_MEMO_BYTES = 64 << 20
+# A request handed to a peer shard that has not answered in this long is answered no_instance
+# here (the peer died holding it): past any queue wait, and a client's usual timeout.
+HANDOVER_TIMEOUT_S = 30.0
 # An upper bound on a text's token count from its UTF-8 length, before tokenizing: no
 # tokenizer numaserve serves makes more than two tokens of a byte, plus special tokens.
 TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
@@ -91,6 +95,7 @@ class Router:
         self.counters = {
             "requests": 0,
             "replies_ok": 0,
+            "handed_over": 0,
             "dropped_frames": 0,
         }
         self.disconnects = Summary(
@@ -115,6 +120,11 @@ class Router:
         self.draining_until: float | None = None  # set by SIGTERM: finish what is in flight
         self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
         self.supervisor: dict = {}  # the supervisor's slot table, for status
+        self.handover = (
+            Handover(self.ctx, spec.shard, spec.handovers, HANDOVER_TIMEOUT_S)
+            if spec.handovers
+            else None
+        )
         self.changed = False  # something new to schedule: texts queued, or an instance freed
 
     def bind(self) -> None:
@@ -122,6 +132,8 @@ class Router:
         shards, by connecting to the frontend that hands their requests out."""
         if self.spec.frontend:
             self.clients.connect(self.spec.frontend)
+            if self.spec.handovers:  # where peer shards pass requests on (router/handover.py)
+                self.clients.bind(self.spec.handovers[self.spec.shard])
         else:
             self.clients.bind(self.server.endpoint)
         self.workers.bind(self.spec.workers_endpoint)
@@ -135,6 +147,8 @@ class Router:
         poller.register(self.monitor, zmq.POLLIN)
         if wake_fd is not None:
             poller.register(wake_fd, zmq.POLLIN)
+        for sock in self.handover.peers.values() if self.handover else ():
+            poller.register(sock, zmq.POLLIN)
         next_beat = time.monotonic()
         busy, next_look = False, 0.0
         while not self.stopping:
@@ -160,6 +174,9 @@ class Router:
             if got:
                 self._schedule(time.monotonic())
             got += self._drain(self.clients, self.on_client, CLIENT_BATCH, yield_to=self.workers)
+            if self.handover and self.handover.passed:
+                for envelope, body in self.handover.replies():
+                    self._reply(envelope, body)
             busy = got > 0
             if self.monitor in events:
                 self._on_disconnect()
@@ -306,9 +323,33 @@ class Router:
         self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
 
     def _fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
-        if not pending.done:
-            self._finish(pending)
-            self._reply_error(pending.envelope, pending.request.id, code, message)
+        if pending.done or (code is ErrorCode.NO_INSTANCE and self._hand_over(pending)):
+            return
+        self._finish(pending)
+        self._reply_error(pending.envelope, pending.request.id, code, message)
+
+    def _hand_over(self, pending: Pending) -> bool:
+        """Pass a request this shard has no instance for to a peer that has (and answer for
+        it when the peer does); False where there is none, or it came from a peer, or the
+        server is stopping."""
+        if (
+            self.handover is None
+            or self.draining_until is not None
+            or is_handed_over(pending.envelope)
+        ):
+            return False
+        pools = self.dispatch.pools
+        needed = {pools[self.dispatch.pool_for(len(e.ids))].config.name for e in pending.encoded}
+        peer = self.handover.peer_for(needed, self.supervisor.get("peers") or [])
+        if peer is None:
+            return False
+        now = time.monotonic()
+        left_ms = (pending.deadline - now) * 1000 if pending.deadline is not None else None
+        if not self.handover.pass_on(peer, pending.envelope, pending.request, left_ms, now):
+            return False
+        self._finish(pending)
+        self.counters["handed_over"] += 1
+        return True
 
     def _finish(self, pending: Pending) -> None:
         """Forget an answered request: memory follows what is in flight, not what was."""
@@ -362,7 +403,7 @@ class Router:
             )
 
     def _check_drained(self, now: float) -> None:
-        if not self.active:
+        if not self.active and not (self.handover and self.handover.passed):
             self.stopping = True
         elif now >= self.draining_until:
             log.warning(
@@ -373,6 +414,7 @@ class Router:
                 self._fail(
                     pending, ErrorCode.NO_INSTANCE, "the server stopped before it could answer"
                 )
+            self._expire_handovers(float("inf"))
             self.stopping = True
 
     # -- workers ---------------------------------------------------------------------------
@@ -494,9 +536,15 @@ class Router:
             self._fail(
                 item.owner, ErrorCode.NO_INSTANCE, "no ready instance is left for texts this long"
             )
+        self._expire_handovers(now)
         beat = protocol.pack({"type": protocol.HEARTBEAT})
         for worker in self.dispatch.workers.values():
             self.workers.send_multipart([worker.control or worker.identity, *beat])
+
+    def _expire_handovers(self, now: float) -> None:
+        for passed in self.handover.expired(now) if self.handover else ():
+            message = f"handed to router shard {passed.peer}, which did not answer in time"
+            self._reply_error(passed.envelope, passed.request_id, ErrorCode.NO_INSTANCE, message)
 
     def _send_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -536,6 +584,8 @@ class Router:
         }
 
     def close(self) -> None:
+        if self.handover:
+            self.handover.close()
         self.clients.disable_monitor()
         for sock in (self.monitor, self.clients, self.workers):
             sock.close(linger=0)

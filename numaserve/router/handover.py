@@ -1,0 +1,106 @@
+"""Handing a request to another shard when this one has no instance left for it.
+
+The frontend spreads requests over the shards blindly, and each shard routes only to its own
+instances. When a shard's last instance of a pool dies (until the supervisor has restarted it)
+or it has none yet, a text for that pool would be refused while another shard could serve it.
+Instead the shard passes the whole request (requests are idempotent) to a peer whose latest
+status, forwarded by the supervisor, shows ready instances of every pool it needs, as a client
+of the peer's client socket, and relays the answer. A handed-over request is never handed over
+again: the peer answers it itself, with an error if it must.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import zmq
+
+from numaserve import protocol
+from numaserve.protocol import Request
+
+PREFIX = b"handover/"  # the routing id of a shard's connection to a peer: b"handover/<shard>"
+
+
+def is_handed_over(envelope: list[bytes]) -> bool:
+    """Whether a client message came from a peer shard (clients' ids are libzmq's, 0x00...)."""
+    return len(envelope) == 1 and envelope[0].startswith(PREFIX)
+
+
+@dataclass
+class Passed:
+    envelope: list[bytes]  # the original client's
+    request_id: int | str
+    peer: int
+    expires: float
+
+
+class Handover:
+    def __init__(self, ctx: zmq.Context, shard: int, endpoints: tuple[str, ...], timeout: float):
+        """`endpoints`: every shard's handover address, by shard index (this one's included)."""
+        self.peers: dict[int, zmq.Socket] = {}
+        for peer, endpoint in enumerate(endpoints):
+            if peer != shard:
+                sock = ctx.socket(zmq.DEALER)
+                sock.linger = 0
+                sock.setsockopt(zmq.ROUTING_ID, PREFIX + str(shard).encode())
+                sock.connect(endpoint)
+                self.peers[peer] = sock
+        self.timeout = timeout
+        self.passed: dict[int, Passed] = {}
+        self.tokens = itertools.count()
+
+    @staticmethod
+    def peer_for(pools: set[str], peers: list[dict]) -> int | None:
+        """A peer, by its last status, with a ready instance of each pool and not draining; the
+        one with the most ready instances of them."""
+        best, most = None, 0
+        for status in peers:
+            ready = {p["name"]: p["ready"] for p in status.get("pools", ())}
+            have = min((ready.get(name, 0) for name in pools), default=0)
+            if have > most and not status.get("draining"):
+                best, most = status.get("shard"), have
+        return best
+
+    def pass_on(
+        self, peer: int, envelope: list[bytes], request: Request, left_ms: float | None, now: float
+    ) -> bool:
+        """Send `request` to `peer`, with what is left of its deadline; False if it cannot."""
+        sock = self.peers.get(peer)
+        if sock is None:
+            return False
+        token = next(self.tokens)
+        body = {"id": token, "op": request.op, "texts": list(request.texts)}
+        if left_ms is not None:
+            body["deadline_ms"] = max(1.0, left_ms)
+        try:
+            sock.send_multipart(protocol.pack(body), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        self.passed[token] = Passed(envelope, request.id, peer, now + self.timeout)
+        return True
+
+    def replies(self):
+        """(original envelope, reply body with the client's id) for each answer waiting."""
+        for sock in self.peers.values():
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    body = protocol.unpack(frames)
+                except protocol.ProtocolError:
+                    continue
+                passed = self.passed.pop(body.get("id"), None)
+                if passed is not None:
+                    yield passed.envelope, body | {"id": passed.request_id}
+
+    def expired(self, now: float) -> list[Passed]:
+        """Requests a peer has not answered in time (it died holding them): forgotten here."""
+        late = [t for t, p in self.passed.items() if p.expires <= now]
+        return [self.passed.pop(t) for t in late]
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close(linger=0)
