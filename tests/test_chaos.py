@@ -59,15 +59,7 @@ def test_workers_killed_stopped_and_reloaded_lose_no_request(server):
         after = server.wait_replaced(name, before["pid"])
         assert after["cpus"] == before["cpus"] and after["affinity_ok"]
         time.sleep(3.5)  # past supervisor.stable_s: not a crash loop
-    old = {i["pid"] for i in server.instances().values()}
-    server.proc.send_signal(signal.SIGHUP)
-    server.wait_for(
-        lambda: (
-            not old & {i["pid"] for i in server.instances().values() if i["routed"]}
-            and "reload: done" in server.log()
-        ),
-        what="reload done",
-    )
+    server.reload()
     time.sleep(1)
     outcomes = load.stop()
     report(outcomes)

@@ -88,6 +88,18 @@ class Server:
             what=f"{name} replaced",
         )
 
+    def reload(self) -> None:
+        """SIGHUP, then wait until every instance routed is a new one and the reload is done."""
+        old = {i["pid"] for i in self.instances().values()}
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_for(
+            lambda: (
+                not old & {i["pid"] for i in self.instances().values() if i["routed"]}
+                and "reload: done" in self.log()
+            ),
+            what="reload done",
+        )
+
     def router_pid(self) -> int:
         """The router's pid: the supervisor's child running numaserve.router."""
         out = subprocess.check_output(["pgrep", "-f", "-P", str(self.proc.pid), "numaserve.router"])
