@@ -186,8 +186,9 @@ def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
         try:
             for line in proc.stdout:
                 log.write(line)
-                if SENTINEL in line:
-                    code = int(line.split(SENTINEL, 1)[1].split()[0])
+                if exit_code := re.search(re.escape(SENTINEL) + r"\s*(\d+)", line):
+                    # digits only: the guest's console may run a kernel message on into the line
+                    code = int(exit_code[1])
                 elif not line.startswith("["):
                     print(line, end="", flush=True)
                 if time.monotonic() - began > timeout:
