@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from router_capacity import Layout, run_load
+from router_capacity import run_load
 
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.host.topology import format_topology, read_topology
@@ -48,9 +48,8 @@ placement:
 def texts(count: int, words: int) -> list[str]:
     """Distinct texts of `words` words, cut from a run of real sentences."""
     corpus = " ".join(stdlib_sentences(500)).split()
-    return [
-        f"{i}: " + " ".join(corpus[(i * 7) % (len(corpus) - words) :][:words]) for i in range(count)
-    ]
+    starts = ((i * 7) % (len(corpus) - words) for i in range(count))
+    return [f"{i}: " + " ".join(corpus[k : k + words]) for i, k in enumerate(starts)]
 
 
 def serve(args, instances: int, tmp: Path, texts_: list[str]) -> dict:
@@ -69,16 +68,15 @@ def serve(args, instances: int, tmp: Path, texts_: list[str]) -> dict:
         reserved = {cpu for shard in shards for cpu in shard["cpus"] or ()}
         free = sorted(os.sched_getaffinity(0) - held - reserved) or sorted(reserved)
         clients = max(1, min(len(free), instances // 4))
-        lay = Layout(routers=(), frontend=None, stand_ins=(), load=tuple(free[:clients]))
-        load = argparse.Namespace(seconds=args.seconds, inflight=4 * instances // clients)
-        result = run_load(server.endpoint, {}, texts_, load, lay)
-        return result | {"instance_cpus": sorted(held), "load_cpus": list(lay.load)}
+        cpus = tuple(free[:clients])
+        result = run_load(server.endpoint, {}, texts_, cpus, 4 * instances // clients, args.seconds)
+        return result | {"instance_cpus": sorted(held), "load_cpus": list(cpus)}
     finally:
         server.stop()
 
 
 RAW = """
-import json, os, sys, time
+import json, os, time
 os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.backends import load_model
 from numaserve.config import ModelConfig

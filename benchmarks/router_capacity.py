@@ -90,7 +90,12 @@ def texts(count: int, distinct: bool) -> list[str]:
     return [f"{i}: {sentences[i % len(sentences)]}" for i in range(count)]
 
 
-def load(endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, args) -> tuple:
+WARMUP_S = 1.0
+
+
+def load(
+    endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, inflight: int, seconds: float
+) -> tuple:
     """One load generator: pipelined requests, `inflight` outstanding, one text each (the
     `nth` of every `of` texts, so that generators never send the same one). Counts the replies
     (ok and errors) after the warm-up, for `seconds`."""
@@ -105,9 +110,9 @@ def load(endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, args) ->
         text = texts_[(i * of + nth) % len(texts_)]
         return [protocol.VERSION, packb({"id": i, "op": "embed", "texts": [text]})]
 
-    for i in range(args.inflight):
+    for i in range(inflight):
         sock.send_multipart(request(i))
-    sent = args.inflight
+    sent = inflight
     ok = errors = 0
     start = time.perf_counter()
     window = None
@@ -115,7 +120,7 @@ def load(endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, args) ->
         now = time.perf_counter()
         if window is None and now - start >= WARMUP_S:
             window = (now, ok + errors)
-        if window is not None and now - window[0] >= args.seconds:
+        if window is not None and now - window[0] >= seconds:
             break
         frames = sock.recv_multipart()
         if frames[-1].find(ERROR) < 0:
@@ -128,22 +133,26 @@ def load(endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, args) ->
     return ok + errors - window[1], errors, time.perf_counter() - window[0]
 
 
-WARMUP_S = 1.0
-
-
-def run_load(endpoint: str, measured: dict[str, list[int]], texts_: list[str], args, lay) -> dict:
-    """Every load generator at once; the CPU time of each group of `measured` processes over
-    the same window (from this process: the generators' windows start together, after
-    WARMUP_S)."""
+def run_load(
+    endpoint: str,
+    measured: dict[str, list[int]],
+    texts_: list[str],
+    cpus: tuple[int, ...],
+    inflight: int,
+    seconds: float,
+) -> dict:
+    """A load generator on each of `cpus`, all at once, each keeping `inflight` requests
+    outstanding; the CPU time of each group of `measured` processes over the same window (from
+    this process: the generators' windows start together, after WARMUP_S)."""
     spawn = multiprocessing.get_context("spawn")
-    of = len(lay.load)
+    of = len(cpus)
     with spawn.Pool(of) as pool:
         pending = pool.starmap_async(
-            load, [(endpoint, cpu, texts_, n, of, args) for n, cpu in enumerate(lay.load)]
+            load, [(endpoint, cpu, texts_, n, of, inflight, seconds) for n, cpu in enumerate(cpus)]
         )
         time.sleep(WARMUP_S)
         before = {name: cpu_seconds(pids) for name, pids in measured.items()}
-        time.sleep(args.seconds)
+        time.sleep(seconds)
         used = {name: cpu_seconds(pids) - before[name] for name, pids in measured.items()}
         counts = pending.get()
     answered = sum(c[0] for c in counts)
@@ -152,7 +161,7 @@ def run_load(endpoint: str, measured: dict[str, list[int]], texts_: list[str], a
     for name, cpu in used.items():
         prefix = "" if name == "router" else f"{name}_"
         result[f"{prefix}cpu_us_per_request"] = 1e6 * cpu / answered
-        result[f"{prefix}cpu_utilization"] = cpu / args.seconds
+        result[f"{prefix}cpu_utilization"] = cpu / seconds
     return result
 
 
@@ -199,13 +208,18 @@ def floor(args, lay: Layout) -> dict:
     )
     proc.start()
     try:
-        return run_load(endpoint, {"router": [proc.pid]}, texts(100_000, True), args, lay)
+        texts_ = texts(100_000, True)
+        return run_load(
+            endpoint, {"router": [proc.pid]}, texts_, lay.load, args.inflight, args.seconds
+        )
     finally:
         proc.kill()
         proc.join()
 
 
-def router(args, lay: Layout, tmp: str, cache_entries: int, texts_: list[str]) -> dict:
+def router(
+    args, lay: Layout, node_of: dict[int, int], tmp: str, cache_entries: int, texts_: list[str]
+) -> dict:
     """The real router, or `--routers` shards behind the frontend, each shard with
     `--workers` stand-in instances of its own."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -221,7 +235,7 @@ def router(args, lay: Layout, tmp: str, cache_entries: int, texts_: list[str]) -
                 shards=shards_endpoint,
                 max_message_bytes=server.max_message_bytes,
                 cpus=(lay.frontend,),
-                nodes=(args.node_of[lay.frontend],),
+                nodes=(node_of[lay.frontend],),
             )
             procs.append(subprocess.Popen(frontend.argv(), stderr=log))
         for shard, (cpu, stand_in_cpu) in enumerate(zip(lay.routers, lay.stand_ins, strict=True)):
@@ -232,7 +246,7 @@ def router(args, lay: Layout, tmp: str, cache_entries: int, texts_: list[str]) -
                 model=ModelConfig(path=args.model, max_length=256),
                 server=server,
                 cpus=(cpu,),
-                nodes=(args.node_of[cpu],),
+                nodes=(node_of[cpu],),
                 shard=shard,
                 frontend=shards_endpoint if sharded else None,
             )
@@ -258,7 +272,7 @@ def router(args, lay: Layout, tmp: str, cache_entries: int, texts_: list[str]) -
         measured = {"router": [p.pid for p in routers]}
         if sharded:
             measured["frontend"] = [procs[0].pid]
-        return run_load(endpoint, measured, texts_, args, lay)
+        return run_load(endpoint, measured, texts_, lay.load, args.inflight, args.seconds)
     finally:
         for p in procs:
             p.kill()
@@ -321,11 +335,11 @@ def main() -> None:
         "settings": vars(args) | {"json": str(args.json)},
         "layout": dataclasses.asdict(lay),
     }
-    args.node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
+    node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     with tempfile.TemporaryDirectory() as tmp:
         results["floor"] = floor(args, lay)
-        results["cache_off"] = router(args, lay, tmp, 0, texts(1_000_000, True))
-        results["cache_hits"] = router(args, lay, tmp, 100_000, texts(500, False))
+        results["cache_off"] = router(args, lay, node_of, tmp, 0, texts(1_000_000, True))
+        results["cache_hits"] = router(args, lay, node_of, tmp, 100_000, texts(500, False))
     results["tokenizer"] = tokenizer_cost(args.model, lay.routers[0])
     print(
         f"\n{'':12} {'requests/s':>11} {'router CPU us/request':>22} {'CPU use':>8}"
