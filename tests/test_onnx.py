@@ -141,6 +141,19 @@ def test_an_onnx_worker_never_loads_torch(classifier_dir, cache):
     assert out.stdout.splitlines()[-1] == "False False"  # the build ran in a child process
 
 
+def still_running(proc: psutil.Process) -> bool:
+    """A zombie has exited: the orphaned build is reaped by whoever adopts it, and some
+    PID 1s (CI's among them) never reap."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def building(proc: psutil.Process) -> bool:
+    return "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
+
+
 def test_a_build_dies_with_the_worker_that_started_it(cache):
     # MiniLM: its build takes about 8 s, so a build that outlived its worker would be seen.
     code = "from numaserve.config import ModelConfig\n" + (
@@ -152,9 +165,14 @@ def test_a_build_dies_with_the_worker_that_started_it(cache):
         while not (builders := psutil.Process(worker.pid).children()):
             assert time.monotonic() < deadline and worker.poll() is None, "no build started"
             time.sleep(0.05)
+        while not building(builders[0]):  # past its start, where it checks its parent once
+            assert time.monotonic() < deadline and worker.poll() is None, "the build never ran"
+            time.sleep(0.05)
         worker.send_signal(signal.SIGKILL)
-        _, alive = psutil.wait_procs(builders, timeout=2)
-        assert alive == []
+        deadline = time.monotonic() + 2
+        while running := [b for b in builders if still_running(b)]:
+            assert time.monotonic() < deadline, f"build outlived its worker: {running}"
+            time.sleep(0.05)
     finally:
         worker.kill()
         worker.wait()
