@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from numaserve import protocol
 from numaserve.client import Client
 from tests.harness import server as server_
+from tests.harness.processes import still_running
 from tests.harness.raw_load import RawLoad
 
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ def test_sigterm_under_load_answers_what_is_in_flight_and_leaves_nothing(server)
     assert server.proc.wait(60) == 0
     assert outcomes.unanswered == 0, outcomes.summary()
     assert set(outcomes.codes) <= {"ok", "no_instance"}, outcomes.summary()
-    assert not any(psutil.pid_exists(p) for p in pids)
+    assert not any(still_running(p) for p in pids)
     assert not runtime.exists()
 
 

@@ -24,6 +24,7 @@ from numaserve.config import ModelConfig
 from numaserve.host.pinning import live_affinity
 from numaserve.loadgen.corpus import stdlib_sentences
 from tests.harness.console import numaserve
+from tests.harness.processes import wait_gone
 from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
 
 SENTENCES = stdlib_sentences(64)
@@ -141,15 +142,6 @@ def test_an_onnx_worker_never_loads_torch(classifier_dir, cache):
     assert out.stdout.splitlines()[-1] == "False False"  # the build ran in a child process
 
 
-def still_running(proc: psutil.Process) -> bool:
-    """A zombie has exited: the orphaned build is reaped by whoever adopts it, and some
-    PID 1s (CI's among them) never reap."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def building(proc: psutil.Process) -> bool:
     return "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
 
@@ -169,10 +161,7 @@ def test_a_build_dies_with_the_worker_that_started_it(cache):
             assert time.monotonic() < deadline and worker.poll() is None, "the build never ran"
             time.sleep(0.05)
         worker.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 2
-        while running := [b for b in builders if still_running(b)]:
-            assert time.monotonic() < deadline, f"build outlived its worker: {running}"
-            time.sleep(0.05)
+        assert wait_gone([b.pid for b in builders], timeout=2) == [], "build outlived its worker"
     finally:
         worker.kill()
         worker.wait()

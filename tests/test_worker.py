@@ -1,6 +1,5 @@
 """Real worker processes, pinned, loading real models, driven over real ZeroMQ sockets."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from numaserve import exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
 from numaserve.host.pinning import live_affinity, read_numa_maps
+from tests.harness.processes import wait_gone
 from tests.harness.router_side import RouterSide, start_worker, worker_spec
 
 TEXTS = ["Return the absolute value of the argument.", "Hello world"]
@@ -182,18 +182,7 @@ def test_worker_exits_when_its_parent_dies(router, tmp_path):
     router.wait_for(protocol.READY)
     parent.kill()
     parent.wait()
-    assert wait_gone(worker_pid, timeout=30)
-
-
-def wait_gone(pid, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
+    assert wait_gone([worker_pid], timeout=30) == []
 
 
 def exit_of(spec, tmp_path):
