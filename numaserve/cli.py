@@ -14,6 +14,7 @@ from numaserve import __version__, exitcodes
 from numaserve.config import ConfigError, load_config
 from numaserve.host.cpulist import CPUListError, parse_cpulist
 from numaserve.host.placement import PlacementError, format_plan, plan_placement
+from numaserve.host.shards import plan_shards
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
 
 
@@ -90,7 +91,7 @@ def topology(sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) ->
 @allowed_option
 @json_option
 def plan(config_path: str, sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) -> None:
-    """Show where each instance of CONFIG would run, without starting anything."""
+    """Show where each instance and router shard of CONFIG would run, without starting anything."""
     try:
         config = load_config(config_path)
     except ConfigError as e:
@@ -98,12 +99,13 @@ def plan(config_path: str, sysfs_root: str | None, allowed_cpus: str | None, as_
     topo = _topology(sysfs_root, allowed_cpus)
     try:
         result = plan_placement(topo, config.placement)
+        shards = plan_shards(result, topo, config.server.routers)
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
     if as_json:
-        _print_json(result.to_json())
+        _print_json({**result.to_json(), "routers": [s.to_json() for s in shards]})
     else:
-        click.echo(format_plan(result))
+        click.echo("\n".join([format_plan(result), *(s.describe() for s in shards)]))
 
 
 endpoint_option = click.option(

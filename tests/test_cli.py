@@ -61,9 +61,30 @@ def test_plan_of_the_2socket_example_on_its_fixture(sysfs):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     pools = [i["pool"] for i in data["instances"]]
-    assert (pools.count("short"), pools.count("medium"), pools.count("long")) == (23, 4, 4)
-    assert data["reserved_cpus"] == [0, 48]
+    assert (pools.count("short"), pools.count("medium"), pools.count("long")) == (22, 4, 4)
+    assert data["reserved_cpus"] == [0, 24, 48, 72]  # a core of each socket, SMT sibling too
     assert all(i["threads"] == len(i["cpus"]) for i in data["instances"])
+
+
+def test_plan_puts_one_router_shard_on_each_nodes_reserved_core_with_that_nodes_instances(sysfs):
+    r = numaserve(
+        "plan",
+        "--config",
+        CONFIGS / "example-2socket.yaml",
+        "--sysfs-root",
+        sysfs("xeon8260_2socket"),
+        "--json",
+    )
+    data = json.loads(r.stdout)
+    node_of = {i["name"]: i["node"] for i in data["instances"]}
+    assert [(s["shard"], s["node"], s["cpus"]) for s in data["routers"]] == [
+        (0, 0, [0, 48]),
+        (1, 1, [24, 72]),
+    ]
+    for shard in data["routers"]:
+        assert {node_of[name] for name in shard["instances"]} == {shard["node"]}
+        assert {name.split("-")[0] for name in shard["instances"]} == {"short", "medium", "long"}
+    assert sorted(n for s in data["routers"] for n in s["instances"]) == sorted(node_of)
 
 
 def test_plan_honours_allowed_cpus(sysfs):
@@ -90,7 +111,8 @@ def test_plan_table_is_readable(sysfs):
         sysfs("xeon8260_2socket"),
     )
     assert r.stdout.splitlines()[0].split() == ["instance", "pool", "node", "threads", "cpus"]
-    assert "reserved for router and supervisor: 0,48" in r.stdout
+    assert "reserved for router and supervisor: 0,24,48,72" in r.stdout
+    assert "router shard 1: node 1, CPUs 24,72, routes to short-" in r.stdout
 
 
 @pytest.mark.parametrize(

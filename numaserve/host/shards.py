@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from numaserve.config import AUTO
+from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, Plan, Slot
 from numaserve.host.topology import CPUTopology
 
@@ -23,6 +24,20 @@ class Shard:
     slots: tuple[str, ...]  # the instances it routes to
     node: int  # where most of its instances' CPUs are
     cpus: tuple[int, ...]  # the reserved CPUs it is pinned to; empty: not pinned
+
+    def to_json(self) -> dict:
+        return {
+            "shard": self.index,
+            "node": self.node,
+            "cpus": list(self.cpus),
+            "instances": list(self.slots),
+        }
+
+    def describe(self) -> str:
+        where = (
+            f"CPUs {format_cpulist(self.cpus)}" if self.cpus else "not pinned (no reserved cores)"
+        )
+        return f"router shard {self.index}: node {self.node}, {where}, routes to {', '.join(self.slots)}"
 
 
 def shard_count(plan: Plan, routers: int | str) -> int:
