@@ -3,12 +3,10 @@ throughout. Slow: CI runs them in their own step. The NUMA placement of shards i
 tested in tests/test_shards.py; this machine has one node, so here `routers: 2` makes two
 unpinned shards of one instance each."""
 
-import json
 import os
 import signal
 import time
 
-import psutil
 import pytest
 
 from tests.harness import server as server_
@@ -35,15 +33,6 @@ def sharded(tmp_path):
     s.stop()
 
 
-def shard_pid(server: server_.Server, shard: int) -> int:
-    """The supervisor's child running router shard `shard` (its spec is on its command line)."""
-    for child in psutil.Process(server.proc.pid).children():
-        argv = child.cmdline()
-        if "numaserve.router" in argv and json.loads(argv[-1])["shard"] == shard:
-            return child.pid
-    raise AssertionError(f"no router shard {shard} under {server.proc.pid}")
-
-
 def test_two_shards_serve_one_endpoint_and_status_shows_the_whole_server(sharded):
     load = Load(sharded.endpoint)
     time.sleep(2)
@@ -63,7 +52,7 @@ def test_two_shards_serve_one_endpoint_and_status_shows_the_whole_server(sharded
 
 
 def test_a_killed_shard_is_restarted_while_the_other_keeps_serving(sharded):
-    victim = shard_pid(sharded, 1)
+    victim = sharded.shard_pid(1)
     load = Load(sharded.endpoint)
     time.sleep(1)
     os.kill(victim, signal.SIGKILL)
@@ -79,7 +68,7 @@ def test_a_killed_shard_is_restarted_while_the_other_keeps_serving(sharded):
     counts = load.stop()
     # requests the dead shard held are retried by the client on a fresh socket
     assert counts.get("ok", 0) > 50 and set(counts) == {"ok"}, counts
-    assert shard_pid(sharded, 1) != victim
+    assert sharded.shard_pid(1) != victim
 
 
 def test_sigterm_drains_every_shard_and_exits_0(sharded):

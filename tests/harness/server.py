@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from numaserve.client import Client, NumaserveError
 from tests.harness.cluster import free_port
@@ -104,6 +107,14 @@ class Server:
         """The router's pid: the supervisor's child running numaserve.router."""
         out = subprocess.check_output(["pgrep", "-f", "-P", str(self.proc.pid), "numaserve.router"])
         return int(out.split()[0])
+
+    def shard_pid(self, shard: int) -> int:
+        """The supervisor's child running router shard `shard` (its spec is on its command line)."""
+        for child in psutil.Process(self.proc.pid).children():
+            argv = child.cmdline()
+            if "numaserve.router" in argv and json.loads(argv[-1])["shard"] == shard:
+                return child.pid
+        raise AssertionError(f"no router shard {shard} under {self.proc.pid}")
 
     def pids(self) -> list[int]:
         status = self.status()
