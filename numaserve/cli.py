@@ -30,13 +30,19 @@ class MachineError(click.ClickException):
     exit_code = 1
 
 
-def _topology(sysfs_root: str | None, allowed_cpus: str | None):
+def _topology(sysfs_root: str | None, allowed_cpus: str | None, allowed_mems: str | None = None):
+    lists = {}
+    for option, text in (("--allowed-cpus", allowed_cpus), ("--allowed-mems", allowed_mems)):
+        try:
+            lists[option] = parse_cpulist(text) if text is not None else None
+        except CPUListError as e:
+            raise UserError(f"{option}: {e}") from None
     try:
-        allowed = parse_cpulist(allowed_cpus) if allowed_cpus is not None else None
-    except CPUListError as e:
-        raise UserError(f"--allowed-cpus: {e}") from None
-    try:
-        return read_topology(sysfs_root or LIVE_SYSFS, allowed_cpus=allowed)
+        return read_topology(
+            sysfs_root or LIVE_SYSFS,
+            allowed_cpus=lists["--allowed-cpus"],
+            allowed_mems=lists["--allowed-mems"],
+        )
     except TopologyError as e:
         raise MachineError(str(e)) from None
 
@@ -55,6 +61,12 @@ allowed_option = click.option(
     metavar="LIST",
     help="Place only on these CPUs (kernel list format, e.g. 0-23,48-71). Default: this "
     "process's affinity on /sys, every online CPU with --sysfs-root.",
+)
+allowed_mems_option = click.option(
+    "--allowed-mems",
+    metavar="LIST",
+    help="Place only on nodes whose memory this list allows (e.g. 1). Default: this process's "
+    "Mems_allowed_list (its cpuset) on /sys, every node with --sysfs-root.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print stable JSON.")
 config_option = click.option(
@@ -75,10 +87,13 @@ def main() -> None:
 @main.command()
 @sysfs_option
 @allowed_option
+@allowed_mems_option
 @json_option
-def topology(sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) -> None:
-    """Show sockets, NUMA nodes, physical cores and their hardware threads."""
-    topo = _topology(sysfs_root, allowed_cpus)
+def topology(
+    sysfs_root: str | None, allowed_cpus: str | None, allowed_mems: str | None, as_json: bool
+) -> None:
+    """Show sockets, NUMA nodes, physical cores, their types and hardware threads."""
+    topo = _topology(sysfs_root, allowed_cpus, allowed_mems)
     if as_json:
         _print_json(topo.to_json())
     else:
@@ -89,14 +104,23 @@ def topology(sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) ->
 @config_option
 @sysfs_option
 @allowed_option
+@allowed_mems_option
 @json_option
-def plan(config_path: str, sysfs_root: str | None, allowed_cpus: str | None, as_json: bool) -> None:
+def plan(
+    config_path: str,
+    sysfs_root: str | None,
+    allowed_cpus: str | None,
+    allowed_mems: str | None,
+    as_json: bool,
+) -> None:
     """Show where each instance and router shard of CONFIG would run, without starting anything."""
     try:
         config = load_config(config_path)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    topo = _topology(sysfs_root, allowed_cpus)
+    topo = _topology(sysfs_root, allowed_cpus, allowed_mems)
+    for warning in topo.warnings:
+        click.echo(f"warning: {warning}", err=True)
     try:
         result = plan_placement(topo, config.placement)
         shards = plan_shards(result, topo, config.server.routers)

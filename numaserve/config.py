@@ -72,6 +72,9 @@ class PoolConfig:
     max_tokens: int = field(metadata=_bounds(1))
     cores_per_instance: int = field(default=1, metadata=_bounds(1))
     instances: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1))
+    # On a hybrid CPU, the core types an instance may take, in order of preference; one
+    # instance never mixes types. Empty: every type, fastest first.
+    core_types: tuple[Literal["performance", "mid", "efficiency"], ...] = ()
 
 
 @dataclass(frozen=True)

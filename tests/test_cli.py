@@ -17,11 +17,45 @@ def test_topology_json_on_a_fixture_has_the_documented_shape(sysfs):
     r = numaserve("topology", "--sysfs-root", sysfs("xeon8260_2socket"), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == {"sockets", "nodes", "cores", "allowed_cpus", "isa"}
+    assert set(data) == {
+        "sockets",
+        "nodes",
+        "cores",
+        "core_types",
+        "allowed_cpus",
+        "isa",
+        "warnings",
+    }
     assert data["sockets"] == 2
     assert data["nodes"][1]["cpus"] == [*range(24, 48), *range(72, 96)]
-    assert data["cores"][0] == {"socket": 0, "node": 0, "cpus": [0, 48]}
+    assert data["cores"][0] == {"socket": 0, "node": 0, "type": "performance", "cpus": [0, 48]}
+    assert data["core_types"] == ["performance"]
     assert data["allowed_cpus"] == list(range(96))
+    assert data["warnings"] == []
+
+
+def test_topology_table_shows_a_hybrid_cpus_core_types(sysfs):
+    r = numaserve("topology", "--sysfs-root", sysfs("i7_1370p_hybrid"))
+    assert "performance cores: 6  cpus 0-11" in r.stdout
+    assert "efficiency cores: 8  cpus 12-19" in r.stdout
+
+
+def test_plan_warns_on_stderr_about_what_the_topology_left_out(sysfs):
+    config = CONFIGS / "default.yaml"
+    r = numaserve("plan", "--config", config, "--sysfs-root", sysfs("node0_offline"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "warning: online CPUs 0-15 are in no node's cpulist" in r.stderr
+    assert {i["node"] for i in json.loads(r.stdout)["instances"]} == {1}
+
+
+def test_plan_honours_allowed_memory_nodes(sysfs):
+    r = numaserve(
+        "plan", "--config", CONFIGS / "default.yaml",
+        "--sysfs-root", sysfs("xeon8260_2socket"), "--allowed-mems", "1", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert {i["node"] for i in json.loads(r.stdout)["instances"]} == {1}
+    assert "node 0's memory is not allowed" in r.stderr
 
 
 def test_topology_table_on_this_machine():
@@ -120,6 +154,10 @@ def test_plan_table_is_readable(sysfs):
     [
         ("model: {taks: embed}\n", "model.taks: unknown key"),
         ("placement: {reserved_cores: -1}\n", "placement.reserved_cores: must be >= 0"),
+        (
+            "placement: {pools: [{name: a, max_tokens: 512, core_types: [fast]}]}\n",
+            "placement.pools[0].core_types[0]: must be one of performance, mid, efficiency",
+        ),
         ("placement: {smt: yes please}\n", "placement.smt: expected true or false"),
     ],
 )

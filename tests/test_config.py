@@ -1,10 +1,12 @@
 """The YAML config: typed, validated, with errors that name the file and the key."""
 
+import typing
 from pathlib import Path
 
 import pytest
 
-from numaserve.config import AUTO, Config, ConfigError, load_config, parse_config
+from numaserve.config import AUTO, Config, ConfigError, PoolConfig, load_config, parse_config
+from numaserve.host.topology import CORE_TYPES
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 GOOD = """
@@ -137,3 +139,8 @@ def test_a_list_where_a_mapping_belongs_is_named():
 def test_unreadable_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_the_core_types_a_pool_may_name_are_those_the_topology_reports():
+    hint = typing.get_type_hints(PoolConfig)["core_types"]
+    assert typing.get_args(typing.get_args(hint)[0]) == CORE_TYPES

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,17 +28,17 @@ pytestmark = [
     ),
 ]
 NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
-# One 2-core instance per node (4 physical cores, SMT siblings left idle). Emulation is slow:
-# torch takes minutes to import (the ONNX export imports it), hence the generous start
-# timeout and heartbeat.
+# Each node: one core reserved for its router shard (routers: auto), one single-core instance
+# on the other, SMT siblings left idle. Emulation is slow: torch takes minutes to import (the
+# ONNX export imports it), hence the generous start timeout and heartbeat.
 CONFIG = """
 model: {{path: "{model}", task: classify, max_length: 64}}
-server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10}}
+server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10, routers: auto}}
 supervisor: {{start_timeout_s: 900}}
 placement:
-  reserved_cores: 0
+  reserved_cores: 2
   smt: false
-  pools: [{{name: main, max_tokens: 64, cores_per_instance: 2, instances: auto}}]
+  pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
 """
 
 
@@ -68,6 +70,17 @@ def workers(server) -> list[dict]:
     return server.status()["instances"]
 
 
+@pytest.fixture(scope="module")
+def shards(server) -> list[dict]:
+    """The router shards as the status op shows them, each with its pid."""
+    return [{**s, "pid": server.shard_pid(s["shard"])} for s in server.status()["shards"]]
+
+
+def node_holding(cpus) -> int:
+    (node,) = [n for n, node_cpus in NODE_CPUS.items() if set(cpus) <= node_cpus]
+    return node
+
+
 def cli_json(*args: str) -> dict:
     out = numaserve(*args, "--json", timeout=120)  # emulation: imports are slow
     assert out.returncode == 0, out.stderr
@@ -93,6 +106,29 @@ def test_plan_keeps_each_slot_in_one_node_with_one_thread_per_core(config_path):
         assert set(slot["cpus"]) <= NODE_CPUS[slot["node"]] and slot["nodes"] == [slot["node"]]
         used = [c for c in cores if set(c) & set(slot["cpus"])]
         assert len(used) == len(slot["cpus"]) == slot["threads"]  # one CPU of each core
+
+
+def test_plan_puts_a_router_shard_on_each_nodes_reserved_core(config_path):
+    plan = cli_json("plan", "--config", str(config_path))
+    routers = plan["routers"]
+    assert [node_holding(r["cpus"]) for r in routers] == [r["node"] for r in routers] == [0, 1]
+    assert not {c for r in routers for c in r["cpus"]} & {
+        c for i in plan["instances"] for c in i["cpus"]
+    }
+
+
+def test_each_router_shard_runs_and_keeps_its_memory_on_its_own_node(shards, workers):
+    assert sorted(node_holding(s["cpus"]) for s in shards) == [0, 1]
+    for s in shards:
+        node = node_holding(s["cpus"])
+        for task in Path(f"/proc/{s['pid']}/task").iterdir():
+            assert live_affinity(f"{s['pid']}/task/{task.name}") == tuple(s["cpus"]), s
+        maps = read_numa_maps(s["pid"])
+        assert f"bind:{node}" in maps.policies and maps.policies <= {f"bind:{node}", "local"}
+        assert set(maps.anon_pages_per_node) == {node}, (s["shard"], maps.anon_pages_per_node)
+        # and it routes to the instance on its own node, and to no other
+        mine = [w for w in workers if w["shard"] == s["shard"]]
+        assert [w["nodes"] for w in mine] == [[node]], (s, workers)
 
 
 def test_every_thread_of_each_worker_runs_on_its_slots_cpus(workers):
@@ -131,3 +167,43 @@ def test_requests_are_answered_by_instances_on_both_nodes(server, workers):
         return len(served) == 2 and all(n > 0 for n in served.values())
 
     server.wait_for(both_served, timeout=60, what="both instances to have served")
+    # the frontend handed requests to both shards
+    assert all(s["requests"]["replies_ok"] > 0 for s in server.status()["shards"])
+
+
+def cpuset_allowing_memory_of(node: int, tmp_path: Path) -> Path:
+    """A real cpuset cgroup of the guest whose memory nodes are `node` only: its procs file.
+    cgroup v2 where its cpuset controller is free, else the v1 cpuset hierarchy."""
+    mount = tmp_path / "cgroup"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)]).returncode == 0:
+        if "cpuset" in (mount / "cgroup.controllers").read_text().split():
+            (mount / "cgroup.subtree_control").write_text("+cpuset")
+            group = mount / "numaserve-test"
+            group.mkdir(exist_ok=True)
+            (group / "cpuset.cpus").write_text("0-7")
+            (group / "cpuset.mems").write_text(str(node))
+            return group / "cgroup.procs"
+        subprocess.run(["umount", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "none", str(mount)], check=True)
+    group = mount / "numaserve-test"
+    group.mkdir(exist_ok=True)
+    (group / "cpuset.cpus").write_text("0-7")
+    (group / "cpuset.mems").write_text(str(node))
+    return group / "tasks"
+
+
+def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_path):
+    config = tmp_path / "one-node.yaml"
+    config.write_text(
+        "placement: {pools: [{name: main, max_tokens: 512, cores_per_instance: 1}]}\n"
+    )
+    procs = cpuset_allowing_memory_of(1, tmp_path)
+    exe = Path(sys.executable).with_name("numaserve")
+    script = f"echo $$ > {procs} && exec {exe} plan --config {config} --json"
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert {i["node"] for i in plan["instances"]} == {1}
+    assert len(plan["instances"]) == 2  # node 1's two cores
+    assert "node 0's memory is not allowed to this process" in out.stderr

@@ -16,6 +16,12 @@ FIXTURE_MACHINES = [
     "xeon8380_cxl_offline",
     "xeon_e5_2690v4_interleaved",
     "epyc_kvm_2vcpu",
+    "epyc7451_2socket_cpumap",
+    "graviton2_nul",
+    "i7_1370p_hybrid",
+    "rk3588_big_little",
+    "s390_z15_lpar",
+    "node0_offline",
 ]
 
 
@@ -32,7 +38,7 @@ def check_invariants(topo: CPUTopology, placement: PlacementConfig, plan) -> Non
     reserved_cores = {core_of[c].id for c in plan.reserved_cpus}
     for core in topo.cores:
         if any(cpu in topo.allowed_cpus for cpu in core.cpus) and core.id not in reserved_cores:
-            usable_by_node.setdefault(core.node, set()).add(core.id)
+            usable_by_node.setdefault((core.node, core.type), set()).add(core.id)
 
     seen_cpus, seen_cores = set(), set()
     for slot in plan.slots:
@@ -46,6 +52,7 @@ def check_invariants(topo: CPUTopology, placement: PlacementConfig, plan) -> Non
         assert slot.threads == len(slot.cpus)
         pool = next(p for p in placement.pools if p.name == slot.pool)
         assert len(cores) == pool.cores_per_instance
+        assert len({core_of[c].type for c in slot.cpus}) == 1, f"{slot.name} mixes core types"
         if not placement.smt:
             assert len(slot.cpus) == len(cores), "one thread per core with smt: false"
         assert slot.nodes == tuple(sorted({core_of[c].node for c in slot.cpus}))
@@ -75,6 +82,33 @@ def test_fixture_machines_get_valid_plans(sysfs, machine, smt):
     if len(topo.cores) > 8:
         placement = PlacementConfig(reserved_cores=1, smt=smt, pools=pools((1, AUTO), (4, 2)))
     check_invariants(topo, placement, plan_placement(topo, placement))
+
+
+def test_hybrid_cpu_fills_performance_cores_first_and_never_mixes_types(sysfs):
+    topo = read_topology(sysfs("i7_1370p_hybrid"))
+    plan = plan_placement(topo, PlacementConfig(pools=pools((1, AUTO))))
+    assert [s.cpus for s in plan.slots] == [(c,) for c in (0, 2, 4, 6, 8, 10, *range(12, 20))]
+
+
+def test_an_instance_that_no_longer_fits_on_performance_cores_takes_efficiency_cores(sysfs):
+    topo = read_topology(sysfs("i7_1370p_hybrid"))
+    plan = plan_placement(topo, PlacementConfig(pools=pools((4, 2))))
+    assert [s.cpus for s in plan.slots] == [(0, 2, 4, 6), (12, 13, 14, 15)]
+
+
+def test_a_pool_may_be_limited_to_performance_cores(sysfs):
+    topo = read_topology(sysfs("rk3588_big_little"))
+    pool = PoolConfig(name="fast", max_tokens=512, core_types=("performance",))
+    plan = plan_placement(topo, PlacementConfig(pools=(pool,)))
+    assert [s.cpus for s in plan.slots] == [(4,), (5,), (6,), (7,)]
+    assert plan.idle_cpus == (0, 1, 2, 3)
+
+
+def test_a_pool_asking_for_core_types_the_machine_lacks_is_an_error(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    pool = PoolConfig(name="little", max_tokens=512, core_types=("efficiency",))
+    with pytest.raises(PlacementError, match="may use efficiency cores only, but this machine"):
+        plan_placement(topo, PlacementConfig(pools=(pool,)))
 
 
 def test_smt_off_leaves_siblings_idle(sysfs):
@@ -165,6 +199,7 @@ def test_reserving_every_core_is_an_error(sysfs):
 def topologies(draw):
     node_sizes = draw(st.lists(st.integers(0, 7), min_size=1, max_size=4))
     smt = draw(st.booleans())
+    kinds = ["performance", "efficiency"] if draw(st.booleans()) else ["performance"]
     cores, nodes, cpu = [], [], 0
     for n, size in enumerate(node_sizes):
         node_cpus = []
@@ -172,7 +207,8 @@ def topologies(draw):
             threads = (cpu, cpu + 1) if smt else (cpu,)
             cpu += len(threads)
             node_cpus += threads
-            cores.append(Core(socket=n // 2, die=0, node=n, cpus=threads))
+            kind = draw(st.sampled_from(kinds))
+            cores.append(Core(socket=n // 2, die=0, node=n, cpus=threads, type=kind))
         nodes.append(Node(id=n, cpus=tuple(node_cpus), memory_mb=1024))
     online = [c for core in cores for c in core.cpus]
     allowed = draw(st.sets(st.sampled_from(online))) if online else set()
@@ -203,8 +239,9 @@ def test_every_plan_keeps_the_invariants_or_explains_why_not(topo, placement):
         msg = str(e)
         if usable <= placement.reserved_cores:
             assert "no allowed CPUs" in msg or "reserved_cores" in msg
-        elif fixed_demand > usable - placement.reserved_cores:
-            assert "Would fit:" in msg and "asks for" in msg
+        elif fixed_demand > usable - placement.reserved_cores or len(topo.core_types) > 1:
+            # (on a hybrid machine, cores enough in all may still be too few of one type)
+            assert "Would fit:" in msg and ("asks for" in msg or "gets no instance" in msg)
         else:  # the fixed pools fit, so only the auto pool can have been left without room
             assert "(instances: auto) gets no instance" in msg
         return

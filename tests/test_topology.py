@@ -9,8 +9,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve.host.topology import INTERESTING_ISA, TopologyError, cores_from_lscpu, read_topology
-from tests.harness.sysfs_machines import Cpu, Machine
+from numaserve.config import PlacementConfig
+from numaserve.host.cpulist import parse_cpulist
+from numaserve.host.placement import plan_placement
+from numaserve.host.topology import (
+    INTERESTING_ISA,
+    TopologyError,
+    _mems_allowed,
+    cores_from_lscpu,
+    read_topology,
+)
+from tests.harness.sysfs_machines import FIXTURES, NAMED, Cpu, Machine
 
 
 def core_of(topo, cpu):
@@ -102,7 +111,7 @@ def test_incomplete_fixture_without_lscpu_output_is_a_clear_error(sysfs, tmp_pat
     root = tmp_path / "sys"
     shutil.copytree(sysfs("epyc_kvm_2vcpu"), root)
     shutil.rmtree(root / "devices/system/cpu/cpu1/topology")
-    with pytest.raises(TopologyError, match="no topology files"):
+    with pytest.raises(TopologyError, match=r"CPUs 1 have no topology files \(cpuN/topology"):
         read_topology(root)
 
 
@@ -111,14 +120,114 @@ def test_a_directory_that_is_not_sysfs_is_a_clear_error(tmp_path):
         read_topology(tmp_path)
 
 
+def test_a_captures_top_folder_is_a_clear_error_that_names_its_sys_folder(sysfs, tmp_path):
+    shutil.copytree(sysfs("epyc_kvm_2vcpu"), tmp_path / "capture" / "sys")
+    with pytest.raises(TopologyError, match=f"pass {tmp_path}/capture/sys "):
+        read_topology(tmp_path / "capture")
+
+
+def test_nodes_given_only_as_hex_masks_are_read(sysfs):
+    topo = read_topology(sysfs("epyc7451_2socket_cpumap"))
+    assert [len(topo.cores_in_node(n.id)) for n in topo.nodes] == [6] * 8
+    assert topo.nodes[5].cpus == (*range(30, 36), *range(78, 84))
+    assert topo.sockets == (0, 1)
+    assert core_of(topo, 0).cpus == (0, 48)
+    assert topo.warnings == ()
+
+
+def test_a_trailing_nul_byte_in_cpu_set_files_is_tolerated(sysfs):
+    topo = read_topology(sysfs("graviton2_nul"))
+    assert [c.cpus for c in topo.cores] == [(i,) for i in range(64)]
+    assert [n.cpus for n in topo.nodes] == [tuple(range(64))]
+
+
+def test_online_cpus_that_no_node_lists_are_left_out_not_given_a_made_up_node(sysfs):
+    topo = read_topology(sysfs("node0_offline"))
+    assert [(n.id, n.cpus) for n in topo.nodes] == [(1, tuple(range(16, 32)))]
+    assert {c.node for c in topo.cores} == {1}
+    assert topo.allowed_cpus == frozenset(range(16, 32))
+    assert len(topo.warnings) == 1
+    assert "online CPUs 0-15 are in no node's cpulist" in topo.warnings[0]
+
+
+def test_firmware_giving_cpus_to_several_nodes_is_refused(sysfs):
+    with pytest.raises(
+        TopologyError, match=r"gives CPUs 0-15 to more than one NUMA node \(nodes 0-7"
+    ):
+        read_topology(sysfs("duplicated_nodes_firmware"))
+
+
+def test_sockets_come_from_the_package_cpu_sets_where_package_id_is_minus_one(sysfs):
+    topo = read_topology(sysfs("s390_z15_lpar"))
+    assert topo.sockets == (0, 1)
+    assert {c.socket for c in topo.cores if c.id < 8} == {0}
+    assert len(topo.cores) == 8 and all(len(c.cpus) == 2 for c in topo.cores)
+
+
+def test_a_package_id_that_contradicts_the_package_cpu_sets_yields_to_them(sysfs, tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(sysfs("xeon8260_2socket"), root)
+    for f in root.glob("devices/system/cpu/cpu*/topology/physical_package_id"):
+        f.write_text("0\n")  # a hypervisor that numbers every vCPU's package 0
+    topo = read_topology(root)
+    assert topo.sockets == (0, 1)
+    assert {c.socket for c in topo.cores_in_node(1)} == {1}
+    assert "physical_package_id contradicts the package CPU sets" in topo.warnings[0]
+
+
+def test_intel_hybrid_cores_are_typed_from_the_cpu_core_and_cpu_atom_lists(sysfs):
+    topo = read_topology(sysfs("i7_1370p_hybrid"))
+    assert topo.core_types == ("performance", "efficiency")
+    assert [(c.cpus, c.type) for c in topo.cores[:2]] == [
+        ((0, 1), "performance"),
+        ((2, 3), "performance"),
+    ]
+    assert [c.type for c in topo.cores].count("performance") == 6
+    assert [c.cpus for c in topo.cores if c.type == "efficiency"] == [(i,) for i in range(12, 20)]
+
+
+def test_arm_big_little_cores_are_typed_by_cpu_capacity(sysfs):
+    topo = read_topology(sysfs("rk3588_big_little"))
+    assert topo.core_types == ("performance", "efficiency")
+    assert {c.id: c.type for c in topo.cores} == {
+        **{i: "efficiency" for i in range(4)},
+        **{i: "performance" for i in range(4, 8)},
+    }
+
+
+def test_a_uniform_machine_has_one_core_type(sysfs):
+    assert read_topology(sysfs("xeon8260_2socket")).core_types == ("performance",)
+
+
+def test_nodes_whose_memory_is_not_allowed_leave_their_cpus_out(sysfs):
+    # A pod whose cpuset allows node 1's memory only: node 0's instances could not bind.
+    topo = read_topology(sysfs("xeon8260_2socket"), allowed_mems=[1])
+    assert topo.allowed_cpus == frozenset(topo.nodes[1].cpus)
+    assert topo.warnings == (
+        "node 0's memory is not allowed to this process (allowed memory nodes: 1; "
+        "cpuset.mems): its CPUs 0-23,48-71 are left out",
+    )
+
+
+def test_this_process_memory_nodes_are_read_from_proc_self_status():
+    status = Path("/proc/self/status").read_text()
+    line = next(ln for ln in status.splitlines() if ln.startswith("Mems_allowed_list:"))
+    assert _mems_allowed() == parse_cpulist(line.split(":")[1])
+    assert set(_mems_allowed()) >= {n.id for n in read_topology().nodes if n.cpus}
+
+
 def test_allowed_cpus_restrict_what_is_placeable(sysfs):
     topo = read_topology(sysfs("xeon8260_2socket"), allowed_cpus=range(24, 48))
     assert topo.allowed_cpus == frozenset(range(24, 48))
 
 
-def test_allowed_cpus_that_are_not_online_are_refused(sysfs):
-    with pytest.raises(TopologyError, match="38 are not online"):
-        read_topology(sysfs("xeon8380_cxl_offline"), allowed_cpus=[1, 38])
+def test_allowed_cpus_that_are_offline_are_left_out_with_a_warning(sysfs):
+    # Common in containers: the cgroup's cpuset still names CPUs taken offline since.
+    topo = read_topology(sysfs("xeon8380_cxl_offline"), allowed_cpus=[1, 38])
+    assert topo.allowed_cpus == {1}
+    assert topo.warnings == (
+        "allowed CPUs 38 are not online CPUs with a node (online: 0-37,40-49,51-77): left out",
+    )
 
 
 def test_this_machine_matches_lscpu_and_our_affinity():
@@ -174,7 +283,16 @@ def machines(draw):
     memory = {n: 1024 for n in range(packages * nodes_per_package)}
     if draw(st.booleans()):
         memory[len(memory)] = 4096  # a memory-only node
-    return Machine("random", cpus, memory, online_file=draw(st.booleans()))
+    form = draw(st.sampled_from(["lists", "masks", "both"]))
+    return Machine(
+        "random",
+        cpus,
+        memory,
+        online_file=draw(st.booleans()),
+        lists=form != "masks",
+        masks=form != "lists",
+        package_ids=draw(st.booleans()),
+    )
 
 
 @settings(
@@ -188,3 +306,43 @@ def test_reader_recovers_every_random_machine(machine, tmp_path_factory):
     node_of = {c.id: c.node for c in machine.cpus}
     assert all(node_of[cpu] == core.node for core in topo.cores for cpu in core.cpus)
     assert {n.id for n in topo.nodes} == set(machine.node_memory_mb)
+    package_of = {c.id: c.package for c in machine.cpus}
+    assert len(topo.sockets) == len({package_of[cpu] for cpu in topo.online_cpus})
+    for core in topo.cores:
+        assert {package_of[c] for c in core.cpus} == {package_of[core.id]}
+
+
+def truth(machine: Machine) -> dict:
+    """What `numaserve topology --json` must say about a fixture machine, from its description:
+    online CPUs that some node lists, on that node; packages as sockets."""
+    listed = machine.node_cpus or {
+        n: [c.id for c in machine.cpus if c.node == n] for n in machine.node_memory_mb
+    }
+    node_of = {cpu: n for n, cpus in listed.items() for cpu in cpus}
+    online = {c.id: c for c in machine.cpus if c.online and c.id in node_of}
+    cores = [core for core in machine.expected_cores() if core[0] in online]
+    return {
+        "sockets": len({c.package for c in online.values()}),
+        "nodes": {n: sorted(c for c in listed[n] if c in online) for n in machine.node_memory_mb},
+        "cores": [(list(core), node_of[core[0]], online[core[0]].type) for core in cores],
+    }
+
+
+@pytest.mark.parametrize(
+    "make",
+    [m for m in NAMED if m.__name__ != "duplicated_nodes_firmware"],
+    ids=lambda m: m.__name__,
+)
+def test_every_fixture_machine_reads_as_its_description_says_and_plans_onto_real_nodes(make):
+    machine = make()
+    topo = read_topology(FIXTURES / machine.name)
+    seen = topo.to_json()
+    assert {
+        "sockets": seen["sockets"],
+        "nodes": {n["id"]: n["cpus"] for n in seen["nodes"]},
+        "cores": [(c["cpus"], c["node"], c["type"]) for c in seen["cores"]],
+    } == truth(machine)
+    plan = plan_placement(topo, PlacementConfig())
+    for slot in plan.slots:
+        (node,) = slot.nodes
+        assert set(slot.cpus) <= set(next(n.cpus for n in topo.nodes if n.id == node))

@@ -1,4 +1,6 @@
-"""The kernel's CPU list format ("0-3,8,10-11"), used by sysfs, /proc and numactl."""
+"""The kernel's two CPU set formats: lists ("0-3,8,10-11", sysfs `*_list`, /proc, numactl) and
+hex masks ("00000000,0000ff0f", sysfs `cpumap`, `thread_siblings`, ...: 32-bit words, most
+significant first)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,23 @@ class CPUListError(ValueError):
     pass
 
 
+_BLANK = " \t\n\x00"  # some kernels (seen on 5.15) end the file with a NUL byte
+
+
+def parse_cpumask(text: str) -> list[int]:
+    """Parse a hex mask such as "00000000,0000ff0f" into [0, 1, 2, 3, 8, ..., 15]."""
+    digits = text.strip(_BLANK).replace(",", "")
+    try:
+        bits = int(digits, 16) if digits else 0
+    except ValueError:
+        raise CPUListError(f"not a CPU mask: {text!r}") from None
+    return [cpu for cpu in range(bits.bit_length()) if bits >> cpu & 1]
+
+
 def parse_cpulist(text: str) -> list[int]:
     """Parse "0-3,8" into [0, 1, 2, 3, 8]. An empty string is an empty list (a memory-only node)."""
     cpus: set[int] = set()
-    text = text.strip()
+    text = text.strip(_BLANK)
     if not text:
         return []
     for part in text.split(","):

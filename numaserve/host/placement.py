@@ -1,10 +1,10 @@
 """The placement planner: topology + pools -> a Plan of slots. Pure: no OS calls, no processes.
 
-A slot is whole physical cores on one NUMA node. The rules, each checked by the tests:
-no CPU or physical core in two slots; one thread per core unless `smt: true`; an instance
-spans nodes only when no single node has room for it; reserved cores (the lowest-numbered of
-each node in turn) are never placed;
-`auto` fills what is left, node by node.
+A slot is whole physical cores of one type on one NUMA node. The rules, each checked by the
+tests: no CPU or physical core in two slots; one thread per core unless `smt: true`; an
+instance never mixes core types (a P-core waiting on E-cores runs at their pace) and spans
+nodes only when no single node has room for it; reserved cores (the lowest-numbered of each
+node in turn) are never placed; `auto` fills what is left, fastest type first, node by node.
 """
 
 from __future__ import annotations
@@ -72,39 +72,48 @@ class _FreeCores:
         for core in sorted(cores, key=lambda c: c.id):
             self.by_node.setdefault(core.node, []).append(core)
 
-    def total(self) -> int:
-        return sum(len(v) for v in self.by_node.values())
+    def total(self, kind: str | None = None) -> int:
+        return sum(len(self.of(n, kind)) for n in self.by_node)
+
+    def of(self, node: int, kind: str | None) -> list[Core]:
+        return [c for c in self.by_node[node] if kind is None or c.type == kind]
 
     def describe(self) -> str:
         parts = [f"node {n}: {len(v)}" for n, v in sorted(self.by_node.items())]
         return ", ".join(parts) or "none"
 
-    def take_from(self, node: int, count: int) -> list[Core]:
-        taken, self.by_node[node] = self.by_node[node][:count], self.by_node[node][count:]
+    def take_from(self, node: int, count: int, kind: str) -> list[Core]:
+        taken = self.of(node, kind)[:count]
+        self.by_node[node] = [c for c in self.by_node[node] if c not in taken]
         return taken
 
-    def take(self, count: int) -> list[Core] | None:
-        """`count` cores from the roomiest node that has them all, else spread over the fewest."""
-        fitting = [n for n, v in self.by_node.items() if len(v) >= count]
-        if fitting:
-            node = max(fitting, key=lambda n: (len(self.by_node[n]), -n))
-            return self.take_from(node, count)
-        if self.total() < count:
-            return None
-        # Too big for any node: fill from the roomiest socket's nodes first.
-        order = sorted(
-            self.by_node, key=lambda n: (-self._socket_free(n), -len(self.by_node[n]), n)
-        )
-        taken: list[Core] = []
-        for node in order:
-            taken += self.take_from(node, count - len(taken))
-            if len(taken) == count:
-                break
-        return taken
+    def take(self, count: int, kinds: tuple[str, ...]) -> list[Core] | None:
+        """`count` cores of one type, the first of `kinds` that has them: from the roomiest
+        node that has them all, else spread over the fewest nodes."""
+        for kind in kinds:
+            fitting = [n for n in self.by_node if len(self.of(n, kind)) >= count]
+            if fitting:
+                node = max(fitting, key=lambda n: (len(self.of(n, kind)), -n))
+                return self.take_from(node, count, kind)
+        for kind in kinds:
+            if self.total(kind) < count:
+                continue
+            # Too big for any node: fill from the roomiest socket's nodes first.
+            order = sorted(
+                self.by_node,
+                key=lambda n: (-self._socket_free(n, kind), -len(self.of(n, kind)), n),
+            )
+            taken: list[Core] = []
+            for node in order:
+                taken += self.take_from(node, count - len(taken), kind)
+                if len(taken) == count:
+                    return taken
+        return None
 
-    def _socket_free(self, node: int) -> int:
-        socket = self.by_node[node][0].socket if self.by_node[node] else -1
-        return sum(1 for v in self.by_node.values() for c in v if c.socket == socket)
+    def _socket_free(self, node: int, kind: str) -> int:
+        mine = self.of(node, kind)
+        socket = mine[0].socket if mine else -1
+        return sum(1 for n in self.by_node for c in self.of(n, kind) if c.socket == socket)
 
 
 def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
@@ -130,13 +139,14 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
         f"after reserving {len(reserved)} core(s)" if reserved else "with no cores reserved"
     )
 
+    kinds = {pool.name: _core_types(pool, topo) for pool in placement.pools}
     placed: dict[str, list[list[Core]]] = {}
     fixed = [p for p in placement.pools if p.instances != AUTO]
     for pool in sorted(fixed, key=lambda p: -p.cores_per_instance):  # big first: less fragmentation
-        room = free.total()
+        room = sum(free.total(kind) for kind in kinds[pool.name])
         placed[pool.name] = []
         for _ in range(pool.instances):
-            cores = free.take(pool.cores_per_instance)
+            cores = free.take(pool.cores_per_instance, kinds[pool.name])
             if cores is None:
                 raise PlacementError(
                     f"pool {pool.name!r} asks for {pool.instances} instance(s) of "
@@ -150,9 +160,10 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
     for pool in (p for p in placement.pools if p.instances == AUTO):
         left = free.describe()
         placed[pool.name] = [
-            free.take_from(node, pool.cores_per_instance)
+            free.take_from(node, pool.cores_per_instance, kind)
+            for kind in kinds[pool.name]
             for node in sorted(free.by_node)
-            for _ in range(len(free.by_node[node]) // pool.cores_per_instance)
+            for _ in range(len(free.of(node, kind)) // pool.cores_per_instance)
         ]
         if not placed[pool.name]:
             raise PlacementError(
@@ -175,6 +186,21 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
     used = {cpu for s in slots for cpu in s.cpus} | set(reserved_cpus)
     idle = tuple(sorted(topo.allowed_cpus - used))
     return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
+
+
+def _core_types(pool: PoolConfig, topo: CPUTopology) -> tuple[str, ...]:
+    """The types `pool` may take, in its order of preference: the machine's, fastest first,
+    unless it names its own."""
+    if not pool.core_types:
+        return topo.core_types
+    kinds = tuple(k for k in pool.core_types if k in topo.core_types)
+    if not kinds:
+        raise PlacementError(
+            f"pool {pool.name!r} may use {', '.join(pool.core_types)} cores only, but this "
+            f"machine has {', '.join(topo.core_types)} cores. Would fit: core_types "
+            f"{list(topo.core_types)}, or leave core_types out"
+        )
+    return kinds
 
 
 def _reserve(usable: list[Core], count: int) -> list[Core]:

@@ -630,6 +630,8 @@ def start(config_path: str) -> int:
     PlacementError for a config that cannot run here (before anything starts)."""
     config = load_config(config_path)
     topo = read_topology()
+    for warning in topo.warnings:
+        log.warning("topology: %s", warning)
     plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
     runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
     system = System()

@@ -26,6 +26,8 @@ class Cpu:
     core_id: int
     node: int
     online: bool = True
+    type: str = "performance"  # the core type the reader should report
+    capacity: int | None = None  # ARM's cpu_capacity, where the machine has one
 
 
 @dataclass
@@ -37,6 +39,12 @@ class Machine:
     smt_control: str = "on"
     notes: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    lists: bool = True  # the *_list files; older kernels and trimmed captures lack them
+    masks: bool = False  # the hex masks (cpumap, thread_siblings, core_siblings, ...)
+    package_ids: bool = True  # False: physical_package_id is -1 (s390, SPARC, hypervisors)
+    node_cpus: dict[int, list[int]] | None = None  # what nodeN/cpulist says, where firmware lies
+    intel_hybrid: bool = False  # devices/cpu_core/cpus and devices/cpu_atom/cpus
+    end: str = "\n"  # how each file ends: a 5.15 kernel was seen ending masks with a NUL byte
 
     def siblings(self, cpu: Cpu) -> list[int]:
         return sorted(
@@ -52,6 +60,15 @@ class Machine:
             if c.online:
                 groups.setdefault((c.package, c.die, c.core_id), []).append(c.id)
         return sorted(tuple(sorted(v)) for v in groups.values())
+
+    def package_cpus(self, cpu: Cpu) -> list[int]:
+        return sorted(c.id for c in self.cpus if c.package == cpu.package)
+
+    def _cpuset(self, directory: Path, name: str, mask_name: str, cpus) -> None:
+        if self.lists:
+            _write(directory / name, format_cpulist(cpus), self.end)
+        if self.masks:
+            _write(directory / mask_name, _mask(cpus, len(self.cpus)), self.end)
 
     def write(self, root: Path) -> Path:
         cpu_dir = root / "devices" / "system" / "cpu"
@@ -73,12 +90,20 @@ class Machine:
                 _write(d / "online", "1" if c.online else "0")
             if not c.online:
                 continue  # the kernel removes topology/ while a CPU is offline
-            sib = format_cpulist(self.siblings(c))
-            _write(d / "topology" / "physical_package_id", str(c.package))
-            _write(d / "topology" / "die_id", str(c.die))
-            _write(d / "topology" / "core_id", str(c.core_id))
-            _write(d / "topology" / "core_cpus_list", sib)
-            _write(d / "topology" / "thread_siblings_list", sib)
+            t = d / "topology"
+            _write(t / "physical_package_id", str(c.package if self.package_ids else -1))
+            _write(t / "die_id", str(c.die))
+            _write(t / "core_id", str(c.core_id))
+            for name in ("core_cpus", "thread_siblings"):
+                self._cpuset(t, f"{name}_list", name, self.siblings(c))
+            for name in ("package_cpus", "core_siblings"):
+                self._cpuset(t, f"{name}_list", name, self.package_cpus(c))
+            if c.capacity is not None:
+                _write(d / "cpu_capacity", str(c.capacity))
+        if self.intel_hybrid:
+            for pmu, kind in (("cpu_core", "performance"), ("cpu_atom", "efficiency")):
+                cpus = [c.id for c in self.cpus if c.type == kind]
+                _write(root / "devices" / pmu / "cpus", format_cpulist(cpus))
         nodes = sorted(self.node_memory_mb)
         _write(node_dir / "possible", format_cpulist(nodes))
         _write(node_dir / "online", format_cpulist(nodes))
@@ -86,7 +111,9 @@ class Machine:
         _write(node_dir / "has_memory", format_cpulist(n for n in nodes if self.node_memory_mb[n]))
         for n in nodes:
             cpus = [c.id for c in self.cpus if c.node == n]
-            _write(node_dir / f"node{n}" / "cpulist", format_cpulist(cpus))
+            if self.node_cpus is not None:
+                cpus = self.node_cpus.get(n, [])
+            self._cpuset(node_dir / f"node{n}", "cpulist", "cpumap", cpus)
             kb = self.node_memory_mb[n] * 1024
             _write(
                 node_dir / f"node{n}" / "meminfo",
@@ -97,9 +124,16 @@ class Machine:
         return root
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, end: str = "\n") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + ("" if text.endswith("\n") else "\n"))
+    path.write_text(text + ("" if text.endswith("\n") else end))
+
+
+def _mask(cpus, nr_cpus: int) -> str:
+    """The kernel's hex mask: 32-bit words, most significant first, comma-separated."""
+    bits = sum(1 << c for c in cpus)
+    words = max(1, (nr_cpus + 31) // 32)
+    return ",".join(f"{bits >> (32 * w) & 0xFFFFFFFF:08x}" for w in reversed(range(words)))
 
 
 def xeon8260_2socket() -> Machine:
@@ -181,6 +215,100 @@ def xeon_e5_2690v4_interleaved() -> Machine:
     return Machine("xeon_e5_2690v4_interleaved", cpus, {0: 131072, 1: 131072})
 
 
+def epyc7451_2socket_cpumap() -> Machine:
+    """2x EPYC 7451 (Naples: 4 dies of 6 cores per socket, each die a node: 8 nodes), SMT on,
+    captured from a kernel that writes only the hex masks (no cpulist, no *_list files)."""
+    cpus = [
+        Cpu(
+            id=t * 48 + s * 24 + i,
+            package=s,
+            die=0,
+            core_id=(i // 6) * 8 + (i % 6) // 3 * 4 + i % 3,
+            node=s * 4 + i // 6,
+        )
+        for t in range(2)
+        for s in range(2)
+        for i in range(24)
+    ]
+    return Machine(
+        "epyc7451_2socket_cpumap", cpus, {n: 16384 for n in range(8)}, lists=False, masks=True
+    )
+
+
+def graviton2_nul() -> Machine:
+    """AWS Graviton2 (64 Neoverse N1 cores, no SMT, one node) on a 5.15 kernel whose CPU set
+    files end with a NUL byte, masks and lists alike."""
+    cpus = [Cpu(id=i, package=0, die=0, core_id=i, node=0) for i in range(64)]
+    return Machine("graviton2_nul", cpus, {0: 131072}, masks=True, end="\n\x00")
+
+
+def i7_1370p_hybrid() -> Machine:
+    """Core i7-1370P laptop: 6 P-cores with HT (CPUs 0-11, siblings adjacent) and 8 E-cores
+    (CPUs 12-19), one node; the kernel lists each type under devices/cpu_core, cpu_atom."""
+    cpus = [Cpu(id=i, package=0, die=0, core_id=4 * (i // 2), node=0) for i in range(12)]
+    cpus += [
+        Cpu(id=12 + i, package=0, die=0, core_id=24 + i, node=0, type="efficiency")
+        for i in range(8)
+    ]
+    return Machine("i7_1370p_hybrid", cpus, {0: 32768}, intel_hybrid=True)
+
+
+def rk3588_big_little() -> Machine:
+    """Rockchip RK3588: 4 Cortex-A55 (CPUs 0-3, cpu_capacity 530) and 4 Cortex-A76 (CPUs 4-7,
+    1024), no SMT, one node."""
+    cpus = [
+        Cpu(
+            id=i,
+            package=0,
+            die=0,
+            core_id=i,
+            node=0,
+            type="efficiency" if i < 4 else "performance",
+            capacity=530 if i < 4 else 1024,
+        )
+        for i in range(8)
+    ]
+    return Machine("rk3588_big_little", cpus, {0: 16384})
+
+
+def duplicated_nodes_firmware() -> Machine:
+    """A 16 GiB, 8-core SMT server whose firmware reports 8 nodes of 2 GiB, each claiming all
+    16 CPUs."""
+    cpus = [
+        Cpu(id=t * 8 + i, package=0, die=0, core_id=i, node=0) for t in range(2) for i in range(8)
+    ]
+    return Machine(
+        "duplicated_nodes_firmware",
+        cpus,
+        {n: 2048 for n in range(8)},
+        node_cpus={n: list(range(16)) for n in range(8)},
+    )
+
+
+def s390_z15_lpar() -> Machine:
+    """IBM z15 LPAR: 2 sockets (as the package CPU sets tell) of 4 cores with SMT-2, one node;
+    physical_package_id reads -1."""
+    cpus = [
+        Cpu(id=s * 8 + i * 2 + t, package=s, die=0, core_id=s * 4 + i, node=0)
+        for s in range(2)
+        for i in range(4)
+        for t in range(2)
+    ]
+    return Machine("s390_z15_lpar", cpus, {0: 65536}, package_ids=False)
+
+
+def node0_offline() -> Machine:
+    """A 2-socket host (8 cores with HT per socket) whose node 0 is offline (its memory failed
+    at boot): node1 lists its CPUs 16-31, and CPUs 0-15, online, are in no node."""
+    cpus = [
+        Cpu(id=s * 16 + t * 8 + i, package=s, die=0, core_id=i, node=s)
+        for s in range(2)
+        for t in range(2)
+        for i in range(8)
+    ]
+    return Machine("node0_offline", cpus, {1: 32768}, node_cpus={1: list(range(16, 32))})
+
+
 NAMED = [
     xeon8260_2socket,
     epyc7402_2socket_nps4,
@@ -188,6 +316,13 @@ NAMED = [
     xeon_e2288g_smt_off,
     xeon8380_cxl_offline,
     xeon_e5_2690v4_interleaved,
+    epyc7451_2socket_cpumap,
+    graviton2_nul,
+    i7_1370p_hybrid,
+    rk3588_big_little,
+    duplicated_nodes_firmware,
+    s390_z15_lpar,
+    node0_offline,
 ]
 
 
