@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -27,11 +26,10 @@ from numaserve import exitcodes, protocol
 from numaserve.backends.modelpath import ModelLoadError
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
-    PINNED_BY_ENV,
     PinningError,
     PinReport,
-    numactl_argv,
     pin_current_process,
+    restart_under_numactl,
     thread_settings,
 )
 from numaserve.lifecycle import die_with_parent, read_spec
@@ -290,15 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"CPUs {format_cpulist(spec.cpus)}, node(s) {format_cpulist(spec.nodes)}"
         log.error("cannot pin to %s: %s", where, e)
         return exitcodes.PINNING
-    numactl = shutil.which("numactl") if spec.use_numactl else None
-    if numactl and method != "numactl":
-        # Bound and checked in-process above (so a bad slot exits PINNING, not numactl's 1);
-        # now start over under numactl, so even the interpreter's own memory is node-local.
-        under_numactl = numactl_argv(numactl, cpus, nodes, spec.argv())
-        try:
-            os.execve(numactl, under_numactl, {**os.environ, PINNED_BY_ENV: "numactl"})
-        except OSError as e:
-            log.warning("cannot run %s (%s); keeping the in-process binding", numactl, e.strerror)
+    if spec.use_numactl:
+        restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     threads, warnings = thread_settings(spec.threads, os.environ)
     for warning in warnings:
         log.warning("%s", warning)

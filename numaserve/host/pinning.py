@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import shutil
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,24 @@ def pin_current_process(
             f"bind (mode {MPOL_BIND}) on nodes {format_cpulist(nodes)} (bound by {method})"
         )
     return method, cpus, nodes
+
+
+def restart_under_numactl(method: str, cpus, nodes, argv: list[str], log) -> None:
+    """Start this process over under numactl, where it is installed and did not start us:
+    the binding made in-process (checked there, so a bad slot exits PINNING rather than
+    numactl's 1) covers only memory touched after it, and the interpreter's start-up pages
+    would stay wherever they first landed. Returns only where numactl cannot run."""
+    numactl = shutil.which("numactl")
+    if method == "numactl" or numactl is None:
+        return
+    try:
+        os.execve(
+            numactl,
+            numactl_argv(numactl, cpus, nodes, argv),
+            {**os.environ, PINNED_BY_ENV: "numactl"},
+        )
+    except OSError as e:
+        log.warning("cannot run %s (%s); keeping the in-process binding", numactl, e.strerror)
 
 
 def numactl_argv(

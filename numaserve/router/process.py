@@ -9,7 +9,7 @@ import os
 import zmq
 
 from numaserve import exitcodes
-from numaserve.host.pinning import PinningError, pin_current_process
+from numaserve.host.pinning import PinningError, pin_current_process, restart_under_numactl
 from numaserve.lifecycle import die_with_parent, read_spec
 
 
@@ -22,10 +22,11 @@ def begin(spec_type, module: str, argv: list[str] | None, log: logging.Logger, b
     die_with_parent()
     if spec.cpus:
         try:
-            pin_current_process(spec.cpus, spec.nodes)
+            method, cpus, nodes = pin_current_process(spec.cpus, spec.nodes)
         except PinningError as e:
             log.error("cannot pin %s: %s", module, e)
             return exitcodes.PINNING
+        restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     return spec
 
 
