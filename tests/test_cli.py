@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,15 +84,19 @@ def test_plan_json_for_the_default_config_on_this_machine():
     assert data["reserved_cpus"] == []
 
 
-def test_plan_of_the_2socket_example_on_its_fixture(sysfs):
-    r = numaserve(
+def plan_of_the_2socket_example(sysfs, *options: str) -> subprocess.CompletedProcess:
+    return numaserve(
         "plan",
         "--config",
         CONFIGS / "example-2socket.yaml",
         "--sysfs-root",
         sysfs("xeon8260_2socket"),
-        "--json",
+        *options,
     )
+
+
+def test_plan_of_the_2socket_example_on_its_fixture(sysfs):
+    r = plan_of_the_2socket_example(sysfs, "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     pools = [i["pool"] for i in data["instances"]]
@@ -101,15 +106,7 @@ def test_plan_of_the_2socket_example_on_its_fixture(sysfs):
 
 
 def test_plan_puts_one_router_shard_on_each_nodes_reserved_core_with_that_nodes_instances(sysfs):
-    r = numaserve(
-        "plan",
-        "--config",
-        CONFIGS / "example-2socket.yaml",
-        "--sysfs-root",
-        sysfs("xeon8260_2socket"),
-        "--json",
-    )
-    data = json.loads(r.stdout)
+    data = json.loads(plan_of_the_2socket_example(sysfs, "--json").stdout)
     node_of = {i["name"]: i["node"] for i in data["instances"]}
     assert [(s["shard"], s["node"], s["cpus"]) for s in data["routers"]] == [
         (0, 0, [0, 48]),
@@ -137,13 +134,7 @@ def test_plan_honours_allowed_cpus(sysfs):
 
 
 def test_plan_table_is_readable(sysfs):
-    r = numaserve(
-        "plan",
-        "--config",
-        CONFIGS / "example-2socket.yaml",
-        "--sysfs-root",
-        sysfs("xeon8260_2socket"),
-    )
+    r = plan_of_the_2socket_example(sysfs)
     assert r.stdout.splitlines()[0].split() == ["instance", "pool", "node", "threads", "cpus"]
     assert "reserved for router and supervisor: 0,24,48,72" in r.stdout
     assert "router shard 1: node 1, CPUs 24,72, routes to short-" in r.stdout
