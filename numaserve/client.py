@@ -77,7 +77,7 @@ MOVE_ON = (Overloaded, NoInstance)  # worth trying on another endpoint
 
 @dataclass(frozen=True)
 class Embedding:
-    vector: np.ndarray  # float32, unit length
+    vector: np.ndarray  # float32; unit length where the model normalises (bundled:minilm does)
     tokens: int
     truncated: bool
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.modelpath import ModelLoadError
+from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
+from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
 
 
@@ -82,7 +83,8 @@ class Model:
             self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
         else:
             self.labels = ()
-            self.dim = width
+            self.pooling = Pooling.read(resolve_model_path(config.path))
+            self.dim = width * len(self.pooling.modes)
 
     def check_ids(self, ids: list[int]) -> str | None:
         """Why these token ids cannot run, or None."""
@@ -111,7 +113,8 @@ class Model:
         raise NotImplementedError
 
     def run(self, batch: list[list[int]]) -> list:
-        """One forward pass: a float32 unit vector per input (embed) or a ClassifyResult."""
+        """One forward pass: a float32 vector per input, pooled as the model says (embed), or a
+        ClassifyResult."""
         ids, mask = self._arrays(batch)
         out = self.forward(ids, mask)
         if self.config.task == "classify":
@@ -121,7 +124,4 @@ class Model:
                 ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p))
                 for p in probs
             ]
-        weights = mask[..., None].astype(np.float32)
-        pooled = (out * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
-        unit = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        return list(unit.astype(np.float32))
+        return list(self.pooling(out, mask))

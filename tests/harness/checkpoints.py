@@ -28,3 +28,32 @@ def save_tiny_classifier(path: Path) -> Path:
     BertForSequenceClassification(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
     return path
+
+
+def save_tiny_embedder(path: Path, pooling_mode, normalize: bool = True, dense: bool = False):
+    """A 2-layer BertModel (random weights, fixed seed) saved as a sentence-transformers model
+    with this pooling, with or without a Normalize module, and optionally a Dense layer."""
+    import warnings
+
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    with warnings.catch_warnings():  # v5 moved `models`; the old path works on v3 to v6
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers import SentenceTransformer, models
+
+    from numaserve.backends.modelpath import resolve_model_path
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+    )
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+    modules = [models.Transformer(str(path)), models.Pooling(64, pooling_mode=pooling_mode)]
+    if dense:
+        modules.append(models.Dense(64 * (1 if isinstance(pooling_mode, str) else 2), 32))
+    if normalize:
+        modules.append(models.Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(path))
+    return path

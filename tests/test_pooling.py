@@ -1,0 +1,79 @@
+"""Embeddings pooled as the model's sentence-transformers modules say, checked against
+sentence-transformers' own `encode` on the same directory (tiny random models made here)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from numaserve.backends import load_model
+from numaserve.backends.modelpath import ModelLoadError
+from numaserve.backends.pooling import MODES, Pooling
+from numaserve.config import ModelConfig
+from tests.harness.checkpoints import save_tiny_embedder
+
+# Lengths differ, so a batch is padded and the mask matters.
+TEXTS = ["a short one", "a somewhat longer text to embed, with punctuation!", "x"]
+
+
+def reference(path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu").encode(TEXTS)
+
+
+def served(path, backend: str = "torch") -> np.ndarray:
+    from transformers import AutoTokenizer
+
+    config = ModelConfig(path=str(path), task="embed", backend=backend, quantize="none")
+    model = load_model(config)
+    ids = [AutoTokenizer.from_pretrained(str(path))(t)["input_ids"] for t in TEXTS]
+    return np.stack(model.run(ids))
+
+
+def assert_same_vectors(ours: np.ndarray, theirs: np.ndarray) -> None:
+    assert ours.shape == theirs.shape
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+    np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-4)  # lengths too, unnormalised
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "raw"])
+@pytest.mark.parametrize("mode", [*MODES, ("cls", "mean")], ids=str)
+def test_embeddings_match_sentence_transformers_for_every_pooling_mode(tmp_path, mode, normalize):
+    path = save_tiny_embedder(tmp_path / "model", mode, normalize)
+    assert_same_vectors(served(path), reference(path))
+
+
+def test_the_onnx_backend_pools_the_same_way(tmp_path):
+    path = save_tiny_embedder(tmp_path / "model", "cls", normalize=True)
+    assert_same_vectors(served(path, "onnxruntime"), reference(path))
+
+
+def test_a_module_numaserve_cannot_run_is_refused_by_name(tmp_path):
+    path = save_tiny_embedder(tmp_path / "model", "mean", dense=True)
+    with pytest.raises(ModelLoadError, match=r"module '2_Dense' is a .*Dense, which numaserve"):
+        load_model(ModelConfig(path=str(path), task="embed", backend="torch", quantize="none"))
+
+
+def test_a_model_without_modules_json_is_mean_pooled_and_unit_length(tmp_path):
+    assert Pooling.read(tmp_path) == Pooling(modes=("mean",), normalize=True)
+
+
+def test_the_older_boolean_pooling_config_is_read(tmp_path):
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    modules = [
+        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert Pooling.read(tmp_path) == Pooling(modes=("cls",), normalize=False)
+
+
+def test_the_bundled_default_is_mean_pooled_and_normalised():
+    from numaserve.backends.modelpath import resolve_model_path
+
+    assert Pooling.read(resolve_model_path("bundled:minilm")) == Pooling(("mean",), True)
