@@ -10,6 +10,7 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
 from numaserve.host.topology import read_topology
 from numaserve.loadgen.corpus import stdlib_sentences
+from tests.harness.checkpoints import LABELS, save_tiny_classifier
 
 SENTENCES = stdlib_sentences(64)
 
@@ -86,6 +87,32 @@ def test_classifier_returns_its_labels_and_probabilities(classifier_dir, tokeniz
         assert r.label in model.labels
         assert abs(sum(r.probs) - 1) < 1e-5
         assert r.label == model.labels[int(np.argmax(r.probs))]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_multi_label_classifier_scores_each_label_as_transformers_does(
+    tmp_path, tokenizer, backend
+):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    path = save_tiny_classifier(tmp_path / "model", problem_type="multi_label_classification")
+    texts = ["It works.", "A longer sentence about nothing much."]
+    config = ModelConfig(backend=backend, path=str(path), task="classify", quantize="none")
+    results = load_model(config).run(ids(tokenizer, texts))
+    reference = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    for text, result in zip(texts, results, strict=True):
+        with torch.inference_mode():
+            logits = reference(**reference_inputs(path, text)).logits[0]
+        expected = torch.sigmoid(logits).numpy()
+        np.testing.assert_allclose(result.probs, expected, atol=1e-4)
+        assert result.label == LABELS[int(expected.argmax())]
+
+
+def reference_inputs(path, text):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)(text, return_tensors="pt")
 
 
 def test_ids_outside_the_vocabulary_are_refused(fp32):

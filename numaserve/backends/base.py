@@ -34,6 +34,9 @@ def full_range_int8(isa: tuple[str, ...]) -> bool:
     return bool(INT32_ACCUMULATING_ISA & set(isa))
 
 
+MULTI_LABEL = "multi_label_classification"
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What serving needs of a checkpoint besides its weights.
@@ -44,6 +47,9 @@ class ModelFacts:
     max_positions: int | None = None  # None: the checkpoint does not say
     pad_id: int = 0
     id2label: Mapping[int, str] = field(default_factory=dict)
+    # transformers' `problem_type`: "multi_label_classification" scores each label on its own
+    # (sigmoid); anything else is one label of many (softmax).
+    problem_type: str | None = None
 
     @classmethod
     def read(cls, directory: str | Path) -> ModelFacts:
@@ -55,6 +61,7 @@ class ModelFacts:
                 max_positions=raw.get("max_position_embeddings"),
                 pad_id=raw.get("pad_token_id") or 0,
                 id2label={int(k): str(v) for k, v in (raw.get("id2label") or {}).items()},
+                problem_type=raw.get("problem_type"),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
@@ -81,6 +88,7 @@ class Model:
         self.vocab_size = facts.vocab_size
         if config.task == "classify":
             self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
+            self.multi_label = facts.problem_type == MULTI_LABEL
         else:
             self.labels = ()
             self.pooling = Pooling.read(resolve_model_path(config.path))
@@ -118,8 +126,11 @@ class Model:
         ids, mask = self._arrays(batch)
         out = self.forward(ids, mask)
         if self.config.task == "classify":
-            exp = np.exp(out - out.max(axis=-1, keepdims=True))
-            probs = exp / exp.sum(axis=-1, keepdims=True)
+            if self.multi_label:  # each label's own probability; `label` is the likeliest
+                probs = 1 / (1 + np.exp(-out))
+            else:
+                exp = np.exp(out - out.max(axis=-1, keepdims=True))
+                probs = exp / exp.sum(axis=-1, keepdims=True)
             return [
                 ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p))
                 for p in probs

@@ -82,6 +82,7 @@ class TorchModel(Model):
                 max_positions=getattr(hf, "max_position_embeddings", None),
                 pad_id=hf.pad_token_id or 0,
                 id2label=hf.id2label or {},
+                problem_type=hf.problem_type,
             ),
             width=hf.num_labels if config.task == "classify" else hf.hidden_size,
         )

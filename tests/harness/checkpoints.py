@@ -7,9 +7,10 @@ from pathlib import Path
 LABELS = ("negative", "neutral", "positive")
 
 
-def save_tiny_classifier(path: Path) -> Path:
+def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
     """A 2-layer BertForSequenceClassification, random weights with a fixed seed, and the
-    bundled MiniLM tokenizer (bert-base-uncased's vocabulary): loads and runs in moments."""
+    bundled MiniLM tokenizer (bert-base-uncased's vocabulary): loads and runs in moments.
+    `problem_type`: transformers' ("multi_label_classification" scores labels one by one)."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -24,6 +25,7 @@ def save_tiny_classifier(path: Path) -> Path:
         num_labels=len(LABELS),
         id2label=dict(enumerate(LABELS)),
         label2id={label: i for i, label in enumerate(LABELS)},
+        problem_type=problem_type,
     )
     BertForSequenceClassification(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
