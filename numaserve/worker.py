@@ -111,7 +111,10 @@ class Control(threading.Thread):
         self.ctx, self.spec, self.instance, self.wake_fd = ctx, spec, instance, wake_fd
         self.parent = os.getppid()
         self.busy = self.served = 0  # the model thread's, read for heartbeats
-        self.stopping = self.connected = False
+        self.stopping = False
+        # None until the first connection: not yet connected is not "the router is gone" (a
+        # SIGTERM just after start once made a worker leave with a run on its way to it).
+        self.connected: bool | None = None
 
     def run(self) -> None:
         try:
@@ -136,6 +139,8 @@ class Control(threading.Thread):
         next_beat = last_heard
         while True:
             events = dict(poller.poll(max(0.0, next_beat - time.monotonic()) * 1000))
+            while monitor in events and monitor.poll(0):  # first: stop() reads `connected`
+                self.on_connection(recv_monitor_message(monitor)["event"])
             if self.wake_fd in events:
                 os.read(self.wake_fd, 64)
                 self.stop("asked to stop")
@@ -143,8 +148,6 @@ class Control(threading.Thread):
                 while sock.poll(0):
                     sock.recv_multipart()  # heartbeats: hearing anything is what counts
                 last_heard = time.monotonic()
-            if monitor in events:
-                self.on_connection(recv_monitor_message(monitor)["event"])
             if self.model in events and self.model.recv() == DONE:
                 break
             now = time.monotonic()
@@ -163,7 +166,7 @@ class Control(threading.Thread):
 
     def on_connection(self, event: int) -> None:
         self.connected = event == zmq.EVENT_CONNECTED
-        if self.stopping and not self.connected:
+        if self.stopping and self.connected is False:
             self.model.send(LEAVE)
 
     def stop(self, why: str) -> None:
@@ -171,7 +174,7 @@ class Control(threading.Thread):
             self.stopping = True
             log.info("%s: finishing the job in hand, if any, then exiting", why)
             self.model.send(STOP)
-            if not self.connected:
+            if self.connected is False:  # the router is gone: no answer to BYE will come
                 self.model.send(LEAVE)
 
 
