@@ -35,6 +35,27 @@ def full_range_int8(isa: tuple[str, ...]) -> bool:
 
 
 MULTI_LABEL = "multi_label_classification"
+# Models whose position ids start after the padding id (fairseq's RoBERTa and its kin): of
+# their max_position_embeddings (514), the first pad_token_id + 1 are never used, so 512 tokens
+# fit, not 514.
+POSITIONS_AFTER_PADDING = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "mpnet",
+        "longformer",
+        "data2vec-text",
+    }
+)
+
+
+def usable_positions(model_type: str | None, max_positions: int | None, pad_id: int) -> int | None:
+    """How many tokens the model's position embeddings hold; None where it does not say."""
+    if max_positions is not None and model_type in POSITIONS_AFTER_PADDING:
+        return max_positions - pad_id - 1
+    return max_positions
 
 
 @dataclass(frozen=True)
@@ -44,7 +65,7 @@ class ModelFacts:
     Read from config.json with the json module: transformers' AutoConfig imports torch."""
 
     vocab_size: int
-    max_positions: int | None = None  # None: the checkpoint does not say
+    max_positions: int | None = None  # the most tokens it takes; None: the checkpoint does not say
     pad_id: int = 0
     id2label: Mapping[int, str] = field(default_factory=dict)
     # transformers' `problem_type`: "multi_label_classification" scores each label on its own
@@ -56,10 +77,13 @@ class ModelFacts:
         path = Path(directory) / "config.json"
         try:
             raw = json.loads(path.read_text())
+            pad_id = raw.get("pad_token_id") or 0
             return cls(
                 vocab_size=int(raw["vocab_size"]),
-                max_positions=raw.get("max_position_embeddings"),
-                pad_id=raw.get("pad_token_id") or 0,
+                max_positions=usable_positions(
+                    raw.get("model_type"), raw.get("max_position_embeddings"), pad_id
+                ),
+                pad_id=pad_id,
                 id2label={int(k): str(v) for k, v in (raw.get("id2label") or {}).items()},
                 problem_type=raw.get("problem_type"),
             )

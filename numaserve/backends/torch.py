@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
-from numaserve.backends.base import Model, ModelFacts, full_range_int8
+from numaserve.backends.base import Model, ModelFacts, full_range_int8, usable_positions
 from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.config import ModelConfig
 
@@ -79,7 +79,11 @@ class TorchModel(Model):
             config,
             ModelFacts(
                 vocab_size=hf.vocab_size,
-                max_positions=getattr(hf, "max_position_embeddings", None),
+                max_positions=usable_positions(
+                    hf.model_type,
+                    getattr(hf, "max_position_embeddings", None),
+                    hf.pad_token_id or 0,
+                ),
                 pad_id=hf.pad_token_id or 0,
                 id2label=hf.id2label or {},
                 problem_type=hf.problem_type,

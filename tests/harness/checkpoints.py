@@ -59,3 +59,49 @@ def save_tiny_embedder(path: Path, pooling_mode, normalize: bool = True, dense: 
         modules.append(models.Normalize())
     SentenceTransformer(modules=modules, device="cpu").save(str(path))
     return path
+
+
+def _small(config_class, **extra):
+    """A 2-layer, 64-wide config of `config_class` over bert-base-uncased's vocabulary."""
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2)
+    return lambda: config_class(**sizes, intermediate_size=128, vocab_size=30522, **extra)
+
+
+def architectures() -> dict:
+    """The encoder architectures numaserve serves, each as a small config that keeps the
+    architecture's quirks (RoBERTa's position offset, ALBERT's factorised embeddings)."""
+    import transformers as t
+
+    roberta_like = dict(max_position_embeddings=514, pad_token_id=1)
+    return {
+        "bert": _small(t.BertConfig),
+        "distilbert": lambda: t.DistilBertConfig(
+            dim=64, n_layers=2, n_heads=2, hidden_dim=128, vocab_size=30522
+        ),
+        "roberta": _small(t.RobertaConfig, **roberta_like),
+        "xlm-roberta": _small(t.XLMRobertaConfig, **roberta_like),
+        "camembert": _small(t.CamembertConfig, **roberta_like),
+        "electra": _small(t.ElectraConfig, embedding_size=64),
+        "mpnet": _small(t.MPNetConfig, **roberta_like),
+        "albert": _small(t.AlbertConfig, embedding_size=32),
+        "deberta-v2": _small(t.DebertaV2Config),
+    }
+
+
+def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
+    """A small random model of `architecture` (architectures()) for `task`, with the bundled
+    MiniLM tokenizer."""
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    from numaserve.backends.modelpath import resolve_model_path
+
+    torch.manual_seed(0)
+    config = architectures()[architecture]()
+    if task == "classify":
+        config.num_labels, config.id2label = len(LABELS), dict(enumerate(LABELS))
+        config.label2id = {label: i for i, label in enumerate(LABELS)}
+    loader = AutoModelForSequenceClassification if task == "classify" else AutoModel
+    loader.from_config(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+    return path
