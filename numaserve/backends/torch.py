@@ -75,6 +75,7 @@ class TorchModel(Model):
         configure_threads(threads)
         model = load_transformers_model(config)
         hf = model.config
+        pad_id = hf.pad_token_id or 0
         super().__init__(
             config,
             ModelFacts(
@@ -82,9 +83,9 @@ class TorchModel(Model):
                 max_positions=usable_positions(
                     hf.model_type,
                     getattr(hf, "max_position_embeddings", None),
-                    hf.pad_token_id or 0,
+                    pad_id,
                 ),
-                pad_id=hf.pad_token_id or 0,
+                pad_id=pad_id,
                 id2label=hf.id2label or {},
                 problem_type=hf.problem_type,
             ),

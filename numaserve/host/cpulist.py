@@ -11,12 +11,12 @@ class CPUListError(ValueError):
     pass
 
 
-_BLANK = " \t\n\x00"  # some kernels (seen on 5.15) end the file with a NUL byte
+BLANK = " \t\n\x00"  # what ends a sysfs file: some kernels (seen on 5.15) add a NUL byte
 
 
 def parse_cpumask(text: str) -> list[int]:
     """Parse a hex mask such as "00000000,0000ff0f" into [0, 1, 2, 3, 8, ..., 15]."""
-    digits = text.strip(_BLANK).replace(",", "")
+    digits = text.strip(BLANK).replace(",", "")
     try:
         bits = int(digits, 16) if digits else 0
     except ValueError:
@@ -27,7 +27,7 @@ def parse_cpumask(text: str) -> list[int]:
 def parse_cpulist(text: str) -> list[int]:
     """Parse "0-3,8" into [0, 1, 2, 3, 8]. An empty string is an empty list (a memory-only node)."""
     cpus: set[int] = set()
-    text = text.strip(_BLANK)
+    text = text.strip(BLANK)
     if not text:
         return []
     for part in text.split(","):

@@ -19,7 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from numaserve.host.cpulist import CPUListError, format_cpulist, parse_cpulist, parse_cpumask
+from numaserve.host.cpulist import (
+    BLANK,
+    CPUListError,
+    format_cpulist,
+    parse_cpulist,
+    parse_cpumask,
+)
 
 LIVE_SYSFS = Path("/sys")
 
@@ -170,10 +176,9 @@ def read_topology(
         allowed = set(os.sched_getaffinity(0)) if live else set(placeable)
     else:
         allowed = set(allowed_cpus)
-    if allowed - placeable:
-        unused = format_cpulist(allowed - placeable)
+    if unused := allowed - placeable:
         warnings.append(
-            f"allowed CPUs {unused} are not online CPUs with a node (online: "
+            f"allowed CPUs {format_cpulist(unused)} are not online CPUs with a node (online: "
             f"{format_cpulist(online)}): left out"
         )
     if allowed_mems is None and live:
@@ -208,7 +213,7 @@ def detect_isa() -> tuple[str, ...]:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text().strip(" \t\n\x00")
+        return path.read_text().strip(BLANK)
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -230,10 +235,6 @@ def _cpuset(directory: Path, *names: str) -> list[int] | None:
     return None
 
 
-def _cpulist_file(path: Path) -> list[int] | None:
-    return _cpuset(path.parent, path.name)
-
-
 def _numbered_dirs(parent: Path, prefix: str) -> list[int]:
     pattern = re.compile(rf"{prefix}(\d+)")
     if not parent.is_dir():
@@ -243,7 +244,7 @@ def _numbered_dirs(parent: Path, prefix: str) -> list[int]:
 
 def _online_cpus(cpu_dir: Path) -> list[int]:
     """The `online` list, or, where that file is missing, each cpuN's own `online` flag."""
-    listed = _cpulist_file(cpu_dir / "online")
+    listed = _cpuset(cpu_dir, "online")
     if listed is not None:
         return listed
     # cpu0 usually cannot be taken offline and then has no `online` file: it counts as online.
@@ -303,7 +304,7 @@ def _read_nodes(
 def _mems_allowed(status: Path = Path("/proc/self/status")) -> list[int] | None:
     """The nodes whose memory this process may use: its cpuset's `cpuset.mems.effective`, as
     the kernel applies it. None where the kernel does not say (no NUMA support)."""
-    for line in _read(status).splitlines() if status.exists() else ():
+    for line in (_read(status) or "").splitlines():
         if line.startswith("Mems_allowed_list:"):
             return parse_cpulist(line.split(":", 1)[1])
     return None
