@@ -14,6 +14,7 @@ from numaserve.config import ModelConfig
 from tests.harness.checkpoints import architectures, save_tiny_model
 
 ARCHITECTURES = list(architectures())
+# Lengths differ, so a batch is padded and the mask matters.
 TEXTS = ["a short one", "a somewhat longer text to embed, with punctuation!", "x"]
 # Cosine to fp32 transformers. int8 on random weights is no accuracy figure (docs/accuracy.md
 # has those); it shows the quantised graph computes the same function.

@@ -172,25 +172,27 @@ def test_requests_are_answered_by_instances_on_both_nodes(server, workers):
 
 
 def cpuset_allowing_memory_of(node: int, tmp_path: Path) -> Path:
-    """A real cpuset cgroup of the guest whose memory nodes are `node` only: its procs file.
-    cgroup v2 where its cpuset controller is free, else the v1 cpuset hierarchy."""
+    """A real cpuset cgroup of the guest whose memory nodes are `node` only: its procs file."""
     mount = tmp_path / "cgroup"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)]).returncode == 0:
-        if "cpuset" in (mount / "cgroup.controllers").read_text().split():
-            (mount / "cgroup.subtree_control").write_text("+cpuset")
-            group = mount / "numaserve-test"
-            group.mkdir(exist_ok=True)
-            (group / "cpuset.cpus").write_text("0-7")
-            (group / "cpuset.mems").write_text(str(node))
-            return group / "cgroup.procs"
-        subprocess.run(["umount", str(mount)], check=True)
-    subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "none", str(mount)], check=True)
+    procs = mount_cpuset_hierarchy(mount)
     group = mount / "numaserve-test"
     group.mkdir(exist_ok=True)
     (group / "cpuset.cpus").write_text("0-7")
     (group / "cpuset.mems").write_text(str(node))
-    return group / "tasks"
+    return group / procs
+
+
+def mount_cpuset_hierarchy(mount: Path) -> str:
+    """Mount cgroup v2 at `mount` where its cpuset controller is free, else the v1 cpuset
+    hierarchy; the name of the file a process joins a group by."""
+    if subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)]).returncode == 0:
+        if "cpuset" in (mount / "cgroup.controllers").read_text().split():
+            (mount / "cgroup.subtree_control").write_text("+cpuset")
+            return "cgroup.procs"
+        subprocess.run(["umount", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "none", str(mount)], check=True)
+    return "tasks"
 
 
 def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_path):

@@ -11,9 +11,8 @@ from numaserve.backends.modelpath import ModelLoadError
 from numaserve.backends.pooling import MODES, Pooling
 from numaserve.config import ModelConfig
 from tests.harness.checkpoints import save_tiny_embedder
-
-# Lengths differ, so a batch is padded and the mask matters.
-TEXTS = ["a short one", "a somewhat longer text to embed, with punctuation!", "x"]
+from tests.test_architectures import TEXTS
+from tests.test_architectures import served as served_as
 
 
 def reference(path) -> np.ndarray:
@@ -23,12 +22,7 @@ def reference(path) -> np.ndarray:
 
 
 def served(path, backend: str = "torch") -> np.ndarray:
-    from transformers import AutoTokenizer
-
-    config = ModelConfig(path=str(path), task="embed", backend=backend, quantize="none")
-    model = load_model(config)
-    ids = [AutoTokenizer.from_pretrained(str(path))(t)["input_ids"] for t in TEXTS]
-    return np.stack(model.run(ids))
+    return served_as(path, "embed", backend, "none")
 
 
 def assert_same_vectors(ours: np.ndarray, theirs: np.ndarray) -> None:
