@@ -29,12 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
-from numaserve.backends.modelpath import resolve_model_path
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.backends.torch import TorchModel, quantize_int8
 from numaserve.config import ModelConfig
 from numaserve.host.topology import read_topology
 from numaserve.loadgen.corpus import stdlib_sentences_by_module
+from numaserve.modelpath import resolve_model_path
 
 AREAS = {
     "text": "re string textwrap difflib shlex tokenize pprint html.parser",

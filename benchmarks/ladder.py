@@ -30,10 +30,10 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from numaserve.backends.modelpath import resolve_model_path
 from numaserve.client import Client
 from numaserve.loadgen.bench import closed_loop, numaserve_target
 from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.modelpath import resolve_model_path
 from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """

@@ -17,7 +17,10 @@ from typing import Literal, Union
 
 import yaml
 
+from numaserve.modelpath import ModelLoadError, checkpoint_max_length
+
 AUTO = "auto"
+MAX_LENGTH = 8192  # the most tokens model.max_length may be
 
 
 class ConfigError(ValueError):
@@ -38,7 +41,8 @@ class ModelConfig:
     quantize: Literal["int8", "none"] = "int8"
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
     padding: Literal["dynamic", "max_length"] = "dynamic"
-    max_length: int = field(default=256, metadata=_bounds(1, 8192))
+    # Not set: the checkpoint's max_seq_length (sentence_bert_config.json), else 256.
+    max_length: int = field(default=256, metadata=_bounds(1, MAX_LENGTH))
     # true: longer texts are cut to max_length and the reply says so; false: they are refused.
     truncate: bool = True
 
@@ -138,8 +142,38 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         data = {}
     config = from_mapping(Config, data, source, "")
     config = dataclasses.replace(config, source=source)
+    if "max_length" not in (data.get("model") or {}):
+        config = _with_checkpoint_max_length(config, source)
     _check_semantics(config, source)
     return config
+
+
+def _with_checkpoint_max_length(config: Config, source: str) -> Config:
+    """model.max_length, when the config does not set it, is what the checkpoint's
+    sentence-transformers config says it takes (as its own `encode` cuts), else 256."""
+    try:
+        declared = checkpoint_max_length(config.model.path)
+    except ModelLoadError as e:
+        raise ConfigError(f"{source}: model.max_length is not set, and {e}") from None
+    if declared is None:
+        return config
+    why = (
+        f"model.max_length is not set, so it is {config.model.path}'s max_seq_length, "
+        f"{declared} (sentence_bert_config.json)"
+    )
+    longest = max(p.max_tokens for p in config.placement.pools)
+    if declared > MAX_LENGTH or declared > longest:
+        limit = min(MAX_LENGTH, longest)
+        raise ConfigError(
+            f"{source}: {why}, but "
+            + (
+                f"numaserve takes at most {MAX_LENGTH}"
+                if declared > MAX_LENGTH
+                else f"the largest pool's max_tokens is {longest}"
+            )
+            + f"; set model.max_length (at most {limit}), or raise a pool's max_tokens"
+        )
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, max_length=declared))
 
 
 def from_mapping(cls: type, data: object, source: str, where: str = ""):

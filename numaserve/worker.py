@@ -23,7 +23,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from numaserve import exitcodes, protocol
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
     PinningError,
@@ -33,6 +32,7 @@ from numaserve.host.pinning import (
     thread_settings,
 )
 from numaserve.lifecycle import die_with_parent, read_spec
+from numaserve.modelpath import ModelLoadError
 from numaserve.specs import WorkerSpec
 
 log = logging.getLogger("numaserve.worker")

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).parents[1] / "numaserve"
 
 # Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
 # subpackage, or one of the top-level modules; "base" is the modules every part shares.
-BASE = {"config", "protocol", "exitcodes", "logs", "procinfo", "lifecycle"}
+BASE = {"config", "modelpath", "protocol", "exitcodes", "logs", "procinfo", "lifecycle"}
 ALLOWED = {
     "base": {"base"},
     "host": {"base", "host"},
@@ -30,7 +30,7 @@ ALLOWED = {
     "cli": {"base", "host", "specs", "backends", "router", "supervisor", "client", "loadgen"},
 }
 # The router tokenizes; it never loads a model.
-ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer", "numaserve.backends.modelpath"}
+ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer"}
 
 
 def module_name(path: Path) -> str:

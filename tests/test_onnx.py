@@ -17,12 +17,12 @@ import pytest
 from numaserve import protocol
 from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
 from numaserve.host.pinning import live_affinity
 from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.modelpath import ModelLoadError
 from tests.harness.console import numaserve
 from tests.harness.processes import wait_gone
 from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.backends.pooling import MODES, Pooling
-from numaserve.config import ModelConfig
+from numaserve.backends.tokenizer import Tokenizer
+from numaserve.config import ConfigError, ModelConfig, parse_config
+from numaserve.modelpath import ModelLoadError
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.test_architectures import TEXTS
 from tests.test_architectures import served as served_as
@@ -68,6 +69,53 @@ def test_the_older_boolean_pooling_config_is_read(tmp_path):
 
 
 def test_the_bundled_default_is_mean_pooled_and_normalised():
-    from numaserve.backends.modelpath import resolve_model_path
+    from numaserve.modelpath import resolve_model_path
 
     assert Pooling.read(resolve_model_path("bundled:minilm")) == Pooling(("mean",), True)
+
+
+def with_max_seq_length(path, value):
+    config = path / "sentence_bert_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_seq_length": value}))
+    return path
+
+
+def test_the_default_max_length_is_the_checkpoints_max_seq_length(tmp_path):
+    path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "mean"), 24)
+    assert parse_config(f"model: {{path: {path}}}").model.max_length == 24
+    assert parse_config(f"model: {{path: {path}, max_length: 64}}").model.max_length == 64
+
+
+def test_a_long_text_is_cut_where_sentence_transformers_cuts_it(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "mean"), 24)
+    config = parse_config(f"model: {{path: {path}, backend: torch, quantize: none}}").model
+    long_text = "a text far longer than the model's twenty-four tokens " * 5
+    (encoded,) = Tokenizer(config.path, config.max_length).encode([long_text])
+    (ours,) = load_model(config).run([list(encoded.ids)])
+    theirs = SentenceTransformer(str(path), device="cpu").encode([long_text])
+    assert encoded.truncated and len(encoded.ids) == 24
+    assert_same_vectors(ours[None], theirs)
+
+
+def test_a_checkpoint_without_sentence_transformers_config_keeps_256(classifier_dir):
+    assert parse_config(f"model: {{path: {classifier_dir}}}").model.max_length == 256
+
+
+def test_a_max_seq_length_beyond_every_pool_says_what_to_set(tmp_path):
+    path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "cls"), 1024)
+    with pytest.raises(ConfigError) as e:
+        parse_config(f"model: {{path: {path}}}", source="my.yaml")
+    assert str(e.value) == (
+        f"my.yaml: model.max_length is not set, so it is {path}'s max_seq_length, 1024 "
+        "(sentence_bert_config.json), but the largest pool's max_tokens is 512; set "
+        "model.max_length (at most 512), or raise a pool's max_tokens"
+    )
+
+
+def test_a_malformed_sentence_transformers_config_is_a_config_error(tmp_path):
+    path = save_tiny_embedder(tmp_path / "m", "mean")
+    (path / "sentence_bert_config.json").write_text("{broken")
+    with pytest.raises(ConfigError, match=r"model.max_length is not set, and cannot read .*"):
+        parse_config(f"model: {{path: {path}}}")

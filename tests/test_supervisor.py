@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from numaserve import exitcodes, procinfo
-from numaserve.backends.modelpath import resolve_model_path
 from numaserve.client import Client, NoInstance, NumaserveError
 from numaserve.config import load_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
+from numaserve.modelpath import resolve_model_path
 from tests.harness import server as server_
 
 pytestmark = pytest.mark.slow

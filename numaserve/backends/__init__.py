@@ -3,7 +3,7 @@
 Importing this package imports no runtime: `load_model` imports the backend it needs on
 demand, after the worker has pinned itself (host/pinning.py), so the runtime's thread pools
 inherit the binding, and an ONNX Runtime worker never imports torch (about 200 MB less per
-instance). The router imports only `tokenizer` and `modelpath` from here.
+instance). The router imports only `tokenizer` from here.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model

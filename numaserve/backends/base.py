@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
-from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
 from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 
 def model_directory(config: ModelConfig) -> Path:

@@ -32,9 +32,9 @@ import warnings
 from pathlib import Path
 
 from numaserve import exitcodes
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
+from numaserve.modelpath import ModelLoadError
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the build steps change, so old artifacts are not reused

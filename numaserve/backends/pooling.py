@@ -9,13 +9,12 @@ no error at all.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.modelpath import ModelLoadError
+from numaserve.modelpath import ModelLoadError, read_json
 
 # sentence-transformers' names, in the order it concatenates them.
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -44,7 +43,7 @@ class Pooling:
         path = root / "modules.json"
         if not path.is_file():
             return cls()
-        modules = _json(path)
+        modules = read_json(path)
         kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
         for module, kind in zip(modules, kinds, strict=True):
             if kind not in (TRANSFORMER, POOLING, NORMALIZE):
@@ -68,15 +67,8 @@ class Pooling:
         return pooled.astype(np.float32, copy=False)
 
 
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
-
-
 def _modes(path: Path) -> tuple[str, ...]:
-    config = _json(path)
+    config = read_json(path)
     given = config.get("pooling_mode")
     if given is None:
         modes = tuple(mode for key, mode in LEGACY_KEYS.items() if config.get(key))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
 
-from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.backends.wordpiece_memo import WordPieceMemo
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 
 class TooLongError(ValueError):

@@ -10,8 +10,8 @@ import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
 from numaserve.backends.base import Model, ModelFacts, full_range_int8, usable_positions
-from numaserve.backends.modelpath import ModelLoadError, resolve_model_path
 from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 
 def configure_threads(threads: int) -> None:

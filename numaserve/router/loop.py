@@ -17,9 +17,9 @@ import traceback
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.backends.modelpath import ModelLoadError
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.logs import Summary
+from numaserve.modelpath import ModelLoadError
 from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache

@@ -14,7 +14,7 @@ def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from numaserve.backends.modelpath import resolve_model_path
+    from numaserve.modelpath import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -44,7 +44,7 @@ def save_tiny_embedder(path: Path, pooling_mode, normalize: bool = True, dense: 
         warnings.simplefilter("ignore", DeprecationWarning)
         from sentence_transformers import SentenceTransformer, models
 
-    from numaserve.backends.modelpath import resolve_model_path
+    from numaserve.modelpath import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -94,7 +94,7 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
     import torch
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-    from numaserve.backends.modelpath import resolve_model_path
+    from numaserve.modelpath import resolve_model_path
 
     torch.manual_seed(0)
     config = architectures()[architecture]()

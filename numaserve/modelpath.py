@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 # name -> (package that ships it, how to ask that package for its directory)
@@ -41,3 +42,40 @@ def resolve_model_path(path: str) -> str:
             raise ModelLoadError(f"model.path: {path} has no config.json: not a saved model")
         return str(local)
     return path  # a hub id: loading it needs a network that reaches the hub
+
+
+def checkpoint_max_length(path: str) -> int | None:
+    """The `max_seq_length` a sentence-transformers checkpoint declares in the
+    sentence_bert_config.json of its Transformer module (what its `encode` cuts texts to), or
+    None: the checkpoint does not say, or is not a directory here (its load will say why)."""
+    try:
+        root = Path(resolve_model_path(path))
+    except ModelLoadError:
+        return None
+    config = _transformer_directory(root) / "sentence_bert_config.json"
+    if not config.is_file():
+        return None
+    data = read_json(config)
+    value = data.get("max_seq_length") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"{config}: max_seq_length must be a positive integer; got {value!r}")
+    return value
+
+
+def _transformer_directory(root: Path) -> Path:
+    """Where modules.json puts the Transformer module: the top directory, as a rule."""
+    listed = read_json(root / "modules.json") if (root / "modules.json").is_file() else []
+    for module in listed if isinstance(listed, list) else []:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith("Transformer"):
+            return root / str(module.get("path", ""))
+    return root
+
+
+def read_json(path: Path):
+    """A checkpoint's JSON file; a clear ModelLoadError if it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
