@@ -143,22 +143,23 @@ endpoint_option = click.option(
 timeout_option = click.option("--timeout", default=5.0, show_default=True, help="Seconds per try.")
 
 
-def _call(endpoints, timeout: float, method: str, texts):
+def _call(endpoints, timeout: float, method: str, *args, **kwargs):
     from numaserve.client import Client, NumaserveError
 
     try:
         with Client(list(endpoints), timeout=timeout) as client:
-            call = getattr(client, method)
-            return call() if texts is None else call(list(texts))
+            return getattr(client, method)(*args, **kwargs)
     except NumaserveError as e:
         raise MachineError(f"{e.code}: {e.message}") from None
 
 
 def _result_json(result) -> dict:
-    from numaserve.client import Embedding
+    from numaserve.client import Embedding, Ranked
 
     if isinstance(result, Embedding):
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
+    elif isinstance(result, Ranked):
+        fields = {"index": result.index, "score": result.score}
     else:
         fields = {"label": result.label, "probs": list(result.probs)}
     return {**fields, "tokens": result.tokens, "truncated": result.truncated}
@@ -170,18 +171,39 @@ def _result_json(result) -> dict:
 @timeout_option
 def embed(texts, endpoints, timeout: float) -> None:
     """Print the embeddings of TEXTS as JSON, one object per text."""
-    _print_json({"results": [_result_json(r) for r in _call(endpoints, timeout, "embed", texts)]})
+    results = _call(endpoints, timeout, "embed", list(texts))
+    _print_json({"results": [_result_json(r) for r in results]})
 
 
 @main.command()
 @click.argument("texts", nargs=-1, required=True)
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="Read TEXTS two by two as pairs (premise, hypothesis), for a model that takes pairs.",
+)
 @endpoint_option
 @timeout_option
-def classify(texts, endpoints, timeout: float) -> None:
-    """Print the label and probabilities of each of TEXTS as JSON."""
-    _print_json(
-        {"results": [_result_json(r) for r in _call(endpoints, timeout, "classify", texts)]}
-    )
+def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
+    """Print the label and probabilities of each of TEXTS (or each pair) as JSON."""
+    if pairs and len(texts) % 2:
+        raise click.UsageError(f"--pairs needs an even number of texts; got {len(texts)}")
+    batch = list(zip(texts[::2], texts[1::2], strict=True)) if pairs else list(texts)
+    results = _call(endpoints, timeout, "classify", batch)
+    _print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
+@click.argument("query")
+@click.argument("documents", nargs=-1, required=True)
+@click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
+@endpoint_option
+@timeout_option
+def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> None:
+    """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, in order, or the
+    best --top-k first."""
+    results = _call(endpoints, timeout, "rerank", query, list(documents), top_k)
+    _print_json({"results": [_result_json(r) for r in results]})
 
 
 @main.command()
@@ -191,7 +213,17 @@ def classify(texts, endpoints, timeout: float) -> None:
     type=click.Path(dir_okay=False),
     help="Texts, one per line (default: stdlib docstring sentences).",
 )
-@click.option("--op", type=click.Choice(["embed", "classify"]), default="embed", show_default=True)
+@click.option(
+    "--op", type=click.Choice(["embed", "classify", "rerank"]), default="embed", show_default=True
+)
+@click.option("--pairs", is_flag=True, help="classify: send pairs of corpus texts.")
+@click.option(
+    "--documents",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="rerank: documents a request (a corpus text as the query, and this many others).",
+)
 @click.option(
     "--http",
     "url",
@@ -215,7 +247,19 @@ def classify(texts, endpoints, timeout: float) -> None:
 )
 @json_option
 def bench(
-    endpoints, corpus, op, url, clients, requests, rate, duration, timeout, seed, as_json
+    endpoints,
+    corpus,
+    op,
+    pairs,
+    documents,
+    url,
+    clients,
+    requests,
+    rate,
+    duration,
+    timeout,
+    seed,
+    as_json,
 ) -> None:
     """Load a running server and report throughput, latency percentiles and errors."""
     from numaserve.loadgen import bench as load
@@ -226,6 +270,11 @@ def bench(
         raise UserError(str(e)) from None
     if url and rate:
         raise UserError("--http drives the closed loop only; leave out --rate")
+    if url and (pairs or op == "rerank"):
+        raise UserError("--http sends single texts; leave out --pairs and --op rerank")
+    if pairs and op != "classify":
+        raise UserError("--pairs is for --op classify")
+    draw = load.drawing(op, pairs, documents)
     try:
         connect = (
             load.http_target(url, timeout)
@@ -243,11 +292,13 @@ def bench(
     ):
         if rate:
             result = load.open_loop(
-                list(endpoints), texts, rate, duration, op, timeout, bar.update, seed
+                list(endpoints), texts, rate, duration, op, timeout, bar.update, seed, draw
             )
         else:
             label = f"POST {url}" if url else op
-            result = load.closed_loop(connect, texts, clients, requests, label, bar.update, seed)
+            result = load.closed_loop(
+                connect, texts, clients, requests, label, bar.update, seed, draw
+            )
     summary = result.summary()
     if as_json:
         _print_json(summary)
@@ -319,7 +370,7 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
     """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
     from numaserve.router.status import format_status
 
-    report = _call(endpoints, timeout, "status", None)
+    report = _call(endpoints, timeout, "status")
     if as_json:
         _print_json(report)
     else:
@@ -343,7 +394,7 @@ def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
     """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
     from numaserve import procinfo
 
-    report = _call(endpoints, timeout, "status", None)
+    report = _call(endpoints, timeout, "status")
     supervisor = report.get("supervisor", {})
     pid = supervisor.get("pid")
     if not isinstance(pid, int) or pid <= 0:

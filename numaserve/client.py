@@ -8,6 +8,10 @@ and `no_instance` replies also move on to the next endpoint when there is more t
     with Client(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"], timeout=1.0) as client:
         vectors = [e.vector for e in client.embed(["first text", "second text"])]
 
+A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("premise",
+"hypothesis"))` is one Classification, `classify([("a", "b"), ("c", "d")])` a list. A
+cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`.
+
 A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
 """
 
@@ -90,6 +94,17 @@ class Classification:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class Ranked:
+    index: int  # the document's place in the request
+    score: float  # the cross-encoder's score for (query, document)
+    tokens: int  # of the pair, special tokens included
+    truncated: bool
+
+
+Texts = str | tuple[str, str] | Sequence[str | tuple[str, str]]  # one text or pair, or a list
+
+
 class _Calls:
     """What both clients share: endpoints, request ids, and reading replies."""
 
@@ -102,12 +117,11 @@ class _Calls:
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._endpoint = 0
 
-    def request(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
+    def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
-        if texts is not None:
-            body["texts"] = texts
-        if deadline_ms is not None:
-            body["deadline_ms"] = deadline_ms
+        for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
+            if value is not None:
+                body[key] = value
         return body
 
     def next_endpoint(self) -> str:
@@ -151,6 +165,12 @@ def _socket(ctx, endpoint: str):
     return sock
 
 
+def _batch(texts: Texts) -> tuple[list, bool]:
+    """(the texts as a list, whether one text or pair was given rather than a list)."""
+    single = isinstance(texts, (str, tuple))
+    return ([texts] if single else list(texts)), single
+
+
 def _results(op: str, body: dict, single: bool):
     items = []
     for r in body["results"]:
@@ -158,6 +178,8 @@ def _results(op: str, body: dict, single: bool):
             items.append(
                 Embedding(protocol.embedding_from_wire(r["embedding"]), r["tokens"], r["truncated"])
             )
+        elif op == "rerank":
+            items.append(Ranked(r["index"], r["score"], r["tokens"], r["truncated"]))
         else:
             items.append(Classification(r["label"], tuple(r["probs"]), r["tokens"], r["truncated"]))
     return items[0] if single else items
@@ -176,19 +198,25 @@ class Client(_Calls):
 
     def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One Embedding for a string, a list of them for a list of strings."""
-        single = isinstance(texts, str)
-        return _results(
-            "embed", self.call("embed", [texts] if single else list(texts), deadline_ms), single
-        )
+        batch, single = _batch(texts)
+        return _results("embed", self.call("embed", batch, deadline_ms), single)
 
-    def classify(self, texts: str | Sequence[str], deadline_ms: float | None = None):
-        """One Classification for a string, a list of them for a list of strings."""
-        single = isinstance(texts, str)
-        return _results(
-            "classify",
-            self.call("classify", [texts] if single else list(texts), deadline_ms),
-            single,
-        )
+    def classify(self, texts: Texts, deadline_ms: float | None = None):
+        """One Classification for a string or a pair (a tuple of two strings), a list of them
+        for a list."""
+        batch, single = _batch(texts)
+        return _results("classify", self.call("classify", batch, deadline_ms), single)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        deadline_ms: float | None = None,
+    ) -> list[Ranked]:
+        """Each document's score for `query`, in order; with `top_k`, the best k, best first."""
+        body = self.call("rerank", list(documents), deadline_ms, query=query, top_k=top_k)
+        return _results("rerank", body, False)
 
     def status(self) -> dict:
         return self.call("status")["server"]
@@ -199,8 +227,8 @@ class Client(_Calls):
         self.call("ping")
         return time.perf_counter() - start
 
-    def call(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
-        body = self.request(op, texts, deadline_ms)
+    def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
+        body = self.request(op, texts, deadline_ms, **fields)
         frames = protocol.pack(body)
         error: NumaserveError = Timeout(f"no reply to {op}")
         for attempt in range(self.attempts()):
@@ -250,14 +278,22 @@ class AsyncClient(_Calls):
         self._idle: list[tuple[str, zmq.asyncio.Socket]] = []
 
     async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
-        single = isinstance(texts, str)
-        body = await self.call("embed", [texts] if single else list(texts), deadline_ms)
-        return _results("embed", body, single)
+        batch, single = _batch(texts)
+        return _results("embed", await self.call("embed", batch, deadline_ms), single)
 
-    async def classify(self, texts: str | Sequence[str], deadline_ms: float | None = None):
-        single = isinstance(texts, str)
-        body = await self.call("classify", [texts] if single else list(texts), deadline_ms)
-        return _results("classify", body, single)
+    async def classify(self, texts: Texts, deadline_ms: float | None = None):
+        batch, single = _batch(texts)
+        return _results("classify", await self.call("classify", batch, deadline_ms), single)
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        deadline_ms: float | None = None,
+    ) -> list[Ranked]:
+        body = await self.call("rerank", list(documents), deadline_ms, query=query, top_k=top_k)
+        return _results("rerank", body, False)
 
     async def status(self) -> dict:
         return (await self.call("status"))["server"]
@@ -267,8 +303,8 @@ class AsyncClient(_Calls):
         await self.call("ping")
         return time.perf_counter() - start
 
-    async def call(self, op: str, texts=None, deadline_ms: float | None = None) -> dict:
-        body = self.request(op, texts, deadline_ms)
+    async def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
+        body = self.request(op, texts, deadline_ms, **fields)
         frames = protocol.pack(body)
         error: NumaserveError = Timeout(f"no reply to {op}")
         for attempt in range(self.attempts()):

@@ -35,7 +35,8 @@ def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dic
 class ModelConfig:
     # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
     path: str = "bundled:minilm"
-    task: Literal["embed", "classify"] = "embed"
+    # rerank: a cross-encoder's score for each (query, document) pair.
+    task: Literal["embed", "classify", "rerank"] = "embed"
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"

@@ -81,9 +81,9 @@ def embedding_from_wire(data: bytes):
 
 
 # Client requests (the `op` key).
-TEXT_OPS = ("classify", "embed")
+TEXT_OPS = ("classify", "embed", "rerank")
 OPS = (*TEXT_OPS, "status", "ping")
-REQUEST_KEYS = ("id", "op", "texts", "deadline_ms")
+REQUEST_KEYS = ("id", "op", "texts", "query", "top_k", "deadline_ms")
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000
 
@@ -100,8 +100,31 @@ class RequestError(ValueError):
 class Request:
     id: int | str
     op: str
-    texts: tuple[str, ...] = ()
+    texts: tuple[str | tuple[str, str], ...] = ()  # classify: a text or a pair (a, b)
     deadline_ms: float | None = None
+    query: str | None = None  # rerank: the query each of `texts` (the documents) is scored for
+    top_k: int | None = None  # rerank: answer the best k only, best first
+
+    def inputs(self) -> list[str | tuple[str, str]]:
+        """What the model reads: the texts, or for rerank each (query, document)."""
+        if self.op == "rerank":
+            return [(self.query, document) for document in self.texts]
+        return list(self.texts)
+
+    def to_body(self) -> dict:
+        """The request as a client sends it (a router passing it on sends this)."""
+        body = {
+            "id": self.id,
+            "op": self.op,
+            "texts": [list(t) if isinstance(t, tuple) else t for t in self.texts],
+        }
+        if self.query is not None:
+            body["query"] = self.query
+        if self.top_k is not None:
+            body["top_k"] = self.top_k
+        if self.deadline_ms is not None:
+            body["deadline_ms"] = self.deadline_ms
+        return body
 
 
 def is_valid_utf8(text: str) -> bool:
@@ -157,18 +180,42 @@ def parse_request(body: dict, max_texts: int) -> Request:
     texts = body.get("texts")
     if isinstance(texts, str):
         texts = [texts]
+    what = "documents" if op == "rerank" else "texts"
     if not isinstance(texts, list) or not texts:
-        raise bad(f"{op} needs texts: a string or a non-empty list of strings")
+        raise bad(f"{op} needs texts ({what}): a string or a non-empty list of strings")
     if len(texts) > max_texts:
         raise bad(f"{len(texts)} texts in one request; the limit is {max_texts} (server.max_texts)")
+    checked = []
     for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise bad(f"text {i} is not a string")
-        if not is_valid_utf8(text):
-            raise bad(f"text {i} is not valid UTF-8")
-        if not text.strip():
-            raise bad(f"text {i} is empty")
-    return Request(request_id, op, tuple(texts), deadline)
+        if op == "classify" and isinstance(text, list):  # a pair: [a, b]
+            if len(text) != 2:
+                raise bad(f"text {i} is a list of {len(text)}; a pair is a list of two texts")
+            for j, part in enumerate(text):
+                _check_text(part, f"text {i}[{j}]", bad)
+            checked.append((text[0], text[1]))
+        else:
+            pairs = "; pairs [a, b] are for classify" if isinstance(text, list) else ""
+            _check_text(text, f"text {i}", bad, pairs)
+            checked.append(text)
+    query, top_k = body.get("query"), body.get("top_k")
+    if op == "rerank":
+        _check_text(query, "query", bad)
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
+            raise bad("top_k must be an integer of at least 1")
+    elif query is not None or top_k is not None:
+        raise bad(f"query and top_k are for rerank, not {op}")
+    return Request(request_id, op, tuple(checked), deadline, query, top_k)
+
+
+def _check_text(text, name: str, bad, hint: str = "") -> None:
+    if not isinstance(text, str):
+        raise bad(f"{name} is not a string{hint}")
+    if not is_valid_utf8(text):
+        raise bad(f"{name} is not valid UTF-8")
+    if not text.strip():
+        raise bad(f"{name} is empty")
 
 
 def ok_reply(request_id, **fields) -> dict:

@@ -76,13 +76,26 @@ class Engine:
             reason = self.model.check_ids(ids)
             if reason:
                 return _job_error(job, protocol.ErrorCode.BAD_REQUEST, f"input {i}: {reason}")
+        segments = body.get("segments")
+        if segments is not None and not (
+            isinstance(segments, list)
+            and len(segments) == len(inputs)
+            and all(
+                type(s) is int and 0 <= s < len(ids)
+                for s, ids in zip(segments, inputs, strict=True)
+            )
+        ):
+            message = "segments must be a list with one index into each input"
+            return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
         try:
-            outputs = self.model.run(inputs)
+            outputs = self.model.run(inputs, segments)
         except Exception as e:
             log.exception("forward pass failed")
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
         if self.task == "classify":
             results = [{"label": r.label, "probs": list(r.probs)} for r in outputs]
+        elif self.task == "rerank":
+            results = [{"score": score} for score in outputs]
         else:
             results = [{"embedding": protocol.embedding_to_wire(v)} for v in outputs]
         return {"type": protocol.RESULT, "job": job, "results": results}
@@ -91,7 +104,7 @@ class Engine:
         info: dict = {"task": self.task, "max_length": self.model.config.max_length}
         if self.task == "classify":
             info["labels"] = list(self.model.labels)
-        else:
+        elif self.task == "embed":
             info["dim"] = self.model.dim
         return info
 

@@ -15,13 +15,43 @@ import numpy as np
 
 from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 
 
 @dataclass(frozen=True)
 class ClassifyResult:
     label: str
     probs: tuple[float, ...]
+
+
+# What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
+# activation its config names (Sigmoid unless it says otherwise).
+RERANK_ACTIVATIONS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Identity": lambda x: x}
+HEAD_TASKS = ("classify", "rerank")  # the tasks that read a classification head's logits
+
+
+def uses_token_types(task: str, type_vocab_size: int) -> bool:
+    """Whether the model is fed token_type_ids: where it has segment embeddings to tell a
+    pair's two texts apart (BERT, ALBERT, ELECTRA) and a task that takes pairs."""
+    return task in HEAD_TASKS and type_vocab_size >= 2
+
+
+def rerank_activation(directory: str | Path, path: str) -> str:
+    """The name of the activation sentence-transformers applies to this cross-encoder's
+    logit (config_sentence_transformers.json, or config.json's `sentence_transformers` in
+    older saves); refused where numaserve does not have it."""
+    root = Path(directory)
+    saved = root / "config_sentence_transformers.json"
+    settings = read_json(saved) if saved.is_file() else {}
+    if "activation_fn" not in settings:
+        settings = read_json(root / "config.json").get("sentence_transformers") or {}
+    name = str(settings.get("activation_fn") or "Sigmoid").rsplit(".", 1)[-1]
+    if name not in RERANK_ACTIVATIONS:
+        known = ", ".join(RERANK_ACTIVATIONS)
+        raise ModelLoadError(
+            f"{path}: its cross-encoder activation is {name}; numaserve applies {known}"
+        )
+    return name
 
 
 # Where int8 dot products accumulate straight into int32, activations may use all 8 bits; older
@@ -71,6 +101,7 @@ class ModelFacts:
     # transformers' `problem_type`: "multi_label_classification" scores each label on its own
     # (sigmoid); anything else is one label of many (softmax).
     problem_type: str | None = None
+    type_vocab_size: int = 0  # segment embeddings: 2 where a pair's texts are told apart
 
     @classmethod
     def read(cls, directory: str | Path) -> ModelFacts:
@@ -86,6 +117,7 @@ class ModelFacts:
                 pad_id=pad_id,
                 id2label={int(k): str(v) for k, v in (raw.get("id2label") or {}).items()},
                 problem_type=raw.get("problem_type"),
+                type_vocab_size=int(raw.get("type_vocab_size") or 0),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
@@ -110,9 +142,19 @@ class Model:
         self.config = config
         self.pad_id = facts.pad_id
         self.vocab_size = facts.vocab_size
+        self.token_types = uses_token_types(config.task, facts.type_vocab_size)
         if config.task == "classify":
             self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
             self.multi_label = facts.problem_type == MULTI_LABEL
+        elif config.task == "rerank":
+            if width != 1:
+                raise ModelLoadError(
+                    f"{config.path} has {width} labels; a reranker (a cross-encoder) has one "
+                    "score: serve this model with task: classify"
+                )
+            self.labels = ()
+            directory = resolve_model_path(config.path)
+            self.activation = RERANK_ACTIVATIONS[rerank_activation(directory, config.path)]
         else:
             self.labels = ()
             self.pooling = Pooling.read(resolve_model_path(config.path))
@@ -128,27 +170,36 @@ class Model:
             return f"token ids must be in 0..{self.vocab_size - 1}"
         return None
 
-    def _arrays(self, batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(
+        self, batch: list[list[int]], segments: list[int] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if self.config.padding == "max_length":
             width = self.config.max_length
         else:  # dynamic: a batch of one runs unpadded, a batch pads to its longest
             width = max(len(ids) for ids in batch)
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), width), dtype=np.int64)
+        types = np.zeros((len(batch), width), dtype=np.int64) if self.token_types else None
         for row, seq in enumerate(batch):
             ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
-        return ids, mask
+            if types is not None and segments and segments[row]:
+                types[row, segments[row] : len(seq)] = 1
+        return ids, mask, types
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Logits (classify) or the last hidden state (embed), as float32."""
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        """Logits (classify, rerank) or the last hidden state (embed), as float32. `types`:
+        the token type ids, for a model that takes them (self.token_types), else None."""
         raise NotImplementedError
 
-    def run(self, batch: list[list[int]]) -> list:
-        """One forward pass: a float32 vector per input, pooled as the model says (embed), or a
-        ClassifyResult."""
-        ids, mask = self._arrays(batch)
-        out = self.forward(ids, mask)
+    def run(self, batch: list[list[int]], segments: list[int] | None = None) -> list:
+        """One forward pass: a float32 vector per input, pooled as the model says (embed), a
+        ClassifyResult, or a score (rerank). `segments`: for each input, where the second
+        text of a pair begins (0: a single text)."""
+        ids, mask, types = self._arrays(batch, segments)
+        out = self.forward(ids, mask, types)
+        if self.config.task == "rerank":
+            return [float(x) for x in self.activation(out[:, 0])]
         if self.config.task == "classify":
             if self.multi_label:  # each label's own probability; `label` is the likeliest
                 probs = 1 / (1 + np.exp(-out))

@@ -58,6 +58,9 @@ class OnnxModel(Model):
         self.output = output.name
         super().__init__(config, facts, width=output.shape[-1])
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        (out,) = self.session.run([self.output], {"input_ids": ids, "attention_mask": mask})
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if types is not None:  # the artifact takes them where the model does (onnx_build.py)
+            feeds["token_type_ids"] = types
+        (out,) = self.session.run([self.output], feeds)
         return out.astype(np.float32, copy=False)

@@ -32,6 +32,7 @@ import warnings
 from pathlib import Path
 
 from numaserve import exitcodes
+from numaserve.backends.base import HEAD_TASKS, ModelFacts, uses_token_types
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
@@ -78,6 +79,8 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
         "torch": importlib.metadata.version("torch"),
         "onnxruntime": importlib.metadata.version("onnxruntime"),
     }
+    if uses_token_types(config.task, ModelFacts.read(model_dir).type_vocab_size):
+        options["token_type_ids"] = True  # an input of the graph (the key of others is as it was)
     digest.update(json.dumps(options, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
@@ -169,20 +172,23 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
 
-    output = "logits" if config.task == "classify" else "last_hidden_state"
+    output = "logits" if config.task in HEAD_TASKS else "last_hidden_state"
+    inputs = ["input_ids", "attention_mask"]
+    if uses_token_types(config.task, getattr(model.config, "type_vocab_size", 0) or 0):
+        inputs.append("token_type_ids")  # a pair's second text has type 1
 
     class Outputs(torch.nn.Module):  # one tensor out, named for what the task reads
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids, attention_mask):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        def forward(self, *tensors):
+            out = self.model(**dict(zip(inputs, tensors, strict=True)))
             return getattr(out, output)
 
     work = Path(tempfile.mkdtemp(dir=destination.parent, prefix="build-"))
     exported, optimized, quantized = work / "export.onnx", work / "opt.onnx", work / "int8.onnx"
-    example = (torch.ones((1, 8), dtype=torch.long), torch.ones((1, 8), dtype=torch.long))
+    example = tuple(torch.ones((1, 8), dtype=torch.long) for _ in inputs)
     axes = {0: "batch", 1: "sequence"}
     logging.disable(logging.INFO)  # onnxruntime's tools log every tensor at INFO, on root
     try:
@@ -192,9 +198,9 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
                 Outputs().eval(),
                 example,
                 str(exported),
-                input_names=["input_ids", "attention_mask"],
+                input_names=inputs,
                 output_names=[output],
-                dynamic_axes={"input_ids": axes, "attention_mask": axes, output: axes},
+                dynamic_axes={name: axes for name in [*inputs, output]},
                 opset_version=OPSET,
                 dynamo=False,
             )

@@ -51,6 +51,13 @@ def load_fast_tokenizer(model_path: str) -> FastTokenizer:
 class Encoded:
     ids: tuple[int, ...]
     truncated: bool  # the text was cut to max_length
+    # Of a pair (a, b): where b's tokens begin (its token type ids are 1 from there); 0 for
+    # a single text, and for a pair whose tokenizer gives both texts the same type.
+    second: int = 0
+
+
+Text = str | tuple[str, str]  # a text, or a pair of them (premise and hypothesis, query and
+# document) that the model reads as one input
 
 
 # Texts are cut to this many characters per token of max_length before tokenizing (at a
@@ -88,15 +95,50 @@ class Tokenizer:
         self.memo_bytes = 0
         self.memo_limit = memo_bytes
 
-    def encode(self, texts: list[str]) -> list[Encoded]:
-        """Encodings of `texts`; a text seen recently is not tokenized again."""
+    def encode(self, texts: list[Text]) -> list[Encoded]:
+        """Encodings of `texts`; a text seen recently is not tokenized again. A pair is
+        encoded as transformers encodes `tokenizer(a, b, truncation=True)`: both texts
+        between the model's special tokens, the longer cut first."""
         if len(texts) == 1 and (known := self.memo.get(texts[0])) is not None:
             return [known]
-        out = self._encode(texts)
+        singles = [i for i, text in enumerate(texts) if isinstance(text, str)]
+        if len(singles) == len(texts):
+            out = self._encode(texts)
+        else:
+            out = [None] * len(texts)
+            for i, enc in zip(singles, self._encode([texts[i] for i in singles]), strict=True):
+                out[i] = enc
+            for i, text in enumerate(texts):
+                if out[i] is None:
+                    out[i] = self._encode_pair(i, *text)
         if self.memo_limit:
             for text, enc in zip(texts, out, strict=True):
-                self._remember(text, enc)
+                if isinstance(text, str):
+                    self._remember(text, enc)
         return out
+
+    def _encode_pair(self, index: int, first: str, second: str) -> Encoded:
+        heads = (self._pair_head(first), self._pair_head(second))
+        enc = self.raw.encode(*heads)
+        if enc.overflowing and not self.truncate:
+            cut = heads != (first, second)
+            raise TooLongError(index, len(self.full.encode(*heads).ids), self.max_length, cut)
+        types = enc.type_ids
+        return Encoded(tuple(enc.ids), bool(enc.overflowing), types.index(1) if 1 in types else 0)
+
+    def _pair_head(self, text: str) -> str:
+        """A head of `text` with at least max_length tokens of its own, or all of it: the
+        pair's truncation (longest first) then keeps what it would keep of the whole text,
+        since it looks only at whether each text has more tokens than fit."""
+        limit = self.prefix_chars
+        head = self._head(text, limit)
+        while (
+            len(head) < len(text)
+            and len(self.full.encode(head, add_special_tokens=False).ids) < self.max_length
+        ):
+            limit *= 4
+            head = self._head(text, limit)
+        return head
 
     def _remember(self, text: str, enc: Encoded) -> None:
         cost = _memo_cost(text, enc)

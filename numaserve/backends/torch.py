@@ -9,7 +9,13 @@ import numpy as np
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
-from numaserve.backends.base import Model, ModelFacts, full_range_int8, usable_positions
+from numaserve.backends.base import (
+    HEAD_TASKS,
+    Model,
+    ModelFacts,
+    full_range_int8,
+    usable_positions,
+)
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 
@@ -58,7 +64,7 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     directory = resolve_model_path(config.path)
-    loader = AutoModelForSequenceClassification if config.task == "classify" else AutoModel
+    loader = AutoModelForSequenceClassification if config.task in HEAD_TASKS else AutoModel
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -88,17 +94,19 @@ class TorchModel(Model):
                 pad_id=pad_id,
                 id2label=hf.id2label or {},
                 problem_type=hf.problem_type,
+                type_vocab_size=getattr(hf, "type_vocab_size", 0) or 0,
             ),
-            width=hf.num_labels if config.task == "classify" else hf.hidden_size,
+            width=hf.num_labels if config.task in HEAD_TASKS else hf.hidden_size,
         )
         if config.quantize == "int8":
             model = quantize_int8(model, full_range=full_range_int8(isa))
         self.module = model
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        if types is not None:
+            inputs["token_type_ids"] = torch.from_numpy(types)
         with torch.inference_mode():
-            out = self.module(
-                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
-            )
-            result = out.logits if self.config.task == "classify" else out.last_hidden_state
+            out = self.module(**inputs)
+            result = out.logits if self.config.task in HEAD_TASKS else out.last_hidden_state
             return result.float().numpy()

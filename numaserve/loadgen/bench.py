@@ -107,8 +107,23 @@ class Failed(Exception):
         self.code = code
 
 
-Send = Callable[[str], object]  # sends one text and waits for its answer, or raises Failed
+Send = Callable[..., object]  # sends one request (Draw's arguments) and waits, or raises Failed
 Connect = Callable[[], AbstractContextManager[Send]]  # one connection per simulated client
+Draw = Callable[[random.Random, list[str]], tuple]  # one request's arguments, from the corpus
+
+
+def one_text(rng: random.Random, texts: list[str]) -> tuple:
+    return (rng.choice(texts),)
+
+
+def drawing(op: str, pairs: bool = False, documents: int = 10) -> Draw:
+    """What each request sends: a text; with `pairs`, a pair of texts (classify); for
+    rerank, a query and `documents` other texts of the corpus."""
+    if op == "rerank":
+        return lambda rng, texts: (rng.choice(texts), [rng.choice(texts) for _ in range(documents)])
+    if pairs:
+        return lambda rng, texts: ((rng.choice(texts), rng.choice(texts)),)
+    return one_text
 
 
 def numaserve_target(endpoints: list[str], op: str = "embed", timeout: float = 10.0) -> Connect:
@@ -117,9 +132,9 @@ def numaserve_target(endpoints: list[str], op: str = "embed", timeout: float = 1
         with Client(endpoints, timeout=timeout, retries=0) as client:
             call = getattr(client, op)
 
-            def send(text: str) -> object:
+            def send(*request) -> object:
                 try:
-                    return call(text)
+                    return call(*request)
                 except NumaserveError as e:
                     raise Failed(e.code) from None
 
@@ -171,6 +186,7 @@ def closed_loop(
     op: str = "embed",
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
+    draw: Draw = one_text,
 ) -> Result:
     """`clients` threads, each with its own connection, sending `requests` requests in turn."""
     result = Result("closed", op)
@@ -182,10 +198,10 @@ def closed_loop(
         with connect() as send:
             start_gate.wait()
             for _ in range(requests):
-                text = rng.choice(texts)
+                request = draw(rng, texts)
                 began = time.perf_counter()
                 try:
-                    send(text)
+                    send(*request)
                     elapsed, error = time.perf_counter() - began, None
                 except Failed as e:
                     error = e.code
@@ -217,14 +233,15 @@ def open_loop(
     timeout: float = 10.0,
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
+    draw: Draw = one_text,
 ) -> Result:
     """`rate` requests a second for `duration` seconds, each sent when due."""
     result = Result("open", op)
     rng = random.Random(seed)
 
-    async def one(client: AsyncClient, text: str, due: float) -> None:
+    async def one(client: AsyncClient, request: tuple, due: float) -> None:
         try:
-            await getattr(client, op)(text)
+            await getattr(client, op)(*request)
             result.latencies.append(time.perf_counter() - due)
         except NumaserveError as e:
             result.record_error(e.code)
@@ -238,7 +255,7 @@ def open_loop(
             for i in range(int(rate * duration)):
                 due = began + i / rate
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                tasks.append(asyncio.create_task(one(client, rng.choice(texts), due)))
+                tasks.append(asyncio.create_task(one(client, draw(rng, texts), due)))
             await asyncio.gather(*tasks)
             result.seconds = time.perf_counter() - began
 

@@ -35,6 +35,7 @@ class Item:
     index: int
     ids: tuple[int, ...]
     pool: int  # its own pool: the smallest that fits
+    second: int = 0  # a pair's: where its second text's tokens begin (tokenizer.Encoded)
     queued_at: float = 0.0
     attempts: int = 0
 

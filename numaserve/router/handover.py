@@ -70,7 +70,8 @@ class Handover:
         if sock is None:
             return False
         token = next(self.tokens)
-        body = {"id": token, "op": request.op, "texts": list(request.texts)}
+        body = request.to_body() | {"id": token}
+        body.pop("deadline_ms", None)
         if left_ms is not None:
             body["deadline_ms"] = max(1.0, left_ms)
         try:

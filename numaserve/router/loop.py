@@ -64,6 +64,15 @@ def send(sock: zmq.Socket, envelope: list[bytes], body: dict, flags: int = 0) ->
     sock.send(payload, flags)
 
 
+def ranked(results: list[dict], top_k: int | None) -> list[dict]:
+    """rerank's answer: each document's score with its index; with top_k, the best k only,
+    best first (documents that score the same keep their order)."""
+    results = [{"index": i, **result} for i, result in enumerate(results)]
+    if top_k is None:
+        return results
+    return sorted(results, key=lambda r: -r["score"])[:top_k]
+
+
 class Router:
     def __init__(self, spec: RouterSpec, tokenizer: Tokenizer, ctx: zmq.Context | None = None):
         self.spec = spec
@@ -271,11 +280,11 @@ class Router:
 
     def _start(self, envelope: list[bytes], request: protocol.Request) -> None:
         now = time.monotonic()
-        if self._surely_refused(request.texts):  # shed load before the costly part
+        if self._surely_refused(request):  # shed load before the costly part
             self._reply_error(envelope, request.id, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
             return
         try:
-            encoded = self.tokenizer.encode(list(request.texts))
+            encoded = self.tokenizer.encode(request.inputs())
         except TooLongError as e:
             self._reply_error(envelope, request.id, ErrorCode.TOO_LONG, str(e))
             return
@@ -283,11 +292,12 @@ class Router:
         pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline)
         misses = []
         for i, enc in enumerate(encoded):
-            hit = self.cache.get((self.model_key, enc.ids))
+            hit = self.cache.get((self.model_key, enc.ids, enc.second))
             if hit is not None:
                 pending.results[i] = hit
             else:
-                misses.append(Item(pending, i, enc.ids, self.dispatch.pool_for(len(enc.ids))))
+                pool = self.dispatch.pool_for(len(enc.ids))
+                misses.append(Item(pending, i, enc.ids, pool, enc.second))
         if not misses:
             self._complete(pending)
             return
@@ -306,18 +316,27 @@ class Router:
         if deadline is not None:
             self.deadlines.add(pending)
 
-    def _surely_refused(self, texts: tuple[str, ...]) -> bool:
+    def _surely_refused(self, request: protocol.Request) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
-        return self.dispatch.some_queue_full() and any(
-            self.dispatch.surely_full(TOKENS_PER_BYTE * len(text.encode()) + SPECIAL_TOKENS)
-            for text in texts
-        )
+        if not self.dispatch.some_queue_full():
+            return False
+        for text in request.inputs():
+            size = (
+                sum(len(t.encode()) for t in text)
+                if isinstance(text, tuple)
+                else len(text.encode())
+            )
+            if self.dispatch.surely_full(TOKENS_PER_BYTE * size + SPECIAL_TOKENS):
+                return True
+        return False
 
     def _complete(self, pending: Pending) -> None:
         results = [
             {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
             for result, enc in zip(pending.results, pending.encoded, strict=True)
         ]
+        if pending.request.op == "rerank":
+            results = ranked(results, pending.request.top_k)
         self._finish(pending)
         self.counters["replies_ok"] += 1
         self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
@@ -496,7 +515,7 @@ class Router:
                 )
             return
         for item, result in zip(job.items, results, strict=True):
-            self.cache.put((self.model_key, item.ids), result)
+            self.cache.put((self.model_key, item.ids, item.second), result)
             pending = item.owner
             if pending.done:
                 continue
@@ -549,6 +568,8 @@ class Router:
     def _send_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
             body = {"type": protocol.RUN, "job": job.id, "inputs": [i.ids for i in job.items]}
+            if any(item.second for item in job.items):
+                body["segments"] = [item.second for item in job.items]
             send(self.workers, [job.worker], body)
 
     # -- status ----------------------------------------------------------------------------

@@ -90,7 +90,9 @@ def architectures() -> dict:
 
 def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
     """A small random model of `architecture` (architectures()) for `task`, with the bundled
-    MiniLM tokenizer."""
+    MiniLM tokenizer. Heads get weights 5x the usual spread, so that their outputs differ
+    from input to input by more than the tolerances the tests check (a pair's token types,
+    say, move a score by 1e-5 at the usual spread)."""
     import torch
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -101,7 +103,26 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
     if task == "classify":
         config.num_labels, config.id2label = len(LABELS), dict(enumerate(LABELS))
         config.label2id = {label: i for i, label in enumerate(LABELS)}
-    loader = AutoModelForSequenceClassification if task == "classify" else AutoModel
+    if task == "rerank":  # a cross-encoder: one score
+        config.num_labels = 1
+    if task in ("classify", "rerank"):
+        config.initializer_range = 0.1
+    loader = AutoModelForSequenceClassification if task != "embed" else AutoModel
     loader.from_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+    return path
+
+
+def save_tiny_cross_encoder(path: Path, architecture: str = "bert", activation=None) -> Path:
+    """save_tiny_model for rerank, saved again by sentence-transformers' CrossEncoder, which
+    records its activation (Sigmoid unless `activation`, a torch module, says otherwise)."""
+    import warnings
+
+    save_tiny_model(path, architecture, "rerank")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import CrossEncoder
+
+        extra = {} if activation is None else {"activation_fn": activation}
+        CrossEncoder(str(path), device="cpu", **extra).save(str(path))
     return path
