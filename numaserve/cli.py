@@ -16,6 +16,7 @@ from numaserve.host.cpulist import CPUListError, parse_cpulist
 from numaserve.host.placement import PlacementError, format_plan, plan_placement
 from numaserve.host.shards import plan_shards
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
+from numaserve.protocol import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
 class UserError(click.ClickException):
@@ -154,9 +155,15 @@ def _call(endpoints, timeout: float, method: str, *args, **kwargs):
 
 
 def _result_json(result) -> dict:
-    from numaserve.client import Embedding, Ranked
+    from numaserve.client import Embedding, Entities, Ranked
 
-    if isinstance(result, Embedding):
+    if isinstance(result, Entities):
+        fields = {
+            "entities": [
+                {k: v for k, v in vars(e).items() if v is not None} for e in result.entities
+            ]
+        }
+    elif isinstance(result, Embedding):
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
     elif isinstance(result, Ranked):
         fields = {"index": result.index, "score": result.score}
@@ -194,6 +201,23 @@ def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
 
 
 @main.command()
+@click.argument("texts", nargs=-1, required=True)
+@click.option(
+    "--aggregation",
+    type=click.Choice(AGGREGATIONS),
+    default=DEFAULT_AGGREGATION,
+    show_default=True,
+    help="How tokens become entities, as transformers' token-classification pipeline does.",
+)
+@endpoint_option
+@timeout_option
+def ner(texts, aggregation: str, endpoints, timeout: float) -> None:
+    """Print the named entities of each of TEXTS as JSON (a server with model.task: ner)."""
+    results = _call(endpoints, timeout, "ner", list(texts), aggregation)
+    _print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
 @click.argument("query")
 @click.argument("documents", nargs=-1, required=True)
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
@@ -214,7 +238,10 @@ def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> No
     help="Texts, one per line (default: stdlib docstring sentences).",
 )
 @click.option(
-    "--op", type=click.Choice(["embed", "classify", "rerank"]), default="embed", show_default=True
+    "--op",
+    type=click.Choice(["embed", "classify", "rerank", "ner"]),
+    default="embed",
+    show_default=True,
 )
 @click.option("--pairs", is_flag=True, help="classify: send pairs of corpus texts.")
 @click.option(

@@ -10,7 +10,8 @@ and `no_instance` replies also move on to the next endpoint when there is more t
 
 A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("premise",
 "hypothesis"))` is one Classification, `classify([("a", "b"), ("c", "d")])` a list. A
-cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`.
+cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
+token classifier finds entities: `ner("Ada Lovelace lived in London")`.
 
 A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
 """
@@ -102,6 +103,23 @@ class Ranked:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class Entity:
+    label: str  # the entity type ("PER"); with aggregation "none", the token's label ("B-PER")
+    score: float
+    start: int  # character span in the text: text[start:end]
+    end: int
+    text: str
+    index: int | None = None  # aggregation "none": the token's place among the text's tokens
+
+
+@dataclass(frozen=True)
+class Entities:
+    entities: list[Entity]
+    tokens: int
+    truncated: bool
+
+
 Texts = str | tuple[str, str] | Sequence[str | tuple[str, str]]  # one text or pair, or a list
 
 
@@ -180,6 +198,9 @@ def _results(op: str, body: dict, single: bool):
             )
         elif op == "rerank":
             items.append(Ranked(r["index"], r["score"], r["tokens"], r["truncated"]))
+        elif op == "ner":
+            found = [Entity(**e) for e in r["entities"]]
+            items.append(Entities(found, r["tokens"], r["truncated"]))
         else:
             items.append(Classification(r["label"], tuple(r["probs"]), r["tokens"], r["truncated"]))
     return items[0] if single else items
@@ -217,6 +238,18 @@ class Client(_Calls):
         """Each document's score for `query`, in order; with `top_k`, the best k, best first."""
         body = self.call("rerank", list(documents), deadline_ms, query=query, top_k=top_k)
         return _results("rerank", body, False)
+
+    def ner(
+        self,
+        texts: str | Sequence[str],
+        aggregation: str = protocol.DEFAULT_AGGREGATION,
+        deadline_ms: float | None = None,
+    ):
+        """The named entities of a string (an Entities), or of each of a list. `aggregation`:
+        none, simple, first, average or max, as transformers' pipeline has them."""
+        batch, single = _batch(texts)
+        body = self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        return _results("ner", body, single)
 
     def status(self) -> dict:
         return self.call("status")["server"]
@@ -294,6 +327,16 @@ class AsyncClient(_Calls):
     ) -> list[Ranked]:
         body = await self.call("rerank", list(documents), deadline_ms, query=query, top_k=top_k)
         return _results("rerank", body, False)
+
+    async def ner(
+        self,
+        texts: str | Sequence[str],
+        aggregation: str = protocol.DEFAULT_AGGREGATION,
+        deadline_ms: float | None = None,
+    ):
+        batch, single = _batch(texts)
+        body = await self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        return _results("ner", body, single)
 
     async def status(self) -> dict:
         return (await self.call("status"))["server"]

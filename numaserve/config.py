@@ -35,8 +35,9 @@ def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dic
 class ModelConfig:
     # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
     path: str = "bundled:minilm"
-    # rerank: a cross-encoder's score for each (query, document) pair.
-    task: Literal["embed", "classify", "rerank"] = "embed"
+    # rerank: a cross-encoder's score for each (query, document) pair. ner: a token
+    # classifier's entities.
+    task: Literal["embed", "classify", "rerank", "ner"] = "embed"
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"

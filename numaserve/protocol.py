@@ -81,9 +81,12 @@ def embedding_from_wire(data: bytes):
 
 
 # Client requests (the `op` key).
-TEXT_OPS = ("classify", "embed", "rerank")
+TEXT_OPS = ("classify", "embed", "rerank", "ner")
 OPS = (*TEXT_OPS, "status", "ping")
-REQUEST_KEYS = ("id", "op", "texts", "query", "top_k", "deadline_ms")
+REQUEST_KEYS = ("id", "op", "texts", "query", "top_k", "aggregation", "deadline_ms")
+# ner: how tokens become entities, as transformers' token-classification pipeline names them.
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+DEFAULT_AGGREGATION = "simple"
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000
 
@@ -104,6 +107,7 @@ class Request:
     deadline_ms: float | None = None
     query: str | None = None  # rerank: the query each of `texts` (the documents) is scored for
     top_k: int | None = None  # rerank: answer the best k only, best first
+    aggregation: str = DEFAULT_AGGREGATION  # ner: AGGREGATIONS
 
     def inputs(self) -> list[str | tuple[str, str]]:
         """What the model reads: the texts, or for rerank each (query, document)."""
@@ -122,6 +126,8 @@ class Request:
             body["query"] = self.query
         if self.top_k is not None:
             body["top_k"] = self.top_k
+        if self.op == "ner":
+            body["aggregation"] = self.aggregation
         if self.deadline_ms is not None:
             body["deadline_ms"] = self.deadline_ms
         return body
@@ -206,7 +212,12 @@ def parse_request(body: dict, max_texts: int) -> Request:
             raise bad("top_k must be an integer of at least 1")
     elif query is not None or top_k is not None:
         raise bad(f"query and top_k are for rerank, not {op}")
-    return Request(request_id, op, tuple(checked), deadline, query, top_k)
+    aggregation = body.get("aggregation", DEFAULT_AGGREGATION)
+    if op != "ner" and "aggregation" in body:
+        raise bad(f"aggregation is for ner, not {op}")
+    if aggregation not in AGGREGATIONS:
+        raise bad(f"aggregation must be one of {', '.join(AGGREGATIONS)}")
+    return Request(request_id, op, tuple(checked), deadline, query, top_k, aggregation)
 
 
 def _check_text(text, name: str, bad, hint: str = "") -> None:

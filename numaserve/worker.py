@@ -96,13 +96,15 @@ class Engine:
             results = [{"label": r.label, "probs": list(r.probs)} for r in outputs]
         elif self.task == "rerank":
             results = [{"score": score} for score in outputs]
+        elif self.task == "ner":  # each token's probabilities, row by row, as float32
+            results = [{"scores": protocol.embedding_to_wire(s.ravel())} for s in outputs]
         else:
             results = [{"embedding": protocol.embedding_to_wire(v)} for v in outputs]
         return {"type": protocol.RESULT, "job": job, "results": results}
 
     def describe(self) -> dict:
         info: dict = {"task": self.task, "max_length": self.model.config.max_length}
-        if self.task == "classify":
+        if self.task in ("classify", "ner"):
             info["labels"] = list(self.model.labels)
         elif self.task == "embed":
             info["dim"] = self.model.dim

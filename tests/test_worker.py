@@ -220,7 +220,10 @@ def test_unknown_task_exits_with_the_model_code(router, tmp_path):
         timeout=60,
     ).returncode
     assert code == exitcodes.MODEL
-    assert "model.task: must be one of embed, classify, rerank; got 'summarize'" in log.read_text()
+    assert (
+        "model.task: must be one of embed, classify, rerank, ner; got 'summarize'"
+        in log.read_text()
+    )
 
 
 def test_unpinnable_slot_exits_with_the_pinning_code(router, tmp_path):

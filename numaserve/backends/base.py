@@ -27,7 +27,8 @@ class ClassifyResult:
 # What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
 # activation its config names (Sigmoid unless it says otherwise).
 RERANK_ACTIVATIONS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Identity": lambda x: x}
-HEAD_TASKS = ("classify", "rerank")  # the tasks that read a classification head's logits
+HEAD_TASKS = ("classify", "rerank")  # the tasks that read a sequence-classification head
+LOGIT_TASKS = (*HEAD_TASKS, "ner")  # the tasks whose model answers logits (ner: per token)
 
 
 def uses_token_types(task: str, type_vocab_size: int) -> bool:
@@ -143,7 +144,7 @@ class Model:
         self.pad_id = facts.pad_id
         self.vocab_size = facts.vocab_size
         self.token_types = uses_token_types(config.task, facts.type_vocab_size)
-        if config.task == "classify":
+        if config.task in ("classify", "ner"):
             self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
             self.multi_label = facts.problem_type == MULTI_LABEL
         elif config.task == "rerank":
@@ -188,18 +189,23 @@ class Model:
         return ids, mask, types
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
-        """Logits (classify, rerank) or the last hidden state (embed), as float32. `types`:
+        """Logits (classify, rerank; per token for ner) or the last hidden state (embed), as
+        float32. `types`:
         the token type ids, for a model that takes them (self.token_types), else None."""
         raise NotImplementedError
 
     def run(self, batch: list[list[int]], segments: list[int] | None = None) -> list:
         """One forward pass: a float32 vector per input, pooled as the model says (embed), a
-        ClassifyResult, or a score (rerank). `segments`: for each input, where the second
+        ClassifyResult, a score (rerank), or each token's probabilities (ner). `segments`: for each input, where the second
         text of a pair begins (0: a single text)."""
         ids, mask, types = self._arrays(batch, segments)
         out = self.forward(ids, mask, types)
         if self.config.task == "rerank":
             return [float(x) for x in self.activation(out[:, 0])]
+        if self.config.task == "ner":  # each token's softmax, the padding cut off
+            exp = np.exp(out - out.max(axis=-1, keepdims=True))
+            probs = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
+            return [probs[row, : len(seq)] for row, seq in enumerate(batch)]
         if self.config.task == "classify":
             if self.multi_label:  # each label's own probability; `label` is the likeliest
                 probs = 1 / (1 + np.exp(-out))

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 from numaserve import exitcodes
-from numaserve.backends.base import HEAD_TASKS, ModelFacts, uses_token_types
+from numaserve.backends.base import LOGIT_TASKS, ModelFacts, uses_token_types
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
@@ -172,7 +172,7 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
 
-    output = "logits" if config.task in HEAD_TASKS else "last_hidden_state"
+    output = "logits" if config.task in LOGIT_TASKS else "last_hidden_state"
     inputs = ["input_ids", "attention_mask"]
     if uses_token_types(config.task, getattr(model.config, "type_vocab_size", 0) or 0):
         inputs.append("token_type_ids")  # a pair's second text has type 1

@@ -48,12 +48,23 @@ def load_fast_tokenizer(model_path: str) -> FastTokenizer:
 
 
 @dataclass(frozen=True)
+class Tokens:
+    """What the tokenizer says of each token of one text (ner needs it for entities)."""
+
+    offsets: tuple[tuple[int, int], ...]  # character span in the text
+    special: tuple[bool, ...]  # [CLS], [SEP]: never an entity
+    pieces: tuple[str, ...]  # the token as the vocabulary spells it ("##ing")
+    unknown: tuple[bool, ...]  # the unknown token: a word of its own
+
+
+@dataclass(frozen=True)
 class Encoded:
     ids: tuple[int, ...]
     truncated: bool  # the text was cut to max_length
     # Of a pair (a, b): where b's tokens begin (its token type ids are 1 from there); 0 for
     # a single text, and for a pair whose tokenizer gives both texts the same type.
     second: int = 0
+    tokens: Tokens | None = None  # from encode_tagged only
 
 
 Text = str | tuple[str, str]  # a text, or a pair of them (premise and hypothesis, query and
@@ -86,6 +97,10 @@ class Tokenizer:
         self.full = FastTokenizer.from_str(self.raw.to_str())
         self.full.no_truncation()
         self.words = WordPieceMemo.of(self.raw, max_length)
+        unknown = getattr(self.raw.model, "unk_token", None)
+        self.unknown_id = self.raw.token_to_id(unknown) if unknown else None
+        # WordPiece marks a word's continuation pieces ("##"): entities can follow words.
+        self.word_aware = bool(getattr(self.raw.model, "continuing_subword_prefix", None))
         self.max_length = max_length
         self.truncate = truncate
         self.prefix_chars = CHARS_PER_TOKEN * max_length
@@ -117,8 +132,27 @@ class Tokenizer:
                     self._remember(text, enc)
         return out
 
+    def encode_tagged(self, texts: list[str]) -> list[Encoded]:
+        """Encodings with each token's character span and spelling, for entities (ner)."""
+        out = []
+        for i, text in enumerate(texts):
+            head = self._whole_enough(text)
+            enc = self.raw.encode(head)
+            if enc.overflowing and not self.truncate:
+                raise TooLongError(
+                    i, len(self.full.encode(head).ids), self.max_length, head != text
+                )
+            tokens = Tokens(
+                tuple(enc.offsets),
+                tuple(bool(s) for s in enc.special_tokens_mask),
+                tuple(enc.tokens),
+                tuple(t == self.unknown_id for t in enc.ids),
+            )
+            out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
+        return out
+
     def _encode_pair(self, index: int, first: str, second: str) -> Encoded:
-        heads = (self._pair_head(first), self._pair_head(second))
+        heads = (self._whole_enough(first), self._whole_enough(second))
         enc = self.raw.encode(*heads)
         if enc.overflowing and not self.truncate:
             cut = heads != (first, second)
@@ -126,10 +160,10 @@ class Tokenizer:
         types = enc.type_ids
         return Encoded(tuple(enc.ids), bool(enc.overflowing), types.index(1) if 1 in types else 0)
 
-    def _pair_head(self, text: str) -> str:
-        """A head of `text` with at least max_length tokens of its own, or all of it: the
-        pair's truncation (longest first) then keeps what it would keep of the whole text,
-        since it looks only at whether each text has more tokens than fit."""
+    def _whole_enough(self, text: str) -> str:
+        """A head of `text` with at least max_length tokens of its own, or all of it: a cut
+        then keeps what it would keep of the whole text (a pair's truncation, longest first,
+        looks only at whether each text has more tokens than fit)."""
         limit = self.prefix_chars
         head = self._head(text, limit)
         while (

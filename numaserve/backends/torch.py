@@ -11,6 +11,7 @@ import torch.ao.nn.quantized.dynamic as nnqd
 
 from numaserve.backends.base import (
     HEAD_TASKS,
+    LOGIT_TASKS,
     Model,
     ModelFacts,
     full_range_int8,
@@ -59,12 +60,22 @@ def quantize_int8(model: torch.nn.Module, full_range: bool) -> torch.nn.Module:
 def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
     """The checkpoint in fp32, in eval mode, with the head config.task reads."""
     import transformers
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     directory = resolve_model_path(config.path)
-    loader = AutoModelForSequenceClassification if config.task in HEAD_TASKS else AutoModel
+    loader = (
+        AutoModelForTokenClassification
+        if config.task == "ner"
+        else AutoModelForSequenceClassification
+        if config.task in HEAD_TASKS
+        else AutoModel
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -96,7 +107,7 @@ class TorchModel(Model):
                 problem_type=hf.problem_type,
                 type_vocab_size=getattr(hf, "type_vocab_size", 0) or 0,
             ),
-            width=hf.num_labels if config.task in HEAD_TASKS else hf.hidden_size,
+            width=hf.num_labels if config.task in LOGIT_TASKS else hf.hidden_size,
         )
         if config.quantize == "int8":
             model = quantize_int8(model, full_range=full_range_int8(isa))
@@ -108,5 +119,5 @@ class TorchModel(Model):
             inputs["token_type_ids"] = torch.from_numpy(types)
         with torch.inference_mode():
             out = self.module(**inputs)
-            result = out.logits if self.config.task in HEAD_TASKS else out.last_hidden_state
+            result = out.logits if self.config.task in LOGIT_TASKS else out.last_hidden_state
             return result.float().numpy()

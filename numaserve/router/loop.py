@@ -13,13 +13,14 @@ import os
 import signal
 import time
 import traceback
+from pathlib import Path
 
 import zmq
 
 from numaserve import exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.logs import Summary
-from numaserve.modelpath import ModelLoadError
+from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
@@ -73,6 +74,33 @@ def ranked(results: list[dict], top_k: int | None) -> list[dict]:
     return sorted(results, key=lambda r: -r["score"])[:top_k]
 
 
+class Entities:
+    """ner's answers: each text's entities from its tokens' probabilities (entities.py)."""
+
+    def __init__(self, model_path: str, tokenizer: Tokenizer):
+        # numpy only where entities are found: importing it starts OpenBLAS's threads, and
+        # only a router with a ner model needs it (after it has pinned itself).
+        from numaserve.router import entities
+
+        self.find = entities.entities
+        config = read_json(Path(resolve_model_path(model_path)) / "config.json")
+        id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+        self.labels = tuple(id2label.get(i, f"LABEL_{i}") for i in range(len(id2label) or 2))
+        self.word_aware = tokenizer.word_aware
+
+    def found(self, pending: Pending, results: list[dict]) -> list[dict]:
+        out = []
+        for text, enc, result in zip(pending.request.texts, pending.encoded, results, strict=True):
+            scores = protocol.embedding_from_wire(result.pop("scores"))
+            rows = scores.reshape(len(enc.ids), len(self.labels))
+            aggregation = pending.request.aggregation
+            result["entities"] = self.find(
+                text, enc.tokens, rows, self.labels, aggregation, self.word_aware
+            )
+            out.append(result)
+        return out
+
+
 class Router:
     def __init__(self, spec: RouterSpec, tokenizer: Tokenizer, ctx: zmq.Context | None = None):
         self.spec = spec
@@ -86,6 +114,7 @@ class Router:
             spec.model.max_length,
         )
         self.cache = ResultCache(spec.server.cache_entries)
+        self.entities = Entities(spec.model.path, tokenizer) if self.task == "ner" else None
         self.dispatch = Dispatcher(
             list(spec.pools),
             queue_size=spec.server.queue_size,
@@ -284,7 +313,12 @@ class Router:
             self._reply_error(envelope, request.id, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
             return
         try:
-            encoded = self.tokenizer.encode(request.inputs())
+            inputs = request.inputs()
+            encoded = (
+                self.tokenizer.encode_tagged(inputs)
+                if self.entities
+                else self.tokenizer.encode(inputs)
+            )
         except TooLongError as e:
             self._reply_error(envelope, request.id, ErrorCode.TOO_LONG, str(e))
             return
@@ -337,6 +371,8 @@ class Router:
         ]
         if pending.request.op == "rerank":
             results = ranked(results, pending.request.top_k)
+        elif self.entities:
+            results = self.entities.found(pending, results)
         self._finish(pending)
         self.counters["replies_ok"] += 1
         self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
@@ -623,10 +659,10 @@ def main(argv: list[str] | None = None) -> int:
             spec.model.truncate,
             memo_bytes=TOKENIZER_MEMO_BYTES if spec.server.cache_entries else 0,
         )
+        router = Router(spec, tokenizer, context())
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    router = Router(spec, tokenizer, context())
     try:
         router.bind()
     except zmq.ZMQError as e:

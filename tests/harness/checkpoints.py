@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 LABELS = ("negative", "neutral", "positive")
+NER_LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC", "MISC")  # MISC: no B-/I- prefix
 
 
 def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
@@ -94,7 +95,12 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
     from input to input by more than the tolerances the tests check (a pair's token types,
     say, move a score by 1e-5 at the usual spread)."""
     import torch
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
 
     from numaserve.modelpath import resolve_model_path
 
@@ -105,9 +111,15 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
         config.label2id = {label: i for i, label in enumerate(LABELS)}
     if task == "rerank":  # a cross-encoder: one score
         config.num_labels = 1
-    if task in ("classify", "rerank"):
+    if task == "ner":
+        config.num_labels, config.id2label = len(NER_LABELS), dict(enumerate(NER_LABELS))
+        config.label2id = {label: i for i, label in enumerate(NER_LABELS)}
+    if task != "embed":
         config.initializer_range = 0.1
-    loader = AutoModelForSequenceClassification if task != "embed" else AutoModel
+    loader = {
+        "embed": AutoModel,
+        "ner": AutoModelForTokenClassification,
+    }.get(task, AutoModelForSequenceClassification)
     loader.from_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
     return path
@@ -125,4 +137,38 @@ def save_tiny_cross_encoder(path: Path, architecture: str = "bert", activation=N
 
         extra = {} if activation is None else {"activation_fn": activation}
         CrossEncoder(str(path), device="cpu", **extra).save(str(path))
+    return path
+
+
+def save_byte_level_bpe_tokenizer(path: Path) -> Path:
+    """A RoBERTa-style byte-level BPE tokenizer, trained here on stdlib sentences (400 tokens,
+    RoBERTa's special tokens and ids), over whatever tokenizer `path` had. It does not mark
+    word continuations as WordPiece's "##" does."""
+    import warnings
+
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from numaserve.loadgen.corpus import stdlib_sentences
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
+    bpe.train_from_iterator(stdlib_sentences(500), vocab_size=400, special_tokens=specials)
+    raw = bpe._tokenizer
+    raw.post_processor = processors.RobertaProcessing(
+        ("</s>", raw.token_to_id("</s>")), ("<s>", raw.token_to_id("<s>")), trim_offsets=True
+    )
+    for stale in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
+        (path / stale).unlink(missing_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        names = ("bos_token", "pad_token", "eos_token", "unk_token", "mask_token")
+        PreTrainedTokenizerFast(
+            tokenizer_object=raw, **dict(zip(names, specials, strict=True))
+        ).save_pretrained(path)
     return path
