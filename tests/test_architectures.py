@@ -100,3 +100,26 @@ def test_a_roberta_style_model_takes_two_tokens_fewer_than_its_position_table(tm
         load_model(replace(config, max_length=513))
     model = load_model(replace(config, max_length=512))
     assert len(model.run([[0] + [5] * 510 + [2]])) == 1
+
+
+def test_a_model_onnx_cannot_express_is_refused_naming_the_torch_backend(tmp_path):
+    """FNet mixes tokens with a Fourier transform, which the ONNX exporter cannot write."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.FNetConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    path = tmp_path / "fnet"
+    transformers.AutoModel.from_config(config).save_pretrained(path)
+    save_tiny_model(tmp_path / "bert", "bert")  # for its tokenizer
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_bytes((tmp_path / "bert" / name).read_bytes())
+    model = ModelConfig(path=str(path), task="embed", quantize="none", max_length=64)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(replace(model, backend="onnxruntime"))
+    assert str(e.value) == (
+        f"cannot export {path} to ONNX (UnsupportedOperatorError: Exporting the operator "
+        "'aten::fft_fftn' to ONNX opset version 17 is not supported); serve it with "
+        "model.backend: torch"
+    )
+    assert len(load_model(replace(model, backend="torch")).run([[101, 2054, 102]])) == 1

@@ -245,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as e:  # the traceback for the log, then the one line the worker reports
         traceback.print_exc()
-        print(f"cannot export {config.path} to ONNX: {type(e).__name__}: {e}", file=sys.stderr)
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(
+            f"cannot export {config.path} to ONNX ({type(e).__name__}: {first_line}); "
+            "serve it with model.backend: torch",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

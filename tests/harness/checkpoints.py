@@ -86,6 +86,15 @@ def architectures() -> dict:
         "mpnet": _small(t.MPNetConfig, **roberta_like),
         "albert": _small(t.AlbertConfig, embedding_size=32),
         "deberta-v2": _small(t.DebertaV2Config),
+        # Its special-token ids default to its own tokenizer's; these are the MiniLM one's.
+        "modernbert": _small(
+            t.ModernBertConfig,
+            pad_token_id=0,
+            bos_token_id=101,
+            cls_token_id=101,
+            eos_token_id=102,
+            sep_token_id=102,
+        ),
     }
 
 
