@@ -1,0 +1,132 @@
+"""Is the default server as fast as at an earlier commit? Both, alternating, in one run.
+
+The default config (`bundled:minilm`, embed, onnxruntime int8, every core; only the endpoint
+set) is started with `numaserve start` from this checkout and from a git worktree of --old,
+in turns, ABBA (old, new, new, old, old, new, ...) so that neither always goes first, and
+loaded each time with `numaserve bench` (closed loop,
+stdlib sentences, after a warm-up). The worktree's code is run by putting it first on
+PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
+throughput and p50 latency: on a noisy VM only ratios within one run mean anything.
+
+Run:  .venv/bin/python benchmarks/default_ab.py --old REV [--rounds 3] [--clients 8]
+          [--requests 300] [--cache-off] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from numaserve.host.topology import read_topology
+from tests.harness.cluster import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def all_ready(numaserve: list[str], endpoint: str, env: dict) -> bool:
+    status = subprocess.run(
+        [*numaserve, "status", "--endpoint", endpoint, "--timeout", "1", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if status.returncode:
+        return False
+    instances = json.loads(status.stdout)["instances"]
+    return bool(instances) and all(i["state"] == "ready" for i in instances)
+
+
+def serve_and_load(tree: Path, args, work: Path) -> dict:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = work / "default.yaml"
+    cache = ", cache_entries: 0" if args.cache_off else ""
+    config.write_text(f"server: {{endpoint: '{endpoint}'{cache}}}\n")
+    # One ONNX cache for both trees: the artifact's key is the same, so it is built once.
+    env = {**os.environ, "PYTHONPATH": str(tree), "NUMASERVE_CACHE": str(work.parent / "cache")}
+    numaserve = [sys.executable, "-c", "from numaserve.cli import main; main()"]
+    log = (work / "server.log").open("a")
+    server = subprocess.Popen(
+        [*numaserve, "start", "--config", str(config)], stdout=log, stderr=log, env=env
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not all_ready(numaserve, endpoint, env):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"the server did not start; see {work / 'server.log'}")
+            time.sleep(1)
+        bench = [*numaserve, "bench", "--endpoint", endpoint, "--json"]
+        subprocess.run(
+            [*bench, "--clients", "2", "--requests", "50"], env=env, check=True, capture_output=True
+        )  # warm every instance and the path
+        out = subprocess.run(
+            [*bench, "--clients", str(args.clients), "--requests", str(args.requests)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        return json.loads(out)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, help="the commit to compare with")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=300, help="per client")
+    parser.add_argument(
+        "--cache-off", action="store_true", help="server.cache_entries: 0: every request runs"
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    topo = read_topology()
+    print(
+        f"{len(topo.allowed_cpus)} CPUs; ISA {' '.join(topo.isa)}; old {args.old}, new: this checkout"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(old), args.old],
+            check=True,
+        )
+        try:
+            rounds = []
+            for n in range(args.rounds):
+                order = (("old", old), ("new", ROOT))
+                for name, tree in order if n % 2 == 0 else order[::-1]:
+                    work = Path(tmp) / f"{name}{n}"
+                    work.mkdir()
+                    summary = serve_and_load(tree, args, work)
+                    rounds.append({"tree": name, "round": n, **summary})
+                    print(
+                        f"round {n} {name}: {summary['throughput_rps']:.1f} req/s, "
+                        f"p50 {summary['latency_ms']['p50']:.2f} ms, "
+                        f"p99 {summary['latency_ms']['p99']:.2f} ms, errors {summary['errors']}"
+                    )
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)])
+    pairs = [
+        tuple(sorted(rounds[i : i + 2], key=lambda r: r["tree"] != "old"))
+        for i in range(0, len(rounds), 2)
+    ]
+    throughput = statistics.median(n["throughput_rps"] / o["throughput_rps"] for o, n in pairs)
+    p50 = statistics.median(n["latency_ms"]["p50"] / o["latency_ms"]["p50"] for o, n in pairs)
+    print(f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"old": args.old, "rounds": rounds}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
