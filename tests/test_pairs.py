@@ -373,35 +373,14 @@ def test_the_cli_reranks_and_classifies_pairs(rerank_server, pair_server):
     assert odd.returncode == 2 and "--pairs needs an even number of texts; got 1" in odd.stderr
 
 
+def bench(endpoint: str, *options: str) -> dict:
+    command = ("bench", *options, "--clients", "2", "--requests", "5", "--json")
+    out = numaserve(*command, "--endpoint", endpoint)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_bench_drives_rerank_and_pairs(rerank_server, pair_server):
-    out = numaserve(
-        "bench",
-        "--op",
-        "rerank",
-        "--documents",
-        "3",
-        "--clients",
-        "2",
-        "--requests",
-        "5",
-        "--json",
-        "--endpoint",
-        rerank_server[0].endpoint,
-    )
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["requests"] == 10 and json.loads(out.stdout)["errors"] == {}
-    out = numaserve(
-        "bench",
-        "--op",
-        "classify",
-        "--pairs",
-        "--clients",
-        "2",
-        "--requests",
-        "5",
-        "--json",
-        "--endpoint",
-        pair_server[0].endpoint,
-    )
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["errors"] == {}
+    reranked = bench(rerank_server[0].endpoint, "--op", "rerank", "--documents", "3")
+    assert reranked["requests"] == 10 and reranked["errors"] == {}
+    assert bench(pair_server[0].endpoint, "--op", "classify", "--pairs")["errors"] == {}
