@@ -144,38 +144,35 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         data = {}
     config = from_mapping(Config, data, source, "")
     config = dataclasses.replace(config, source=source)
+    declared = None
     if "max_length" not in (data.get("model") or {}):
-        config = _with_checkpoint_max_length(config, source)
-    _check_semantics(config, source)
+        config, declared = _with_checkpoint_max_length(config, source)
+    _check_semantics(config, source, declared)
     return config
 
 
-def _with_checkpoint_max_length(config: Config, source: str) -> Config:
+def _with_checkpoint_max_length(config: Config, source: str) -> tuple[Config, str | None]:
     """model.max_length, when the config does not set it, is what the checkpoint's
-    sentence-transformers config says it takes (as its own `encode` cuts), else 256."""
+    sentence-transformers config says it takes (as its own `encode` cuts), else 256; and,
+    where it came from the checkpoint, the words that say so in an error."""
     try:
-        declared = checkpoint_max_length(config.model.path)
+        length = checkpoint_max_length(config.model.path)
     except ModelLoadError as e:
         raise ConfigError(f"{source}: model.max_length is not set, and {e}") from None
-    if declared is None:
-        return config
-    why = (
+    if length is None:
+        return config, None
+    declared = (
         f"model.max_length is not set, so it is {config.model.path}'s max_seq_length, "
-        f"{declared} (sentence_bert_config.json)"
+        f"{length} (sentence_bert_config.json)"
     )
-    longest = max(p.max_tokens for p in config.placement.pools)
-    if declared > MAX_LENGTH or declared > longest:
-        limit = min(MAX_LENGTH, longest)
+    if length > MAX_LENGTH:
+        longest = max((p.max_tokens for p in config.placement.pools), default=MAX_LENGTH)
         raise ConfigError(
-            f"{source}: {why}, but "
-            + (
-                f"numaserve takes at most {MAX_LENGTH}"
-                if declared > MAX_LENGTH
-                else f"the largest pool's max_tokens is {longest}"
-            )
-            + f"; set model.max_length (at most {limit}), or raise a pool's max_tokens"
+            f"{source}: {declared}, but numaserve takes at most {MAX_LENGTH}; set "
+            f"model.max_length (at most {min(MAX_LENGTH, longest)}), or raise a pool's max_tokens"
         )
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, max_length=declared))
+    model = dataclasses.replace(config.model, max_length=length)
+    return dataclasses.replace(config, model=model), declared
 
 
 def from_mapping(cls: type, data: object, source: str, where: str = ""):
@@ -254,8 +251,9 @@ def _convert(hint, value, source: str, key: str, meta):
     raise TypeError(f"config schema: unsupported type {hint!r} at {key}")  # a bug in this module
 
 
-def _check_semantics(config: Config, source: str) -> None:
-    """Rules that span keys, or that no field's type can say."""
+def _check_semantics(config: Config, source: str, declared: str | None = None) -> None:
+    """Rules that span keys, or that no field's type can say. `declared`: where
+    model.max_length came from, when the checkpoint set it (_with_checkpoint_max_length)."""
     if not re.fullmatch(r"(tcp|ipc)://\S+", config.server.endpoint):
         raise ConfigError(
             f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
@@ -293,6 +291,11 @@ def _check_semantics(config: Config, source: str) -> None:
             f"(placement.pools[{autos[0]}] already is); give the others a number"
         )
     longest = max(p.max_tokens for p in pools)
+    if longest < config.model.max_length and declared:
+        raise ConfigError(
+            f"{source}: {declared}, but the largest pool's max_tokens is {longest}; set "
+            f"model.max_length (at most {longest}), or raise a pool's max_tokens"
+        )
     if longest < config.model.max_length:
         raise ConfigError(
             f"{source}: placement.pools: the largest max_tokens is {longest} but "

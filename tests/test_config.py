@@ -115,6 +115,13 @@ def test_texts_longer_than_every_pool_are_caught_before_serving():
     assert "texts of 129-512 tokens would have no pool" in msg
 
 
+def test_an_empty_pool_list_is_refused_even_where_the_model_sets_the_length():
+    # bundled:minilm declares max_seq_length 256, which is checked against the pools.
+    assert error("placement: {pools: []}") == (
+        "my.yaml: placement.pools: at least one pool is required"
+    )
+
+
 def test_pool_names_must_be_safe_to_print():
     assert "placement.pools[0].name: use 1-32 letters" in error(
         "placement: {pools: [{name: 'a b', max_tokens: 512}]}"
