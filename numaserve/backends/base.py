@@ -190,14 +190,14 @@ class Model:
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
         """Logits (classify, rerank; per token for ner) or the last hidden state (embed), as
-        float32. `types`:
-        the token type ids, for a model that takes them (self.token_types), else None."""
+        float32. `types`: the token type ids, for a model that takes them (self.token_types),
+        else None."""
         raise NotImplementedError
 
     def run(self, batch: list[list[int]], segments: list[int] | None = None) -> list:
         """One forward pass: a float32 vector per input, pooled as the model says (embed), a
-        ClassifyResult, a score (rerank), or each token's probabilities (ner). `segments`: for each input, where the second
-        text of a pair begins (0: a single text)."""
+        ClassifyResult, a score (rerank), or each token's probabilities (ner). `segments`: for
+        each input, where the second text of a pair begins (0: a single text)."""
         ids, mask, types = self._arrays(batch, segments)
         out = self.forward(ids, mask, types)
         if self.config.task == "rerank":
