@@ -194,11 +194,9 @@ class Tokenizer:
                 found[i] = enc.ids, bool(enc.overflowing)
         out = []
         for i, (text, head, (ids, cut)) in enumerate(zip(texts, heads, found, strict=True)):
-            limit = self.prefix_chars
-            # Rare: a head without enough tokens (long runs of spaces): a longer head.
-            while not cut and len(head) < len(text):
-                limit *= 4
-                head = self._head(text, limit)
+            if not cut and len(head) < len(text):
+                # Rare: a head without enough tokens (long runs of spaces): a longer head.
+                head = self._whole_enough(text)
                 ids, cut = self._encode_one(head)
             if cut and not self.truncate:
                 raise TooLongError(
