@@ -13,14 +13,13 @@ import os
 import signal
 import time
 import traceback
-from pathlib import Path
 
 import zmq
 
 from numaserve import exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.logs import Summary
-from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
+from numaserve.modelpath import ModelLoadError
 from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
@@ -77,16 +76,16 @@ def ranked(results: list[dict], top_k: int | None) -> list[dict]:
 class Entities:
     """ner's answers: each text's entities from its tokens' probabilities (entities.py)."""
 
-    def __init__(self, model_path: str, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
         # numpy only where entities are found: importing it starts OpenBLAS's threads, and
         # only a router with a ner model needs it (after it has pinned itself).
         from numaserve.router import entities
 
         self.find = entities.entities
-        config = read_json(Path(resolve_model_path(model_path)) / "config.json")
-        id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
-        self.labels = tuple(id2label.get(i, f"LABEL_{i}") for i in range(len(id2label) or 2))
         self.word_aware = tokenizer.word_aware
+        # The model's labels, as its instances announce them in READY: every result (and so
+        # every cache entry) comes from an instance that has.
+        self.labels: tuple[str, ...] = ()
 
     def found(self, pending: Pending, results: list[dict]) -> list[dict]:
         out = []
@@ -114,7 +113,7 @@ class Router:
             spec.model.max_length,
         )
         self.cache = ResultCache(spec.server.cache_entries)
-        self.entities = Entities(spec.model.path, tokenizer) if self.task == "ner" else None
+        self.entities = Entities(tokenizer) if self.task == "ner" else None
         self.dispatch = Dispatcher(
             list(spec.pools),
             queue_size=spec.server.queue_size,
@@ -497,6 +496,8 @@ class Router:
                 )
                 return
             self.changed = True
+            if self.entities and body.get("labels"):
+                self.entities.labels = tuple(str(label) for label in body["labels"])
             if not known:
                 cpus, pid = body.get("cpus"), body.get("pid")
                 log.info(
@@ -659,10 +660,10 @@ def main(argv: list[str] | None = None) -> int:
             spec.model.truncate,
             memo_bytes=TOKENIZER_MEMO_BYTES if spec.server.cache_entries else 0,
         )
-        router = Router(spec, tokenizer, context())
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
+    router = Router(spec, tokenizer, context())
     try:
         router.bind()
     except zmq.ZMQError as e:
