@@ -8,10 +8,15 @@ router holds (on the reserved cores where none are left). Runs one instance, the
 linear scaling, and the issue asks for 0.9 or more.
 
 What the hardware allows is measured in the same run: the model alone (`load_model(...).run` in
-a loop, one thread, no router, no ZeroMQ) in one process pinned to an instance's CPU, then in N
-at once on the N instances' CPUs. Cores that slow each other down (a lower all-core clock,
-shared caches and memory bandwidth, a hypervisor's neighbours) show there, and numaserve's own
-share of any shortfall is its ratio against that one.
+a loop over the same texts, one thread, no router, no ZeroMQ) in one process pinned to an
+instance's CPU, then in N at once on the N instances' CPUs. Cores that slow each other down (a
+lower all-core clock, shared caches and memory bandwidth, a hypervisor's neighbours) show there,
+and numaserve's own share of any shortfall is its ratio against that one.
+
+Where a served instance loses against the model alone, the CPU time read from /proc over the
+window says how: instances busy less than their whole core are waiting for work (the router, the
+load, the hops), instances busy all the time but slower per request are doing more per request
+or running on slower cores.
 
 Run:  .venv/bin/python benchmarks/instance_scaling.py [--instances 14] [--seconds 10]
           [--words 40] [--reserved 1] [--routers auto] [--model bundled:minilm] [--json FILE]
@@ -28,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from router_capacity import run_load
 
@@ -43,6 +50,7 @@ placement:
   reserved_cores: {reserved}
   pools: [{{name: main, max_tokens: 256, instances: {instances}}}]
 """
+RAW_TEXTS = 500  # how many of the served texts the model alone runs, in turn
 
 
 def texts(count: int, words: int) -> list[str]:
@@ -69,7 +77,17 @@ def serve(args, instances: int, tmp: Path, texts_: list[str]) -> dict:
         free = sorted(os.sched_getaffinity(0) - held - reserved) or sorted(reserved)
         clients = max(1, min(len(free), instances // 4))
         cpus = tuple(free[:clients])
-        result = run_load(server.endpoint, {}, texts_, cpus, 4 * instances // clients, args.seconds)
+        workers = [i["pid"] for i in server.instances().values()]
+        rest = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)]
+        measured = {
+            "instances": workers,
+            "rest": [server.proc.pid, *(pid for pid in rest if pid not in workers)],
+        }
+        result = run_load(
+            server.endpoint, measured, texts_, cpus, 4 * instances // clients, args.seconds
+        )
+        # run_load sums the instances' CPU; per instance, it is the share of its core in use
+        result["instances_cpu_utilization"] /= instances
         return result | {"instance_cpus": sorted(held), "load_cpus": list(cpus)}
     finally:
         server.stop()
@@ -81,22 +99,24 @@ os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.backends import load_model
 from numaserve.config import ModelConfig
 model = load_model(ModelConfig(path={model!r}, max_length=256), isa={isa!r}, threads=1)
-ids = [{ids!r}]
-for _ in range(20):
-    model.run(ids)
+texts = json.load(open({ids_file!r}))
+for ids in texts[:20]:
+    model.run([ids])
 late = time.time() > {start_at}
 time.sleep(max(0.0, {start_at} - time.time()))
 n, start = 0, time.perf_counter()
 while time.perf_counter() - start < {seconds}:
-    model.run(ids)
+    model.run([texts[n % len(texts)]])
     n += 1
 print(json.dumps({{"runs_per_s": n / (time.perf_counter() - start), "late": late}}))
 """
 
 
-def raw(args, cpus: list[int], ids: list[int], isa: tuple[str, ...]) -> dict:
-    """The model alone in one process per CPU, all measuring over the same window (they load,
-    warm up, then wait for a common start; `late` marks one that was not ready by then)."""
+def raw(args, cpus: list[int], ids_file: Path, isa: tuple[str, ...]) -> dict:
+    """The model alone in one process per CPU, on the texts in `ids_file` in turn (token ids,
+    JSON), all measuring over
+    the same window (they load, warm up, then wait for a common start; `late` marks one that
+    was not ready by then)."""
     start_at = time.time() + 15
     procs = [
         subprocess.Popen(
@@ -107,7 +127,7 @@ def raw(args, cpus: list[int], ids: list[int], isa: tuple[str, ...]) -> dict:
                     cpu=cpu,
                     model=args.model,
                     isa=isa,
-                    ids=ids,
+                    ids_file=str(ids_file),
                     start_at=start_at,
                     seconds=args.seconds,
                 ),
@@ -139,30 +159,48 @@ def main() -> None:
     print(format_topology(topo), flush=True)
     texts_ = texts(200_000, args.words)
     results = {"topology": topo.to_json(), "settings": vars(args) | {"json": str(args.json)}}
+    n = args.instances
+    # the model alone runs the texts the load sends first (each generator's share starts there)
+    ids = [e.ids for e in Tokenizer(args.model, 256).raw.encode_batch(texts_[:RAW_TEXTS])]
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (1, args.instances):
-            results[str(n)] = serve(args, n, Path(tmp), texts_)
-            r = results[str(n)]
+        for count in (1, n):
+            results[str(count)] = r = serve(args, count, Path(tmp), texts_)
             print(
-                f"{n:3} instance(s) on CPUs {r['instance_cpus']}: {r['requests_per_s']:9,.1f} "
+                f"{count:3} instance(s) on CPUs {r['instance_cpus']}: {r['requests_per_s']:9,.1f} "
                 f"requests/s, {r['errors']} errors (load on CPUs {r['load_cpus']})",
                 flush=True,
             )
-    n = args.instances
-    ids = Tokenizer(args.model, 256).raw.encode(texts_[0]).ids
-    cpus = results[str(n)]["instance_cpus"]
-    results["raw_1"] = raw(args, cpus[:1], ids, topo.isa)
-    results[f"raw_{n}"] = raw(args, cpus, ids, topo.isa)
+        ids_file = Path(tmp) / "ids.json"
+        ids_file.write_text(json.dumps(ids))
+        cpus = results[str(n)]["instance_cpus"]
+        results["raw_1"] = raw(args, cpus[:1], ids_file, topo.isa)
+        results[f"raw_{n}"] = raw(args, cpus, ids_file, topo.isa)
+    tokens = sum(map(len, ids)) / len(ids)
     for key in ("raw_1", f"raw_{n}"):
         r = results[key]
         print(
             f"model alone, {key[4:]:>3} process(es): {r['runs_per_s']:9,.1f} runs/s"
-            f" ({len(ids)} tokens; {r['late']} late)"
+            f" ({tokens:.1f} tokens a text on average; {r['late']} late)"
+        )
+    for key, processes in (("1", 1), (str(n), n)):
+        r, alone = results[key], results[f"raw_{key}"]["runs_per_s"]
+        print(
+            f"served, {key:>3} instance(s): instances busy {100 * r['instances_cpu_utilization']:.0f}%"
+            f" of their cores, {r['instances_cpu_us_per_request'] / 1000:.2f} ms of instance CPU a"
+            f" request (the model alone: {processes * 1000 / alone:.2f} ms a run);"
+            f" the rest of the server {r['rest_cpu_us_per_request']:.0f} us a request"
         )
     served = results[str(n)]["requests_per_s"] / (n * results["1"]["requests_per_s"])
     alone = results[f"raw_{n}"]["runs_per_s"] / (n * results["raw_1"]["runs_per_s"])
-    results["scaling"] = {"served": served, "model_alone": alone, "served_vs_alone": served / alone}
+    one = results["1"]["requests_per_s"] / results["raw_1"]["runs_per_s"]
+    results["scaling"] = {
+        "served": served,
+        "model_alone": alone,
+        "served_vs_alone": served / alone,
+        "one_instance_vs_alone": one,
+    }
     print(
+        f"\none instance against the model alone on its core: {one:.3f}"
         f"\n{n} / ({n} x one): served {served:.3f}, model alone {alone:.3f};"
         f" served against what the hardware allows: {served / alone:.3f}"
     )
