@@ -1,7 +1,7 @@
 """What the router costs: latency added to a request, and cache-hit throughput.
 
 Starts a real router (pinned to CPU 0, the reserved core) and one worker (CPU 1) with the
-default model (bundled MiniLM, int8). Measures, in one run:
+default model (bundled MiniLM, int8; `--model` for another). Measures, in one run:
   in-process   tokenize + forward pass in a process pinned to CPU 1, one text at a time
   via router   the same texts through client -> router -> worker (each text once: no cache)
   cache hits   replies/s for texts the cache holds, from a pipelined load generator
@@ -11,6 +11,7 @@ default model (bundled MiniLM, int8). Measures, in one run:
                serving. No router can add less than this on the machine.
 
 Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 300] [--seconds 5]
+          [--model bundled:minilm]
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from numaserve.loadgen.corpus import stdlib_sentences
 from tests.harness.cluster import Cluster, free_port  # the router and one worker, no supervisor
 
 CONFIG = """
+model: {{path: "{model}"}}
 placement:
   reserved_cores: 1
-  pools: [{name: main, max_tokens: 256, instances: 1}]
+  pools: [{{name: main, max_tokens: 256, instances: 1}}]
 """
 
 
-def in_process_latencies(texts: list[str], cpu: int) -> list[float]:
+def in_process_latencies(model: str, texts: list[str], cpu: int) -> list[float]:
     code = f"""
 import json, os, time
 os.sched_setaffinity(0, {{{cpu}}})
@@ -48,8 +50,8 @@ from numaserve.config import ModelConfig
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.host.topology import read_topology
-tok = Tokenizer("bundled:minilm", 256)
-model = load_model(ModelConfig(), isa=read_topology().isa, threads=1)
+tok = Tokenizer({model!r}, 256)
+model = load_model(ModelConfig(path={model!r}), isa=read_topology().isa, threads=1)
 texts = {texts!r}
 for t in texts[:20]:
     model.run([list(tok.encode([t])[0].ids)])
@@ -161,14 +163,15 @@ def main() -> None:
     )
     parser.add_argument("--texts", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--model", default="bundled:minilm", help="model.path")
     args = parser.parse_args()
     texts = [t for t in stdlib_sentences() if 8 <= len(t.split()) <= 14][: args.texts]
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(Path(tmp), CONFIG).start()
+        cluster = Cluster(Path(tmp), CONFIG.format(model=args.model)).start()
         try:
             worker_cpu = cluster.deployment.workers[0].cpus[0]
             router_cpu = cluster.deployment.routers[0].cpus[0]
-            direct = in_process_latencies(texts, worker_cpu)
+            direct = in_process_latencies(args.model, texts, worker_cpu)
             routed = router_latencies(cluster, texts)
             hits = cache_hit_rate(cluster, texts, args.seconds)
         finally:
@@ -176,7 +179,7 @@ def main() -> None:
         med_direct, med_routed = statistics.median(direct), statistics.median(routed)
         floor = statistics.median(zmq_floor(len(texts), med_direct, router_cpu, worker_cpu, tmp))
     print(
-        f"{len(texts)} stdlib sentences of 8-14 words; bundled:minilm int8; router on CPU 0, worker on CPU {worker_cpu}"
+        f"{len(texts)} stdlib sentences of 8-14 words; {args.model} int8; router on CPU 0, worker on CPU {worker_cpu}"
     )
     print(f"median latency in-process (tokenize + model): {med_direct * 1000:.2f} ms")
     print(f"median latency via client -> router -> worker: {med_routed * 1000:.2f} ms")
