@@ -28,6 +28,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from numaserve.router.entities import entities
 
 NER_LABELS = ("O", "B-CODE", "I-CODE", "B-NUM", "I-NUM")
 CANDIDATES = 10
+RERANK_EPOCHS, NER_EPOCHS = 2, 4
 
 
 def word_label(word: str) -> str:
@@ -151,13 +153,21 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def rerank_table(directory: Path, queries, isa) -> dict:
+def backend_variants(directory: Path, task: str) -> dict[str, ModelConfig]:
+    """torch and onnxruntime, fp32 and int8; the first is the reference."""
+    return {
+        f"{backend} {quantize}": ModelConfig(
+            path=str(directory), task=task, backend=backend, quantize=quantize, max_length=128
+        )
+        for backend, quantize in VARIANTS
+    }
+
+
+def rerank_table(directory: Path, queries, isa, variants: dict[str, ModelConfig]) -> dict:
+    """Each variant's top-1 agreement and Spearman against the first variant's scores."""
     tokenizer = Tokenizer(str(directory), 128)
     scores = {}
-    for backend, quantize in VARIANTS:
-        config = ModelConfig(
-            path=str(directory), task="rerank", backend=backend, quantize=quantize, max_length=128
-        )
+    for name, config in variants.items():
         model = load_model(config, isa=isa)
         per_query = []
         for query, documents in queries:
@@ -165,26 +175,24 @@ def rerank_table(directory: Path, queries, isa) -> dict:
             per_query.append(
                 np.array(model.run([list(e.ids) for e in encoded], [e.second for e in encoded]))
             )
-        scores[backend, quantize] = per_query
-    reference = scores["torch", "none"]
+        scores[name] = per_query
+    reference = next(iter(scores.values()))
     table = {}
-    for variant, runs in scores.items():
+    for name, runs in scores.items():
         top = np.mean([r.argmax() == f.argmax() for r, f in zip(runs, reference, strict=True)])
         rho = np.mean([spearman(r, f) for r, f in zip(runs, reference, strict=True)])
-        table[" ".join(variant)] = {"top1_agreement": float(top), "spearman": rho}
+        table[name] = {"top1_agreement": float(top), "spearman": rho}
     return table
 
 
-def ner_table(directory: Path, texts: list[str], isa) -> dict:
+def ner_table(directory: Path, texts: list[str], isa, variants: dict[str, ModelConfig]) -> dict:
+    """Each variant's entity F1 against the first variant's entities, and against the rule."""
     tokenizer = Tokenizer(str(directory), 128)
     encoded = tokenizer.encode_tagged(texts)
     found = {}
-    for backend, quantize in VARIANTS:
-        config = ModelConfig(
-            path=str(directory), task="ner", backend=backend, quantize=quantize, max_length=128
-        )
+    for name, config in variants.items():
         model = load_model(config, isa=isa)
-        found[backend, quantize] = [
+        found[name] = [
             {
                 (e["start"], e["end"], e["label"])
                 for e in entities(
@@ -198,7 +206,7 @@ def ner_table(directory: Path, texts: list[str], isa) -> dict:
             }
             for text, enc in zip(texts, encoded, strict=True)
         ]
-    reference = found["torch", "none"]
+    reference = next(iter(found.values()))
     truth = [rule_entities(t) for t in texts]
 
     def micro_f1(runs, against) -> float:
@@ -207,11 +215,8 @@ def ner_table(directory: Path, texts: list[str], isa) -> dict:
         return 2 * hits / total if total else 1.0
 
     return {
-        " ".join(variant): {
-            "f1_vs_fp32": micro_f1(runs, reference),
-            "f1_vs_rule": micro_f1(runs, truth),
-        }
-        for variant, runs in found.items()
+        name: {"f1_vs_fp32": micro_f1(runs, reference), "f1_vs_rule": micro_f1(runs, truth)}
+        for name, runs in found.items()
     }
 
 
@@ -224,46 +229,79 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     isa = read_topology().isa
-    corpus = [(AREA_OF[m], s) for m, s in stdlib_sentences_by_module() if m in AREA_OF]
+    data = TaskData.build()
     print(
-        f"corpus: {len(corpus)} stdlib docstring sentences; ISA {' '.join(isa)}; torch {torch.__version__}"
+        f"corpus: {data.size} stdlib docstring sentences; ISA {' '.join(isa)}; torch {torch.__version__}"
     )
-    rng = random.Random(0)
-    train_half, held_out = corpus[0::2], corpus[1::2]
-    pairs = []
-    for area, sentence in train_half:
-        same = [s for a, s in train_half if a == area and s != sentence]
-        other = [s for a, s in train_half if a != area]
-        pairs += [(sentence, rng.choice(same), 1), (sentence, rng.choice(other), 0)]
-    queries = []
-    for area, sentence in rng.sample(held_out, 200):
-        same = [s for a, s in held_out if a == area and s != sentence]
-        other = [s for a, s in held_out if a != area]
-        queries.append((sentence, rng.sample(same, 1) + rng.sample(other, CANDIDATES - 1)))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         rerank_dir, ner_dir = Path(tmp) / "rerank", Path(tmp) / "ner"
-        seconds = train(rerank_dir, "rerank", pairs, epochs=2)
-        results["rerank"] = rerank_table(rerank_dir, queries, isa)
-        print(
-            f"\nrerank: MiniLM cross-encoder, {len(pairs)} pairs, 2 epochs ({seconds:.0f} s); "
-            f"{len(queries)} held-out queries x {CANDIDATES} documents"
+        seconds = train(rerank_dir, "rerank", data.pairs, epochs=RERANK_EPOCHS)
+        results["rerank"] = rerank_table(
+            rerank_dir, data.queries, isa, backend_variants(rerank_dir, "rerank")
         )
-        print(f"{'variant':<24}{'top-1 agreement':>18}{'Spearman':>10}")
-        for variant, row in results["rerank"].items():
-            print(f"{variant:<24}{row['top1_agreement']:>18.2%}{row['spearman']:>10.4f}")
-        sentences = [s for _, s in corpus]
-        seconds = train(ner_dir, "ner", sentences[0::2], epochs=4)
-        results["ner"] = ner_table(ner_dir, sentences[1::2], isa)
         print(
-            f"\nner: MiniLM token classifier, {len(sentences[0::2])} sentences, 4 epochs "
-            f"({seconds:.0f} s); {len(sentences[1::2])} held-out sentences, aggregation simple"
+            f"\nrerank: MiniLM cross-encoder, {len(data.pairs)} pairs, {RERANK_EPOCHS} epochs "
+            f"({seconds:.0f} s); {len(data.queries)} held-out queries x {CANDIDATES} documents"
         )
-        print(f"{'variant':<24}{'entity F1 vs fp32':>20}{'vs the rule':>14}")
-        for variant, row in results["ner"].items():
-            print(f"{variant:<24}{row['f1_vs_fp32']:>20.2%}{row['f1_vs_rule']:>14.2%}")
+        print_rerank(results["rerank"])
+        seconds = train(ner_dir, "ner", data.ner_train, epochs=NER_EPOCHS)
+        results["ner"] = ner_table(ner_dir, data.ner_test, isa, backend_variants(ner_dir, "ner"))
+        print(
+            f"\nner: MiniLM token classifier, {len(data.ner_train)} sentences, {NER_EPOCHS} "
+            f"epochs ({seconds:.0f} s); {len(data.ner_test)} held-out sentences, aggregation simple"
+        )
+        print_ner(results["ner"])
     if args.json:
         args.json.write_text(json.dumps({"isa": list(isa), **results}, indent=1))
+
+
+def print_rerank(table: dict, extra: dict | None = None) -> None:
+    print(
+        f"{'variant':<32}{'top-1 agreement':>18}{'Spearman':>10}" + ("  ms a pair" if extra else "")
+    )
+    for name, row in table.items():
+        tail = f"{extra[name]:>11.2f}" if extra else ""
+        print(f"{name:<32}{row['top1_agreement']:>18.2%}{row['spearman']:>10.4f}{tail}")
+
+
+def print_ner(table: dict, extra: dict | None = None) -> None:
+    print(
+        f"{'variant':<32}{'entity F1 vs fp32':>20}{'vs the rule':>14}"
+        + ("  ms a text" if extra else "")
+    )
+    for name, row in table.items():
+        tail = f"{extra[name]:>11.2f}" if extra else ""
+        print(f"{name:<32}{row['f1_vs_fp32']:>20.2%}{row['f1_vs_rule']:>14.2%}{tail}")
+
+
+@dataclass
+class TaskData:
+    """The stdlib sentences, cut into each task's training and held-out sets."""
+
+    size: int
+    pairs: list[tuple[str, str, int]]
+    queries: list[tuple[str, list[str]]]
+    ner_train: list[str]
+    ner_test: list[str]
+
+    @classmethod
+    def build(cls) -> TaskData:
+        corpus = [(AREA_OF[m], s) for m, s in stdlib_sentences_by_module() if m in AREA_OF]
+        rng = random.Random(0)
+        train_half, held_out = corpus[0::2], corpus[1::2]
+        pairs = []
+        for area, sentence in train_half:
+            same = [s for a, s in train_half if a == area and s != sentence]
+            other = [s for a, s in train_half if a != area]
+            pairs += [(sentence, rng.choice(same), 1), (sentence, rng.choice(other), 0)]
+        queries = []
+        for area, sentence in rng.sample(held_out, 200):
+            same = [s for a, s in held_out if a == area and s != sentence]
+            other = [s for a, s in held_out if a != area]
+            queries.append((sentence, rng.sample(same, 1) + rng.sample(other, CANDIDATES - 1)))
+        sentences = [s for _, s in corpus]
+        return cls(len(corpus), pairs, queries, sentences[0::2], sentences[1::2])
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ class ModelConfig:
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"
+    # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
+    keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
     padding: Literal["dynamic", "max_length"] = "dynamic"
     # Not set: the checkpoint's max_seq_length (sentence_bert_config.json), else 256.
@@ -258,6 +260,11 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
         raise ConfigError(
             f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
             f"or ipc:///run/numaserve.sock; got {config.server.endpoint!r}"
+        )
+    if config.model.keep_fp32 and config.model.quantize != "int8":
+        raise ConfigError(
+            f"{source}: model.keep_fp32: names layers to leave out of int8, but model.quantize "
+            f"is {config.model.quantize!r}, so every layer is fp32; remove one of the two"
         )
     pools = config.placement.pools
     if not pools:

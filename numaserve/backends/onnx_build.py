@@ -33,6 +33,7 @@ from pathlib import Path
 
 from numaserve import exitcodes
 from numaserve.backends.base import LOGIT_TASKS, ModelFacts, uses_token_types
+from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
@@ -81,6 +82,8 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
     }
     if uses_token_types(config.task, ModelFacts.read(model_dir).type_vocab_size):
         options["token_type_ids"] = True  # an input of the graph (the key of others is as it was)
+    if config.quantize == "int8" and config.keep_fp32:
+        options["keep_fp32"] = sorted(config.keep_fp32)
     digest.update(json.dumps(options, sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
@@ -164,6 +167,30 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
+def fp32_nodes(graph, model, keep_fp32) -> list[str]:
+    """The names of the graph's MatMul and Gemm nodes that compute the Linear layers
+    `keep_fp32` names, for the quantizer to leave alone."""
+    import torch
+
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    kept = kept_in_fp32(linears, keep_fp32)
+    nodes = {
+        node.name: onnx_module_path(node.name)
+        for node in graph.graph.node
+        if node.op_type in ("MatMul", "Gemm")
+    }
+    lost = kept - set(nodes.values())
+    if lost:
+        raise ModelLoadError(
+            f"model.keep_fp32: the optimized ONNX graph has no MatMul left for "
+            f"{', '.join(sorted(lost)[:3])} (fused into another operator); "
+            "serve it with model.backend: torch"
+        )
+    # The quantizer first turns each Gemm into a MatMul named after it, plus "_MatMul".
+    excluded = [name for name, path in nodes.items() if path in kept]
+    return excluded + [f"{name}_MatMul" for name in excluded]
+
+
 def build(model, config: ModelConfig, full_range: bool, destination: Path) -> None:
     """Export (dynamic batch and sequence axes), optimise, and quantise when asked. Its
     errors are reported by main(), the one place that words them."""
@@ -213,6 +240,7 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
             quantize_dynamic(
                 str(optimized),
                 str(quantized),
+                nodes_to_exclude=fp32_nodes(onnx.load(str(optimized)), model, config.keep_fp32),
                 weight_type=QuantType.QInt8,
                 per_channel=True,  # per-channel scales, as the torch backend uses
                 reduce_range=not full_range,  # 7-bit weights where int16 sums would saturate

@@ -17,6 +17,7 @@ from numaserve.backends.base import (
     full_range_int8,
     usable_positions,
 )
+from numaserve.backends.precision import kept_in_fp32
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 
@@ -36,8 +37,11 @@ class _FullRangeDynamicLinear(nnqd.Linear):
         return torch.ops.quantized.linear_dynamic(x, params, reduce_range=False).to(x.dtype)
 
 
-def quantize_int8(model: torch.nn.Module, full_range: bool) -> torch.nn.Module:
-    """Dynamic int8 quantization of every Linear layer, with per-channel weight scales.
+def quantize_int8(
+    model: torch.nn.Module, full_range: bool, keep_fp32: tuple[str, ...] = ()
+) -> torch.nn.Module:
+    """Dynamic int8 quantization of every Linear layer but those `keep_fp32` names
+    (precision.py), with per-channel weight scales.
 
     Per-channel weights and, on VNNI/AMX CPUs, 8-bit activations lift MiniLM's int8 embeddings
     from cosine 0.94 to 0.99 against fp32 at the same speed (docs/accuracy.md).
@@ -46,12 +50,15 @@ def quantize_int8(model: torch.nn.Module, full_range: bool) -> torch.nn.Module:
     silence its deprecation warnings (see docs/worker.md).
     """
     mapping = {torch.nn.Linear: _FullRangeDynamicLinear if full_range else nnqd.Linear}
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    kept = kept_in_fp32(linears, keep_fp32)
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
         warnings.filterwarnings("ignore", message=r".*quantize_per_(tensor|channel).*deprecated")
         return torch.ao.quantization.quantize_dynamic(
             model,
-            {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+            {name: qconfig for name in linears if name not in kept},
             dtype=torch.qint8,
             mapping=mapping,
         )
@@ -110,7 +117,7 @@ class TorchModel(Model):
             width=hf.num_labels if config.task in LOGIT_TASKS else hf.hidden_size,
         )
         if config.quantize == "int8":
-            model = quantize_int8(model, full_range=full_range_int8(isa))
+            model = quantize_int8(model, full_range_int8(isa), config.keep_fp32)
         self.module = model
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
