@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from benchmarks.accuracy_tasks import (
 )
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
+from numaserve.backends.torch import linear_layers, load_transformers_model
 from numaserve.config import ModelConfig
 from numaserve.host.topology import format_topology, read_topology
 
@@ -55,26 +57,19 @@ GROUPS: dict[str, str] = {
 TIMED_S = 2.0
 
 
-def linear_layers(directory: Path, task: str) -> list[str]:
-    from numaserve.backends.torch import load_transformers_model
-
-    model = load_transformers_model(ModelConfig(path=str(directory), task=task))
-    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-
-
 def variants(directory: Path, task: str, backend: str) -> dict[str, ModelConfig]:
     """fp32 first (the reference), then every group that picks layers of this model."""
     base = ModelConfig(
         path=str(directory), task=task, backend=backend, quantize="none", max_length=128
     )
     out = {"fp32": base}
-    layers = linear_layers(directory, task)
+    layers = linear_layers(load_transformers_model(base))
     for name, pattern in GROUPS.items():
         keep = tuple(n for n in layers if re.search(pattern, n))
         if pattern != GROUPS["int8"] and not keep:
             print(f"{name}: skipped (no Linear layer of this model matches {pattern})")
             continue
-        out[name] = ModelConfig(**{**base.__dict__, "quantize": "int8", "keep_fp32": keep})
+        out[name] = replace(base, quantize="int8", keep_fp32=keep)
     return out
 
 

@@ -167,16 +167,20 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def fp32_nodes(graph, model, keep_fp32) -> list[str]:
+def fp32_nodes(graph_path: Path, model, keep_fp32) -> list[str]:
     """The names of the graph's MatMul and Gemm nodes that compute the Linear layers
-    `keep_fp32` names, for the quantizer to leave alone."""
-    import torch
+    `keep_fp32` names, for the quantizer to leave alone (none without it: the graph is not
+    read)."""
+    if not keep_fp32:
+        return []
+    import onnx
 
-    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    kept = kept_in_fp32(linears, keep_fp32)
+    from numaserve.backends.torch import linear_layers
+
+    kept = kept_in_fp32(linear_layers(model), keep_fp32)
     nodes = {
         node.name: onnx_module_path(node.name)
-        for node in graph.graph.node
+        for node in onnx.load(str(graph_path)).graph.node
         if node.op_type in ("MatMul", "Gemm")
     }
     lost = kept - set(nodes.values())
@@ -240,7 +244,7 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
             quantize_dynamic(
                 str(optimized),
                 str(quantized),
-                nodes_to_exclude=fp32_nodes(onnx.load(str(optimized)), model, config.keep_fp32),
+                nodes_to_exclude=fp32_nodes(optimized, model, config.keep_fp32),
                 weight_type=QuantType.QInt8,
                 per_channel=True,  # per-channel scales, as the torch backend uses
                 reduce_range=not full_range,  # 7-bit weights where int16 sums would saturate

@@ -37,6 +37,11 @@ class _FullRangeDynamicLinear(nnqd.Linear):
         return torch.ops.quantized.linear_dynamic(x, params, reduce_range=False).to(x.dtype)
 
 
+def linear_layers(model: torch.nn.Module) -> list[str]:
+    """The module paths of the model's Linear layers: what model.keep_fp32 names."""
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+
 def quantize_int8(
     model: torch.nn.Module, full_range: bool, keep_fp32: tuple[str, ...] = ()
 ) -> torch.nn.Module:
@@ -50,7 +55,7 @@ def quantize_int8(
     silence its deprecation warnings (see docs/worker.md).
     """
     mapping = {torch.nn.Linear: _FullRangeDynamicLinear if full_range else nnqd.Linear}
-    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    linears = linear_layers(model)
     kept = kept_in_fp32(linears, keep_fp32)
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     with warnings.catch_warnings():
