@@ -35,6 +35,15 @@ class RouterSide:
         identity, *frames = self.sock.recv_multipart()
         return identity, protocol.unpack(frames)
 
+    def discard(self, seconds: float) -> None:
+        """Drop what arrives for `seconds`: messages about earlier work (a heartbeat the control
+        connection sent during a run can arrive after that run's result: two connections,
+        no order between them)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.sock.poll(left * 1000):
+                self.sock.recv_multipart()
+
     def wait_for(self, kind: str, timeout: float = 60.0) -> tuple[bytes, dict]:
         deadline = time.monotonic() + timeout
         while True:
