@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
@@ -331,7 +332,7 @@ def test_bench_drives_a_live_server_and_reports_json(cluster, tmp_path, mode, ex
 
 STRICT = """
 model: {truncate: false, max_length: 256}
-server: {queue_size: 4, max_batch: 4, max_texts: 8, heartbeat_ms: 200}
+server: {queue_size: 4, max_batch: 4, max_texts: 8, heartbeat_ms: 1000}
 placement:
   pools:
     - {name: all, max_tokens: 256, instances: 1}
@@ -363,16 +364,39 @@ def send_texts(cluster, texts: list[str], request_id="busy"):
 
 
 def long_texts(tag: str, n: int = 4) -> list[str]:
-    """n texts of about 250 tokens: as one micro-batch, a forward pass of a few hundred ms."""
+    """n texts of about 250 tokens: as one micro-batch, a forward pass of about 0.1 s here."""
     return [f"{tag} {i} " + "busy work " * 120 for i in range(n)]
+
+
+@contextmanager
+def paused_on_a_busy_batch(cluster, client, tag: str):
+    """Send a busy batch, and pause (SIGSTOP) the one instance once it holds it: nothing
+    queued can drain under the test, however slow the host. The pause stays well inside the
+    heartbeat expiry (3 s in STRICT). Yields the busy request's socket."""
+    (worker,) = cluster.workers.values()
+    busy = send_texts(cluster, long_texts(tag))
+    wait_for(lambda: client.status()["instances"][0]["busy"] > 0)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        yield busy
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+
+
+def wait_for(predicate, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 
 def test_expired_request_is_answered_deadline_exceeded_and_never_run(strict):
     with strict.client(timeout=10, retries=0) as client:
         entries = client.status()["cache"]["entries"]
-        busy = send_texts(strict, long_texts("deadline"))
-        time.sleep(0.05)
-        with pytest.raises(DeadlineExceeded):
+        with (
+            paused_on_a_busy_batch(strict, client, "deadline") as busy,
+            pytest.raises(DeadlineExceeded),
+        ):
             client.embed("too late for this", deadline_ms=20)
         assert busy.poll(30_000)
         busy.close()
@@ -405,11 +429,14 @@ def test_a_flood_gets_overloaded_replies_memory_stays_bounded_and_it_recovers(st
 
 
 def test_overloaded_is_raised_by_the_client(strict):
-    busy = send_texts(strict, long_texts("overload"))
-    time.sleep(0.05)
-    queued = send_texts(strict, long_texts("queued"), request_id="queued")  # fills the queue of 4
-    with strict.client(timeout=10, retries=0) as client, pytest.raises(Overloaded):
-        client.embed("no room")
+    with (
+        strict.client(timeout=10, retries=0) as client,
+        paused_on_a_busy_batch(strict, client, "overload") as busy,
+    ):
+        queued = send_texts(strict, long_texts("queued"), request_id="queued")
+        wait_for(lambda: client.status()["pools"][0]["queue"] == 4)  # the queue is full
+        with pytest.raises(Overloaded):
+            client.embed("no room")
     for sock in (busy, queued):
         assert sock.poll(60_000)
         sock.close()
