@@ -349,6 +349,7 @@ class _NoBar:
 def start(config_path: str) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
     from numaserve.logs import setup_logging
+    from numaserve.monitoring.endpoint import MonitoringError
     from numaserve.supervisor.arbiter import start as run
 
     try:
@@ -360,6 +361,8 @@ def start(config_path: str) -> None:
         code = run(config_path)
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
+    except MonitoringError as e:
+        raise UserError(f"{config_path}: {e}") from None
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)

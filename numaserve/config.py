@@ -72,6 +72,9 @@ class ServerConfig:
     heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))
     # Router shards: auto is one per NUMA node that holds instances, behind one endpoint.
     routers: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
+    # host:port of the HTTP endpoint for Prometheus (/metrics) and probes (/healthz, /readyz);
+    # "" turns it off.
+    metrics: str = field(default="127.0.0.1:9464", metadata={"empty": True})
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,8 @@ def _convert(hint, value, source: str, key: str, meta):
             raise ConfigError(f"{source}: {key}: must be <= {hi}; got {value}")
         return hint(value)
     if hint is str:
+        if meta.get("empty") and value == "":
+            return value
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{source}: {key}: expected a non-empty string, got {_kind(value)}")
         return value
@@ -260,6 +265,13 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
         raise ConfigError(
             f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
             f"or ipc:///run/numaserve.sock; got {config.server.endpoint!r}"
+        )
+    metrics = config.server.metrics
+    port = re.fullmatch(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", metrics)
+    if metrics and not (port and 1 <= int(port.group(1)) <= 65535):
+        raise ConfigError(
+            f"{source}: server.metrics: expected host:port, like 127.0.0.1:9464 or [::1]:9464, "
+            f'or "" to turn the endpoint off; got {metrics!r}'
         )
     if config.model.keep_fp32 and config.model.quantize != "int8":
         raise ConfigError(

@@ -88,7 +88,9 @@ class Engine:
             message = "segments must be a list with one index into each input"
             return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
         try:
+            started = time.perf_counter()
             outputs = self.model.run(inputs, segments)
+            pass_s = time.perf_counter() - started
         except Exception as e:
             log.exception("forward pass failed")
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
@@ -100,7 +102,7 @@ class Engine:
             results = [{"scores": protocol.embedding_to_wire(s.ravel())} for s in outputs]
         else:
             results = [{"embedding": protocol.embedding_to_wire(v)} for v in outputs]
-        return {"type": protocol.RESULT, "job": job, "results": results}
+        return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:
         info: dict = {"task": self.task, "max_length": self.model.config.max_length}

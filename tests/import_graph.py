@@ -24,10 +24,21 @@ ALLOWED = {
     "backends": {"base", "backends"},
     "router": {"base", "host", "specs", "backends", "router"},
     "worker": {"base", "host", "specs", "backends"},
-    "supervisor": {"base", "host", "specs", "supervisor"},
+    "monitoring": {"base", "host", "monitoring"},
+    "supervisor": {"base", "host", "specs", "monitoring", "supervisor"},
     "client": {"base"},
     "loadgen": {"base", "client", "loadgen"},
-    "cli": {"base", "host", "specs", "backends", "router", "supervisor", "client", "loadgen"},
+    "cli": {
+        "base",
+        "host",
+        "specs",
+        "backends",
+        "router",
+        "monitoring",
+        "supervisor",
+        "client",
+        "loadgen",
+    },
 }
 # The router tokenizes; it never loads a model.
 ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer"}

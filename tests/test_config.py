@@ -134,6 +134,21 @@ def test_endpoint_must_be_a_zeromq_endpoint():
     )
 
 
+@pytest.mark.parametrize("address", ["localhost", "127.0.0.1:0", "127.0.0.1:70000", "http://x:1"])
+def test_metrics_must_be_host_and_port(address):
+    assert "server.metrics: expected host:port" in error(f'server: {{metrics: "{address}"}}')
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:9464", "[::1]:9100", "metrics.internal:80"])
+def test_metrics_takes_any_host_and_port(address):
+    assert parse_config(f'server: {{metrics: "{address}"}}').server.metrics == address
+
+
+def test_an_empty_metrics_address_turns_the_endpoint_off_and_other_strings_stay_required():
+    assert parse_config('server: {metrics: ""}').server.metrics == ""
+    assert "expected a non-empty string" in error('model: {path: ""}')
+
+
 def test_invalid_yaml_gives_the_line():
     msg = error("model:\n  path: [unclosed\n")
     assert msg.startswith("my.yaml: not valid YAML (line")

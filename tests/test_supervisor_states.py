@@ -398,3 +398,38 @@ def test_a_restarted_router_is_ready_only_once_it_answers_itself(rig):
     assert rig.sup.routers[0].state.value == "starting"  # answers to the old one's tables are stale
     rig.step()
     assert rig.sup.routers[0].state.value == "ready"
+
+
+# -- what /metrics and the probes see ----------------------------------------------------------
+
+
+def test_each_turn_publishes_a_snapshot_of_every_process(rig):
+    rig.start()
+    snap = rig.monitor.latest
+    assert snap.taken == rig.os.now()
+    assert [(p["name"], p["kind"], p["state"]) for p in snap.processes] == [
+        ("router", "router", "ready"),
+        ("main-0", "worker", "ready"),
+        ("main-1", "worker", "ready"),
+    ]
+    assert snap.shards == (rig.sup.shards[0].status,) and snap.shard_age == (0.0,)
+    assert snap.pools == ("main",) and not snap.stopping
+
+
+def test_during_a_reload_each_slot_appears_once_as_the_instance_that_serves_it(rig):
+    rig.start()
+    old = rig.pid("main-0")
+    rig.step(signal.SIGHUP)
+    rig.router.quiet.add(rig.sup.reload.replacement.pid)  # the replacement is still starting
+    rig.step(seconds=0.1)
+    workers = [p for p in rig.monitor.latest.processes if p["kind"] == "worker"]
+    assert [(p["name"], p["pid"]) for p in workers] == [
+        ("main-0", old),
+        ("main-1", rig.pid("main-1")),
+    ]
+
+
+def test_the_snapshot_says_stopping_from_sigterm_on(rig):
+    rig.start()
+    rig.step(signal.SIGTERM)
+    assert rig.monitor.latest.stopping

@@ -31,6 +31,7 @@ def is_handed_over(envelope: list[bytes]) -> bool:
 class Passed:
     envelope: list[bytes]  # the original client's
     request_id: int | str
+    op: str
     peer: int
     expires: float
 
@@ -78,7 +79,7 @@ class Handover:
             sock.send_multipart(protocol.pack(body), zmq.NOBLOCK)
         except zmq.ZMQError:
             return False
-        self.passed[token] = Passed(envelope, request.id, peer, now + self.timeout)
+        self.passed[token] = Passed(envelope, request.id, request.op, peer, now + self.timeout)
         return True
 
     def replies(self):

@@ -25,6 +25,7 @@ from numaserve.router import status
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job
 from numaserve.router.handover import Handover, is_handed_over
+from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import begin, context
 from numaserve.router.requests import Deadlines, Pending
 from numaserve.specs import RouterSpec
@@ -145,6 +146,7 @@ class Router:
             log, "message(s) failed in the router and were dropped", SUMMARY_LOG_S, logging.ERROR
         )
         self.errors: dict[str, int] = {}
+        self.metrics = RouterMetrics([pool.name for pool in spec.pools])
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.MAXMSGSIZE, spec.server.max_message_bytes)
@@ -285,31 +287,35 @@ class Router:
         request_id = protocol.reply_id(body.get("id"))
         if version != protocol.VERSION:
             message = f"unsupported protocol version {version[:16]!r}; this server speaks {protocol.VERSION!r}"
-            self._reply_error(envelope, request_id, ErrorCode.BAD_REQUEST, message)
+            self._reply_error(envelope, request_id, body.get("op"), ErrorCode.BAD_REQUEST, message)
             return
         self.counters["requests"] += 1
         try:
             request = protocol.parse_request(body, self.server.max_texts)
         except protocol.RequestError as e:
-            self._reply_error(envelope, e.request_id, e.code, e.message)
+            self._reply_error(envelope, e.request_id, body.get("op"), e.code, e.message)
             return
         if request.op == "ping":
+            self.metrics.replied("ping", "ok")
             self._reply(envelope, protocol.ok_reply(request.id))
         elif request.op == "status":
+            self.metrics.replied("status", "ok")
             self._reply(envelope, protocol.ok_reply(request.id, server=self.status()))
         elif self.draining_until is not None:
             message = "the server is stopping; send it elsewhere"
-            self._reply_error(envelope, request.id, ErrorCode.NO_INSTANCE, message)
+            self._reply_error(envelope, request.id, request.op, ErrorCode.NO_INSTANCE, message)
         elif request.op != self.task:
             message = f"this server's model does {self.task}, not {request.op}"
-            self._reply_error(envelope, request.id, ErrorCode.BAD_REQUEST, message)
+            self._reply_error(envelope, request.id, request.op, ErrorCode.BAD_REQUEST, message)
         else:
             self._start(envelope, request)
 
     def _start(self, envelope: list[bytes], request: protocol.Request) -> None:
         now = time.monotonic()
         if self._surely_refused(request):  # shed load before the costly part
-            self._reply_error(envelope, request.id, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE)
+            self._reply_error(
+                envelope, request.id, request.op, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE, now
+            )
             return
         try:
             inputs = request.inputs()
@@ -319,10 +325,10 @@ class Router:
                 else self.tokenizer.encode(inputs)
             )
         except TooLongError as e:
-            self._reply_error(envelope, request.id, ErrorCode.TOO_LONG, str(e))
+            self._reply_error(envelope, request.id, request.op, ErrorCode.TOO_LONG, str(e), now)
             return
         deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
-        pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline)
+        pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)
         misses = []
         for i, enc in enumerate(encoded):
             hit = self.cache.get((self.model_key, enc.ids, enc.second))
@@ -374,13 +380,15 @@ class Router:
             results = self.entities.found(pending, results)
         self._finish(pending)
         self.counters["replies_ok"] += 1
+        self.metrics.replied(pending.request.op, "ok", time.monotonic() - pending.received)
         self._reply(pending.envelope, protocol.ok_reply(pending.request.id, results=results))
 
     def _fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
         if pending.done or (code is ErrorCode.NO_INSTANCE and self._hand_over(pending)):
             return
         self._finish(pending)
-        self._reply_error(pending.envelope, pending.request.id, code, message)
+        request = pending.request
+        self._reply_error(pending.envelope, request.id, request.op, code, message, pending.received)
 
     def _hand_over(self, pending: Pending) -> bool:
         """Pass a request this shard has no instance for to a peer that has (and answer for
@@ -412,8 +420,19 @@ class Router:
         self.active.pop(id(pending), None)
         self.deadlines.answered(pending)
 
-    def _reply_error(self, envelope, request_id, code: ErrorCode, message: str) -> None:
+    def _reply_error(
+        self,
+        envelope,
+        request_id,
+        op: object,
+        code: ErrorCode,
+        message: str,
+        received: float | None = None,
+    ) -> None:
+        """`received`: when the request was read, for those that got as far as `_start`."""
         self.errors[code.value] = self.errors.get(code.value, 0) + 1
+        took = None if received is None else time.monotonic() - received
+        self.metrics.replied(op, code.value, took)
         self._reply(envelope, protocol.error_reply(request_id, code, message))
 
     def _reply(self, envelope: list[bytes], body: dict) -> None:
@@ -532,6 +551,9 @@ class Router:
         if job is None:
             return
         self.changed = True
+        worker = self.dispatch.workers.get(job.worker)
+        if worker is not None and "pass_s" in body:
+            self.metrics.forward_pass(worker.name, body["pass_s"])
         error = body.get("error")
         if error is not None:
             if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
@@ -600,14 +622,21 @@ class Router:
     def _expire_handovers(self, now: float) -> None:
         for passed in self.handover.expired(now) if self.handover else ():
             message = f"handed to router shard {passed.peer}, which did not answer in time"
-            self._reply_error(passed.envelope, passed.request_id, ErrorCode.NO_INSTANCE, message)
+            self._reply_error(
+                passed.envelope, passed.request_id, passed.op, ErrorCode.NO_INSTANCE, message
+            )
 
     def _send_jobs(self, jobs: list[Job]) -> None:
+        now = time.monotonic()
         for job in jobs:
-            body = {"type": protocol.RUN, "job": job.id, "inputs": [i.ids for i in job.items]}
-            if any(item.second for item in job.items):
-                body["segments"] = [item.second for item in job.items]
+            items = job.items
+            inputs = [i.ids for i in items]
+            body = {"type": protocol.RUN, "job": job.id, "inputs": inputs}
+            if any(item.second for item in items):
+                body["segments"] = [item.second for item in items]
             send(self.workers, [job.worker], body)
+            waited = [now - item.queued_at for item in items]
+            self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))
 
     # -- status ----------------------------------------------------------------------------
 
@@ -634,6 +663,7 @@ class Router:
                 "internal_errors": self.failures.total,
             },
             "errors": dict(self.errors),
+            "metrics": self.metrics.wire(),
             "draining": self.draining_until is not None,
             "routed_pids": status.routed_pids(self.dispatch),
             "supervisor": {

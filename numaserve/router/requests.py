@@ -17,6 +17,7 @@ class Pending:
     encoded: list
     results: list
     deadline: float | None  # None once its deadline has left the heap
+    received: float = 0.0
     remaining: int = 0
     done: bool = False
 

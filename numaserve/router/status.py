@@ -79,8 +79,9 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
     }
     looked_up = cache["hits"] + cache["misses"]
     cache["hit_rate"] = round(cache["hits"] / looked_up, 4) if looked_up else 0.0
+    whole = {k: v for k, v in own.items() if k != "metrics"}  # each shard's, below
     return {
-        **own,
+        **whole,
         "instances": instances,
         "pools": list(pools.values()),
         "cache": cache,
@@ -97,6 +98,7 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
                 "pools": s["pools"],
                 "cache": s["cache"],
                 "draining": s["draining"],
+                "metrics": s.get("metrics"),
             }
             for s in shards
         ],

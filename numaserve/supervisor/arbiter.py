@@ -19,13 +19,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from numaserve import exitcodes, protocol
+from numaserve import __version__, exitcodes, protocol
 from numaserve.config import Config, ConfigError, load_config
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import CPUTopology, read_topology
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
+from numaserve.monitoring.endpoint import MonitoringEndpoint
+from numaserve.monitoring.snapshot import Snapshot
 from numaserve.specs import Deployment, RouterSpec, WorkerSpec, deployment
 from numaserve.supervisor.children import Child, State, after_crash, describe_exit
 from numaserve.supervisor.processes import System
@@ -51,13 +53,16 @@ class Supervisor:
         system: System,
         connect: Callable[[str], RouterLink] = RouterLink,
         notifier: Notifier | None = None,
+        monitor: MonitoringEndpoint | None = None,
         environ: Mapping[str, str] = os.environ,
     ):
+        """`monitor`: where each turn's Snapshot goes (server.metrics); none when it is off."""
         self.config_path, self.config, self.topo = config_path, config, topo
         self.runtime_dir = runtime_dir
         self.system = system
         self.deployment = self._deploy(config)
         self.notifier = notifier or Notifier()
+        self.monitor = monitor
         routers = self.deployment.routers
         self.shards = [
             ShardView(self._router_child(spec, len(routers)), connect(spec.workers_endpoint))
@@ -156,6 +161,8 @@ class Supervisor:
         now = self.system.now()
         self.talk_to_router(now)
         self.tick(now)
+        if self.monitor is not None:
+            self.monitor.publish(self.snapshot(now))
 
     # -- signals -----------------------------------------------------------------------------
 
@@ -353,6 +360,31 @@ class Supervisor:
     def routed_pids(self, now: float) -> dict[int, set[int] | None]:
         """Per shard, the workers it hears from (None: no fresh word, judge nobody)."""
         return {v.child.shard: v.routed_pids(now, 4 * POLL_ROUTER_S) for v in self.shards}
+
+    def snapshot(self, now: float) -> Snapshot:
+        """The whole server as /metrics and the probes see it: the current processes (not
+        those a reload retired, nor a replacement still starting under its slot's name)."""
+        model = self.config.model
+        kinds = [("router", c) for c in self.routers]
+        kinds += [("frontend", self.frontend)] if self.frontend else []
+        kinds += [("prepare", self.prepare)] if self.prepare else []
+        kinds += [("worker", c) for c in self.workers.values()]
+        return Snapshot(
+            taken=now,
+            stopping=self.stopping,
+            build={
+                "version": __version__,
+                "backend": model.backend,
+                "model": model.path,
+                "task": model.task,
+                "quantize": model.quantize,
+            },
+            pools=tuple(p.name for p in self.config.placement.pools),
+            processes=tuple({**c.describe(), "kind": kind} for kind, c in kinds),
+            shards=tuple(v.status for v in self.shards),
+            shard_age=tuple(now - v.heard_at if v.status else None for v in self.shards),
+            supervisor_pid=self.system.pid(),
+        )
 
     # -- timers ------------------------------------------------------------------------------
 
@@ -626,18 +658,27 @@ class Supervisor:
 
 
 def start(config_path: str) -> int:
-    """`numaserve start`: plan, supervise, return the exit code. Raises ConfigError or
-    PlacementError for a config that cannot run here (before anything starts)."""
+    """`numaserve start`: plan, supervise, return the exit code. Raises ConfigError,
+    PlacementError or MonitoringError for a config that cannot run here (before anything
+    starts)."""
     config = load_config(config_path)
     topo = read_topology()
     for warning in topo.warnings:
         log.warning("topology: %s", warning)
     plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
+    monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
     runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
     system = System()
     try:
-        return Supervisor(config_path, config, topo, runtime_dir, system=system).run()
+        if monitor is not None:
+            monitor.start()
+        supervisor = Supervisor(
+            config_path, config, topo, runtime_dir, system=system, monitor=monitor
+        )
+        return supervisor.run()
     finally:
+        if monitor is not None:
+            monitor.close()
         system.close()
         for path in runtime_dir.glob("*"):
             path.unlink(missing_ok=True)

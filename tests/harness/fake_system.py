@@ -188,6 +188,20 @@ class FakeNotifier:
         return [kind for kind, _ in self.sent if kind != "STATUS"]
 
 
+class FakeMonitor:
+    """Keeps what the supervisor publishes for /metrics and the probes."""
+
+    def __init__(self) -> None:
+        self.snapshots: list = []
+
+    def publish(self, snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    @property
+    def latest(self):
+        return self.snapshots[-1]
+
+
 class Rig:
     """A Supervisor wired to the fakes, with a config file it can reload."""
 
@@ -205,6 +219,7 @@ class Rig:
         self.os = FakeSystem()
         self.shards: list[FakeRouter] = []  # one per router shard, in shard order
         self.notifier = FakeNotifier()
+        self.monitor = FakeMonitor()
         self.sup = Supervisor(
             str(self.config_path),
             load_config(self.config_path),
@@ -213,6 +228,7 @@ class Rig:
             system=self.os,
             connect=self._connect,
             notifier=self.notifier,
+            monitor=self.monitor,
             environ={},
         )
 

@@ -15,9 +15,30 @@ import psutil
 from numaserve.client import Client, NumaserveError
 from tests.harness.cluster import free_port
 
+DEFAULT_METRICS = "127.0.0.1:9464"
 ENDPOINT = (
     "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port
 )
+
+
+def with_metrics(config_text: str, address: str) -> str:
+    """`config_text` with server.metrics on `address`, a free port, so that servers started
+    side by side (or beside a real exporter on the default port) never collide: the shipped
+    configs' default is replaced, and where the config names no metrics, the address goes
+    after `endpoint: "@ENDPOINT@"` (in a flow mapping or a block)."""
+    if DEFAULT_METRICS in config_text:
+        return config_text.replace(DEFAULT_METRICS, address)
+    if "metrics:" in config_text:
+        return config_text
+    line = next((li for li in config_text.splitlines() if ENDPOINT in li), None)
+    if line is None:
+        raise ValueError(f"the config names neither {ENDPOINT} nor server.metrics")
+    if "{" in line.split(ENDPOINT)[0]:
+        entry = f'{ENDPOINT}", metrics: "{address}"'
+    else:
+        indent = line[: len(line) - len(line.lstrip())]
+        entry = f'{ENDPOINT}"\n{indent}metrics: "{address}"'
+    return config_text.replace(f'{ENDPOINT}"', entry, 1)
 
 
 class Server:
@@ -31,8 +52,11 @@ class Server:
     ):
         """`prefix`: a command to run `numaserve start` under (strace, say)."""
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.metrics = f"127.0.0.1:{free_port()}"
         self.config = directory / f"{name}.yaml"
-        self.config.write_text(config_text.replace(ENDPOINT, self.endpoint))
+        self.config.write_text(
+            with_metrics(config_text, self.metrics).replace(ENDPOINT, self.endpoint)
+        )
         self.log_path = directory / f"{name}.log"
         exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
         self.proc = subprocess.Popen(

@@ -1,0 +1,269 @@
+"""A Snapshot, and what was read from the OS at scrape time, as Prometheus metric families.
+
+Pure: no I/O here (endpoint.py reads RSS, affinity and numastat and passes them in), so every
+series is tested from a hand-built snapshot, and the live output with promtool. Names follow
+Prometheus' conventions: base units (seconds, bytes), `_total` on counters, `numaserve_`.
+Series a router shard counts carry `shard`, so that a restarted shard's counters reset alone
+and `sum()` / `rate()` work as for any fleet of processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from numaserve.host.cpulist import format_cpulist
+from numaserve.monitoring.snapshot import Snapshot
+
+# An instance is named by its slot ("main-0"; a restart keeps it): `instance` is the label
+# Prometheus gives every series of a scrape target (host:port), and would rename ours.
+INSTANCE_LABELS = ("slot", "pool", "node", "cpus")
+STATES = ("starting", "ready", "draining", "stopped", "backoff", "fatal")
+NUMASTAT = {
+    "numa_hit": "allocated on the node they were meant for",
+    "numa_miss": "allocated on this node although another was preferred",
+    "numa_foreign": "meant for this node but allocated on another",
+    "interleave_hit": "interleaved and allocated on this node as meant",
+    "local_node": "allocated on this node for a process running on it",
+    "other_node": "allocated on this node for a process running on another node",
+}
+
+
+@dataclass(frozen=True)
+class Readings:
+    """What endpoint.py read from the OS for one scrape."""
+
+    rss: dict[int, int] = field(default_factory=dict)  # by pid
+    affinity: dict[int, frozenset[int]] = field(default_factory=dict)  # live, by pid
+    numastat: dict[int, dict[str, int]] = field(default_factory=dict)  # by node
+
+
+def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
+    yield from _build(snapshot)
+    yield from _processes(snapshot, readings)
+    yield from _instances(snapshot, readings)
+    shards = [(str(i), s) for i, s in enumerate(snapshot.shards) if s is not None]
+    yield from _requests(shards)
+    yield from _pools(shards)
+    yield from _cache(shards)
+    yield from _passes(snapshot, shards)
+    yield from _numastat(readings)
+
+
+def _build(snapshot: Snapshot) -> Iterator[Metric]:
+    info = InfoMetricFamily("numaserve_build", "The running numaserve and its model.")
+    info.add_metric([], snapshot.build)
+    yield info
+
+
+def _processes(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
+    rss = GaugeMetricFamily(
+        "numaserve_process_resident_memory_bytes",
+        "Resident memory of each numaserve process (the supervisor, router shards, frontend, "
+        "instances).",
+        labels=["process", "kind"],
+    )
+    rows = [("supervisor", "supervisor", snapshot.supervisor_pid)]
+    rows += [(p["name"], p["kind"], p.get("pid")) for p in snapshot.processes]
+    for name, kind, pid in rows:
+        if pid in readings.rss:
+            rss.add_metric([name, kind], readings.rss[pid])
+    yield rss
+    routers = GaugeMetricFamily(
+        "numaserve_router_up",
+        "1 while a router shard answers the supervisor.",
+        labels=["shard"],
+    )
+    for shard, status in enumerate(snapshot.shards):
+        routers.add_metric([str(shard)], 1 if status is not None else 0)
+    yield routers
+    stopping = GaugeMetricFamily("numaserve_stopping", "1 while the server drains to stop.")
+    stopping.add_metric([], 1 if snapshot.stopping else 0)
+    yield stopping
+
+
+def instance_labels(process: dict) -> list[str]:
+    return [
+        process["name"],
+        str(process.get("pool") or ""),
+        format_cpulist(process.get("nodes") or []),
+        format_cpulist(process.get("cpus") or []),
+    ]
+
+
+def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "numaserve_instance_up", "1 while an instance is ready.", labels=INSTANCE_LABELS
+    )
+    state = GaugeMetricFamily(
+        "numaserve_instance_state",
+        "1 for the state an instance is in (the supervisor's), 0 for the others.",
+        labels=[*INSTANCE_LABELS, "state"],
+    )
+    restarts = CounterMetricFamily(
+        "numaserve_instance_restarts",
+        "Times the supervisor restarted an instance after it exited.",
+        labels=INSTANCE_LABELS,
+    )
+    affinity = GaugeMetricFamily(
+        "numaserve_instance_affinity_as_planned",
+        "1 when the CPUs the kernel lets an instance run on are its planned ones.",
+        labels=INSTANCE_LABELS,
+    )
+    rss = GaugeMetricFamily(
+        "numaserve_instance_resident_memory_bytes",
+        "Resident memory of an instance.",
+        labels=INSTANCE_LABELS,
+    )
+    for process in snapshot.instances():
+        labels = instance_labels(process)
+        up.add_metric(labels, 1 if process["state"] == "ready" else 0)
+        for name in STATES:
+            state.add_metric([*labels, name], 1 if process["state"] == name else 0)
+        restarts.add_metric(labels, process.get("restarts", 0))
+        pid = process.get("pid")
+        if pid in readings.affinity:
+            planned = frozenset(process.get("cpus") or ())
+            affinity.add_metric(labels, 1 if readings.affinity[pid] == planned else 0)
+        if pid in readings.rss:
+            rss.add_metric(labels, readings.rss[pid])
+    yield from (up, state, restarts, affinity, rss)
+
+
+def _requests(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+    replies = CounterMetricFamily(
+        "numaserve_requests",
+        "Requests answered, by op and result code (ok, or the error's code).",
+        labels=["shard", "op", "code"],
+    )
+    latency = HistogramMetricFamily(
+        "numaserve_request_duration_seconds",
+        "Time in the router from a request's receipt to its reply (queued, computed or cached).",
+        labels=["shard", "op"],
+    )
+    counters = {
+        "client_disconnects": "Client connections closed (left, or over max_message_bytes).",
+        "dropped_frames": "Client or worker messages dropped as unreadable.",
+        "handed_over": "Requests passed to a peer shard that had an instance this one lacked.",
+        "internal_errors": "Messages that failed in the router on a bug, dropped.",
+    }
+    simple = {
+        key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard"])
+        for key, doc in counters.items()
+    }
+    for shard, status in shards:
+        metrics = status.get("metrics") or {}
+        for op, code, count in metrics.get("replies", ()):
+            replies.add_metric([shard, op, code], count)
+        for op, hist in sorted((metrics.get("latency") or {}).items()):
+            latency.add_metric([shard, op], *_buckets(hist))
+        for key, family in simple.items():
+            family.add_metric([shard], (status.get("requests") or {}).get(key, 0))
+    yield replies
+    yield latency
+    yield from simple.values()
+
+
+def _pools(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+    labels = ["shard", "pool"]
+    queue = GaugeMetricFamily(
+        "numaserve_queue_texts", "Texts waiting in a pool's queue.", labels=labels
+    )
+    ready = GaugeMetricFamily(
+        "numaserve_pool_ready_instances",
+        "Instances a shard routes a pool's texts to.",
+        labels=labels,
+    )
+    wait = HistogramMetricFamily(
+        "numaserve_queue_wait_seconds",
+        "Time a text waited in its pool's queue before it was sent to an instance.",
+        labels=labels,
+    )
+    batch = HistogramMetricFamily(
+        "numaserve_batch_texts", "Texts in each forward pass sent to a pool.", labels=labels
+    )
+    texts = CounterMetricFamily(
+        "numaserve_texts", "Texts sent to a pool's instances.", labels=labels
+    )
+    tokens = CounterMetricFamily(
+        "numaserve_tokens",
+        "Tokens (special tokens included) sent to a pool's instances.",
+        labels=labels,
+    )
+    for shard, status in shards:
+        for pool in status.get("pools", ()):
+            queue.add_metric([shard, pool["name"]], pool.get("queue", 0))
+            ready.add_metric([shard, pool["name"]], pool.get("ready", 0))
+        for name, pool in sorted(((status.get("metrics") or {}).get("pools") or {}).items()):
+            wait.add_metric([shard, name], *_buckets(pool["queue_wait"]))
+            batch.add_metric([shard, name], *_buckets(pool["batch"]))
+            texts.add_metric([shard, name], pool["texts"])
+            tokens.add_metric([shard, name], pool["tokens"])
+    yield from (queue, ready, wait, batch, texts, tokens)
+
+
+def _cache(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+    shard = ["shard"]
+    hits = CounterMetricFamily(
+        "numaserve_cache_hits", "Texts answered from the cache.", labels=shard
+    )
+    misses = CounterMetricFamily(
+        "numaserve_cache_misses", "Texts looked up in the cache and not found.", labels=shard
+    )
+    entries = GaugeMetricFamily("numaserve_cache_entries", "Results the cache holds.", labels=shard)
+    capacity = GaugeMetricFamily(
+        "numaserve_cache_capacity_entries", "The most results the cache holds.", labels=shard
+    )
+    for shard, status in shards:
+        cache = status.get("cache") or {}
+        hits.add_metric([shard], cache.get("hits", 0))
+        misses.add_metric([shard], cache.get("misses", 0))
+        entries.add_metric([shard], cache.get("entries", 0))
+        capacity.add_metric([shard], cache.get("capacity", 0))
+    yield from (hits, misses, entries, capacity)
+
+
+def _passes(snapshot: Snapshot, shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+    passes = HistogramMetricFamily(
+        "numaserve_forward_pass_seconds",
+        "An instance's forward passes, as the instance times them.",
+        labels=INSTANCE_LABELS,
+    )
+    by_name = {p["name"]: p for p in snapshot.instances()}
+    for _, status in shards:
+        for name, hist in sorted(((status.get("metrics") or {}).get("passes") or {}).items()):
+            process = by_name.get(name)
+            if process is not None:  # an instance a reload retired keeps no series
+                passes.add_metric(instance_labels(process), *_buckets(hist))
+    yield passes
+
+
+def _numastat(readings: Readings) -> Iterator[Metric]:
+    for counter, doc in NUMASTAT.items():
+        family = CounterMetricFamily(
+            f"numaserve_numastat_{counter}_pages",
+            f"Pages {doc} (the kernel's /sys/devices/system/node/nodeN/numastat).",
+            labels=["node"],
+        )
+        for node, counters in readings.numastat.items():
+            if counter in counters:
+                family.add_metric([str(node)], counters[counter])
+        yield family
+
+
+def _buckets(hist: dict) -> tuple[list[tuple[str, float]], float]:
+    """The router's histogram (counts per bucket, the last above every bound) as Prometheus'
+    cumulative buckets and sum."""
+    buckets, total = [], 0
+    for bound, count in zip([*hist["bounds"], float("inf")], hist["counts"], strict=True):
+        total += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+    return buckets, hist["sum"]

@@ -1,0 +1,30 @@
+"""What the supervisor knows of the whole server at one moment: the input of /metrics,
+/healthz and /readyz.
+
+The supervisor's loop builds one every turn and hands it over whole (one reference swap), so
+the HTTP thread never reads a state the loop is changing. The router shards' parts are their
+answers to the supervisor's last poll (a quarter of a second old at most, while they answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken: float  # the supervisor loop's monotonic clock when it built this
+    stopping: bool
+    build: dict[str, str]  # version, backend, model, task, quantize
+    pools: tuple[str, ...]  # the configured pools, in order
+    # Every process the supervisor runs: Child.describe() plus "kind" (worker, router,
+    # frontend, prepare).
+    processes: tuple[dict, ...]
+    # Per router shard, in shard order: its latest own status (None until it answers) and how
+    # many seconds before `taken` it answered.
+    shards: tuple[dict | None, ...] = ()
+    shard_age: tuple[float | None, ...] = ()
+    supervisor_pid: int = 0
+
+    def instances(self) -> list[dict]:
+        return [p for p in self.processes if p["kind"] == "worker"]
