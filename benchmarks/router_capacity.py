@@ -17,8 +17,14 @@ together, and the frontend's apart). Also the tokenizer alone on the router's CP
 distinct texts: as the router runs it (with its per-word memo), and the library alone, one
 text per call and 32 per `encode_batch` call.
 
+With `--curve`, every socket clients reach speaks CurveZMQ (keys made for the run): the
+router's (or the frontend's) as `server.curve` sets it, the load generators' as the client
+library sets it, and the floor's echo too, so that what CurveZMQ itself costs and what it
+costs through numaserve are measured the same way.
+
 Run:  .venv/bin/python benchmarks/router_capacity.py [--seconds 5] [--inflight 256]
-          [--workers 8] [--routers 1] [--clients 1] [--model bundled:minilm] [--json FILE]
+          [--workers 8] [--routers 1] [--clients 1] [--model bundled:minilm] [--curve]
+          [--json FILE]
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
-from numaserve.config import ModelConfig, PoolConfig, ServerConfig
+from numaserve.config import CurveConfig, ModelConfig, PoolConfig, ServerConfig
+from numaserve.curve import ClientKeys, keygen, read_key_pair
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.specs import FrontendSpec, RouterSpec
@@ -94,8 +101,35 @@ def texts(count: int, distinct: bool) -> list[str]:
 WARMUP_S = 1.0
 
 
+@dataclass(frozen=True)
+class Keys:
+    """A run's CurveZMQ keys: the server's files, and what a client holds."""
+
+    server: CurveConfig
+    client: ClientKeys
+
+
+def make_keys(directory: str) -> Keys:
+    server_public, server_secret = keygen(directory, "server")
+    clients = Path(directory, "clients")
+    clients.mkdir()
+    client_public, client_secret = keygen(directory, "client")
+    (clients / "client.key").write_bytes(client_public.read_bytes())
+    return Keys(
+        CurveConfig(str(server_secret), str(clients)),
+        ClientKeys.load(server_public, client_secret),
+    )
+
+
 def load(
-    endpoint: str, cpu: int, texts_: list[str], nth: int, of: int, inflight: int, seconds: float
+    endpoint: str,
+    cpu: int,
+    texts_: list[str],
+    nth: int,
+    of: int,
+    inflight: int,
+    seconds: float,
+    curve: ClientKeys | None,
 ) -> tuple:
     """One load generator: pipelined requests, `inflight` outstanding, one text each (the
     `nth` of every `of` texts, so that generators never send the same one). Counts the replies
@@ -104,6 +138,8 @@ def load(
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.set_hwm(0)
+    if curve is not None:
+        curve.apply(sock)
     sock.connect(endpoint)
     packb = msgpack.packb
 
@@ -141,6 +177,7 @@ def run_load(
     cpus: tuple[int, ...],
     inflight: int,
     seconds: float,
+    curve: ClientKeys | None,
 ) -> dict:
     """A load generator on each of `cpus`, all at once, each keeping `inflight` requests
     outstanding; the CPU time of each group of `measured` processes over the same window (from
@@ -149,7 +186,11 @@ def run_load(
     of = len(cpus)
     with spawn.Pool(of) as pool:
         pending = pool.starmap_async(
-            load, [(endpoint, cpu, texts_, n, of, inflight, seconds) for n, cpu in enumerate(cpus)]
+            load,
+            [
+                (endpoint, cpu, texts_, n, of, inflight, seconds, curve)
+                for n, cpu in enumerate(cpus)
+            ],
         )
         time.sleep(WARMUP_S)
         before = {name: cpu_seconds(pids) for name, pids in measured.items()}
@@ -199,25 +240,34 @@ def tokenizer_cost(model: str, cpu: int) -> dict:
         return pool.apply(_tokenizer_cost, (model, cpu, texts(5000, True)))
 
 
-def _echo(endpoint: str, cpu: int) -> None:
+def _echo(endpoint: str, cpu: int, curve: CurveConfig | None) -> None:
     os.sched_setaffinity(0, {cpu})
     sock = zmq.Context().socket(zmq.ROUTER)
+    if curve is not None:  # no authenticator: libzmq admits any client key
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = read_key_pair(curve.secret_key_file, "key")
     sock.bind(endpoint)
     while True:
         sock.send_multipart(sock.recv_multipart())
 
 
-def floor(args, lay: Layout) -> dict:
+def floor(args, lay: Layout, keys: Keys | None) -> dict:
     """A bare pyzmq ROUTER echo on the (first) router's CPU, driven by the same generators."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = multiprocessing.get_context("spawn").Process(
-        target=_echo, args=(endpoint, lay.routers[0])
+        target=_echo, args=(endpoint, lay.routers[0], keys and keys.server)
     )
     proc.start()
     try:
         texts_ = texts(100_000, True)
         return run_load(
-            endpoint, {"router": [proc.pid]}, texts_, lay.load, args.inflight, args.seconds
+            endpoint,
+            {"router": [proc.pid]},
+            texts_,
+            lay.load,
+            args.inflight,
+            args.seconds,
+            keys and keys.client,
         )
     finally:
         proc.kill()
@@ -225,14 +275,26 @@ def floor(args, lay: Layout) -> dict:
 
 
 def router(
-    args, lay: Layout, node_of: dict[int, int], tmp: str, cache_entries: int, texts_: list[str]
+    args,
+    lay: Layout,
+    node_of: dict[int, int],
+    tmp: str,
+    cache_entries: int,
+    texts_: list[str],
+    keys: Keys | None,
 ) -> dict:
     """The real router, or `--routers` shards behind the frontend, each shard with
     `--workers` stand-in instances of its own."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     sharded = len(lay.routers) > 1
     shards_endpoint = f"ipc://{tmp}/frontend-{cache_entries}.sock"
-    server = ServerConfig(endpoint=endpoint, cache_entries=cache_entries, queue_size=4096)
+    server = ServerConfig(
+        endpoint=endpoint,
+        cache_entries=cache_entries,
+        queue_size=4096,
+        curve=keys and keys.server,
+    )
+    client = keys and keys.client
     log = open(f"{tmp}/router-{cache_entries}.log", "w")  # noqa: SIM115 (closed below)
     procs, routers = [], []
     try:
@@ -241,6 +303,7 @@ def router(
                 endpoint=endpoint,
                 shards=shards_endpoint,
                 max_message_bytes=server.max_message_bytes,
+                curve=server.curve,
                 cpus=(lay.frontend,),
                 nodes=(node_of[lay.frontend],),
             )
@@ -270,16 +333,16 @@ def router(
             )
         procs.extend(routers)
         try:
-            wait_for_instances(endpoint, len(routers), args.workers, procs)
+            wait_for_instances(endpoint, len(routers), args.workers, procs, client)
         except RuntimeError as e:
             log.flush()
             sys.exit(f"{Path(log.name).read_text()[-2000:]}\n{e} (log above)")
         if cache_entries:  # fill every shard's cache with the texts the load then repeats
-            warm(endpoint, texts_, len(routers))
+            warm(endpoint, texts_, len(routers), client)
         measured = {"router": [p.pid for p in routers]}
         if sharded:
             measured["frontend"] = [procs[0].pid]
-        return run_load(endpoint, measured, texts_, lay.load, args.inflight, args.seconds)
+        return run_load(endpoint, measured, texts_, lay.load, args.inflight, args.seconds, client)
     finally:
         for p in procs:
             p.kill()
@@ -287,14 +350,16 @@ def router(
         log.close()
 
 
-def wait_for_instances(endpoint: str, shards: int, count: int, procs) -> None:
+def wait_for_instances(
+    endpoint: str, shards: int, count: int, procs, curve: ClientKeys | None
+) -> None:
     """Until every shard has said (through the frontend, which hands the status requests to
     each in turn) that `count` instances are ready."""
     from numaserve.client import Client
 
     ready: dict[int, int] = {}
     deadline = time.monotonic() + 60
-    with Client(endpoint, timeout=2, retries=0) as client:
+    with Client(endpoint, timeout=2, retries=0, curve=curve) as client:
         while time.monotonic() < deadline:
             try:
                 status = client.status()
@@ -310,12 +375,12 @@ def wait_for_instances(endpoint: str, shards: int, count: int, procs) -> None:
     raise RuntimeError(f"not every shard at {endpoint} saw {count} instances: {ready}")
 
 
-def warm(endpoint: str, texts_: list[str], shards: int) -> None:
+def warm(endpoint: str, texts_: list[str], shards: int, curve: ClientKeys | None) -> None:
     """Each batch sent once to each shard: the frontend hands consecutive requests to the
     shards in turn."""
     from numaserve.client import Client
 
-    with Client(endpoint, timeout=10) as client:
+    with Client(endpoint, timeout=10, curve=curve) as client:
         for start in range(0, len(texts_), 64):
             for _ in range(shards):
                 client.embed(texts_[start : start + 64])
@@ -329,6 +394,7 @@ def main() -> None:
     parser.add_argument("--routers", type=int, default=1, help="router shards")
     parser.add_argument("--clients", type=int, default=1, help="load generator processes")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--curve", action="store_true", help="CurveZMQ on the client sockets")
     parser.add_argument(
         "--model", default="bundled:minilm", help="model.path whose tokenizer the router runs"
     )
@@ -344,9 +410,10 @@ def main() -> None:
     }
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     with tempfile.TemporaryDirectory() as tmp:
-        results["floor"] = floor(args, lay)
-        results["cache_off"] = router(args, lay, node_of, tmp, 0, texts(1_000_000, True))
-        results["cache_hits"] = router(args, lay, node_of, tmp, 100_000, texts(500, False))
+        keys = make_keys(tmp) if args.curve else None
+        results["floor"] = floor(args, lay, keys)
+        results["cache_off"] = router(args, lay, node_of, tmp, 0, texts(1_000_000, True), keys)
+        results["cache_hits"] = router(args, lay, node_of, tmp, 100_000, texts(500, False), keys)
     results["tokenizer"] = tokenizer_cost(args.model, lay.routers[0])
     print(
         f"\n{'':12} {'requests/s':>11} {'router CPU us/request':>22} {'CPU use':>8}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -133,22 +134,71 @@ def plan(
         click.echo("\n".join([format_plan(result), *(s.describe() for s in shards)]))
 
 
-endpoint_option = click.option(
-    "--endpoint",
-    "endpoints",
-    multiple=True,
-    default=["tcp://127.0.0.1:5555"],
-    show_default=True,
-    help="The server's endpoint; repeat it to fail over between servers.",
+def _remember(ctx: click.Context, param: click.Parameter, value):
+    ctx.meta[f"numaserve.{param.name}"] = value
+
+
+_SERVER_OPTIONS = (
+    click.option(
+        "--endpoint",
+        "endpoints",
+        multiple=True,
+        default=["tcp://127.0.0.1:5555"],
+        show_default=True,
+        help="The server's endpoint; repeat it to fail over between servers.",
+    ),
+    click.option(
+        "--server-key",
+        envvar="NUMASERVE_SERVER_KEY",
+        expose_value=False,
+        callback=_remember,
+        metavar="KEY",
+        help="CurveZMQ: the server's public key, or its key file (server.key). "
+        "[env: NUMASERVE_SERVER_KEY]",
+    ),
+    click.option(
+        "--client-key",
+        envvar="NUMASERVE_CLIENT_KEY",
+        expose_value=False,
+        callback=_remember,
+        metavar="FILE",
+        help="CurveZMQ: this client's key pair (NAME.key_secret from numaserve keygen), with "
+        "--server-key. [env: NUMASERVE_CLIENT_KEY]",
+    ),
 )
+
+
+def endpoint_option(command):
+    """--endpoint, and the CurveZMQ keys for a server that has server.curve."""
+    for option in reversed(_SERVER_OPTIONS):
+        command = option(command)
+    return command
+
+
 timeout_option = click.option("--timeout", default=5.0, show_default=True, help="Seconds per try.")
+
+
+def _client_keys():
+    """The ClientKeys of --server-key and --client-key; None without them."""
+    from numaserve.curve import ClientKeys, CurveError
+
+    meta = click.get_current_context().meta
+    server, client = meta.get("numaserve.server_key"), meta.get("numaserve.client_key")
+    if server is None and client is None:
+        return None
+    if server is None or client is None:
+        raise UserError("--server-key and --client-key go together (CurveZMQ needs both)")
+    try:
+        return ClientKeys.load(server, client)
+    except CurveError as e:
+        raise UserError(str(e)) from None
 
 
 def _call(endpoints, timeout: float, method: str, *args, **kwargs):
     from numaserve.client import Client, NumaserveError
 
     try:
-        with Client(list(endpoints), timeout=timeout) as client:
+        with Client(list(endpoints), timeout=timeout, curve=_client_keys()) as client:
             return getattr(client, method)(*args, **kwargs)
     except NumaserveError as e:
         raise MachineError(f"{e.code}: {e.message}") from None
@@ -306,7 +356,7 @@ def bench(
         connect = (
             load.http_target(url, timeout)
             if url
-            else load.numaserve_target(list(endpoints), op, timeout)
+            else load.numaserve_target(list(endpoints), op, timeout, _client_keys())
         )
     except ValueError as e:
         raise UserError(f"--http: {e}") from None
@@ -319,7 +369,16 @@ def bench(
     ):
         if rate:
             result = load.open_loop(
-                list(endpoints), texts, rate, duration, op, timeout, bar.update, seed, draw
+                list(endpoints),
+                texts,
+                rate,
+                duration,
+                op,
+                timeout,
+                bar.update,
+                seed,
+                draw,
+                _client_keys(),
             )
         else:
             label = f"POST {url}" if url else op
@@ -348,6 +407,7 @@ class _NoBar:
 @config_option
 def start(config_path: str) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
+    from numaserve.curve import CurveError
     from numaserve.logs import setup_logging
     from numaserve.monitoring.endpoint import MonitoringError
     from numaserve.supervisor.arbiter import start as run
@@ -361,11 +421,35 @@ def start(config_path: str) -> None:
         code = run(config_path)
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
-    except MonitoringError as e:
+    except (MonitoringError, CurveError) as e:
         raise UserError(f"{config_path}: {e}") from None
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option(
+    "--name",
+    default="server",
+    show_default=True,
+    help="The pair's name: NAME.key (public) and NAME.key_secret.",
+)
+def keygen(directory: str, name: str) -> None:
+    """Write a CurveZMQ key pair in DIRECTORY: for the server (server.curve.secret_key_file)
+    or for a client service (its NAME.key goes in the server's authorized_keys_dir)."""
+    from numaserve.curve import CurveError, read_public_key
+    from numaserve.curve import keygen as write_pair
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name.startswith("."):
+        raise UserError(f"--name: use letters, digits, '.', '-' or '_'; got {name!r}")
+    try:
+        public, secret = write_pair(directory, name)
+    except (CurveError, OSError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"public key: {public} ({read_public_key(public, 'key').decode()})")
+    click.echo(f"key pair:   {secret} (mode 0600: keep it secret)")
 
 
 @main.command()

@@ -13,6 +13,11 @@ A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("
 cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
 token classifier finds entities: `ner("Ada Lovelace lived in London")`.
 
+A server with `server.curve` admits only clients holding an authorised key pair:
+
+    keys = ClientKeys.load(server_key="server.key", client_key="billing.key_secret")
+    client = Client("tcp://10.0.0.1:5555", curve=keys)
+
 A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
 """
 
@@ -30,6 +35,7 @@ import zmq
 import zmq.asyncio
 
 from numaserve import protocol
+from numaserve.curve import ClientKeys  # re-exported: `from numaserve.client import ClientKeys`
 from numaserve.protocol import ErrorCode
 
 
@@ -126,11 +132,17 @@ Texts = str | tuple[str, str] | Sequence[str | tuple[str, str]]  # one text or p
 class _Calls:
     """What both clients share: endpoints, request ids, and reading replies."""
 
-    def __init__(self, endpoints: str | Sequence[str], timeout: float, retries: int):
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        timeout: float,
+        retries: int,
+        curve: ClientKeys | None,
+    ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("at least one endpoint is needed")
-        self.timeout, self.retries = timeout, retries
+        self.timeout, self.retries, self.curve = timeout, retries, curve
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._endpoint = 0
@@ -168,19 +180,27 @@ class _Calls:
 
     def timed_out(self, op: str) -> Timeout:
         tried = ", ".join(self.endpoints)
-        return Timeout(
-            f"no reply to {op} within {self.timeout} s ({self.attempts()} tries on {tried})"
+        hint = (
+            "; with CURVE, a server that does not know this client's key, or a wrong server "
+            "key, looks like this too"
+            if self.curve
+            else "; a server with server.curve answers no plaintext client"
         )
+        return Timeout(
+            f"no reply to {op} within {self.timeout} s ({self.attempts()} tries on {tried}){hint}"
+        )
+
+    def socket(self, ctx):
+        """A fresh DEALER to the next endpoint, speaking CURVE where this client has keys."""
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        if self.curve is not None:
+            self.curve.apply(sock)
+        sock.connect(self.next_endpoint())
+        return sock
 
     def should_move_on(self, error: NumaserveError) -> bool:
         return isinstance(error, MOVE_ON) and len(self.endpoints) > 1
-
-
-def _socket(ctx, endpoint: str):
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
-    return sock
 
 
 def _batch(texts: Texts) -> tuple[list, bool]:
@@ -212,10 +232,11 @@ class Client(_Calls):
         endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
         timeout: float = 5.0,
         retries: int = 3,
+        curve: ClientKeys | None = None,
     ):
-        super().__init__(endpoints, timeout, retries)
+        super().__init__(endpoints, timeout, retries, curve)
         self.ctx = zmq.Context.instance()
-        self.sock = _socket(self.ctx, self.next_endpoint())
+        self.sock = self.socket(self.ctx)
 
     def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One Embedding for a string, a list of them for a list of strings."""
@@ -285,7 +306,7 @@ class Client(_Calls):
 
     def _fresh_socket(self) -> None:
         self.sock.close(linger=0)
-        self.sock = _socket(self.ctx, self.next_endpoint())
+        self.sock = self.socket(self.ctx)
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -305,10 +326,11 @@ class AsyncClient(_Calls):
         endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
         timeout: float = 5.0,
         retries: int = 3,
+        curve: ClientKeys | None = None,
     ):
-        super().__init__(endpoints, timeout, retries)
+        super().__init__(endpoints, timeout, retries, curve)
         self.ctx = zmq.asyncio.Context.instance()
-        self._idle: list[tuple[str, zmq.asyncio.Socket]] = []
+        self._idle: list[zmq.asyncio.Socket] = []
 
     async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         batch, single = _batch(texts)
@@ -352,7 +374,7 @@ class AsyncClient(_Calls):
         error: NumaserveError = Timeout(f"no reply to {op}")
         for attempt in range(self.attempts()):
             # A socket that timed out is closed; a fresh one goes to the next endpoint.
-            endpoint, sock = self._idle.pop() if self._idle and not attempt else self._new()
+            sock = self._idle.pop() if self._idle and not attempt else self.socket(self.ctx)
             await sock.send_multipart(frames)
             try:
                 reply = await asyncio.wait_for(self._reply_to(sock, body["id"]), self.timeout)
@@ -360,7 +382,7 @@ class AsyncClient(_Calls):
                 sock.close(linger=0)
                 error = self.timed_out(op)
                 continue
-            self._idle.append((endpoint, sock))
+            self._idle.append(sock)
             try:
                 return self.result(reply)
             except NumaserveError as e:
@@ -369,10 +391,6 @@ class AsyncClient(_Calls):
                 error = e
         raise error
 
-    def _new(self) -> tuple[str, zmq.asyncio.Socket]:
-        endpoint = self.next_endpoint()
-        return endpoint, _socket(self.ctx, endpoint)
-
     async def _reply_to(self, sock, request_id) -> dict:
         while True:
             reply = self.matches(await sock.recv_multipart(), request_id)
@@ -380,7 +398,7 @@ class AsyncClient(_Calls):
                 return reply
 
     def close(self) -> None:
-        for _, sock in self._idle:
+        for sock in self._idle:
             sock.close(linger=0)
         self._idle.clear()
 

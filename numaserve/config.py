@@ -8,6 +8,7 @@ Every key is documented in docs/configuration.md.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import types
 import typing
@@ -52,6 +53,15 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class CurveConfig:
+    # The server's key pair: NAME.key_secret from `numaserve keygen`, not readable by others.
+    secret_key_file: str
+    # The clients' public keys (NAME.key files); one added or removed applies to the next
+    # connection, with no restart.
+    authorized_keys_dir: str
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     endpoint: str = "tcp://127.0.0.1:5555"
     cache_entries: int = field(default=100_000, metadata=_bounds(0))
@@ -75,6 +85,10 @@ class ServerConfig:
     # host:port of the HTTP endpoint for Prometheus (/metrics) and probes (/healthz, /readyz);
     # "" turns it off.
     metrics: str = field(default="127.0.0.1:9464", metadata={"empty": True})
+    # CurveZMQ on `endpoint`: only clients holding an authorised key get in (docs/deployment.md).
+    curve: CurveConfig | None = None
+    # true: let a tcp endpoint beyond loopback serve in plaintext, to anyone who reaches it.
+    insecure: bool = False
 
 
 @dataclass(frozen=True)
@@ -266,6 +280,14 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
             f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
             f"or ipc:///run/numaserve.sock; got {config.server.endpoint!r}"
         )
+    server = config.server
+    if not (server.curve or server.insecure or _local_endpoint(server.endpoint)):
+        raise ConfigError(
+            f"{source}: server.endpoint: {server.endpoint} can be reached from other hosts, in "
+            "plaintext and by anyone; set server.curve (keys from `numaserve keygen`, "
+            "docs/deployment.md), or server.insecure: true where a firewall or a private "
+            "network already keeps others out"
+        )
     metrics = config.server.metrics
     port = re.fullmatch(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", metrics)
     if metrics and not (port and 1 <= int(port.group(1)) <= 65535):
@@ -322,6 +344,19 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
             f"{config.model.max_length} tokens would have no pool; raise a pool's max_tokens "
             "or lower model.max_length"
         )
+
+
+def _local_endpoint(endpoint: str) -> bool:
+    """ipc, or tcp on a loopback address: nothing beyond this host can connect."""
+    if endpoint.startswith("ipc://"):
+        return True
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name or an interface (tcp://eth0:5555): it may face the network
+        return False
 
 
 def _join(where: str, key: str) -> str:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from numaserve.config import (
     Config,
     ConfigError,
+    CurveConfig,
     ModelConfig,
     PoolConfig,
     ServerConfig,
@@ -80,6 +81,7 @@ class FrontendSpec(JSONSpec):
     endpoint: str  # server.endpoint, for clients
     shards: str  # ipc, for the shards to connect to
     max_message_bytes: int
+    curve: CurveConfig | None = None  # server.curve, for the client endpoint
     cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
     nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
 
@@ -124,6 +126,7 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             endpoint=config.server.endpoint,
             shards=f"ipc://{runtime_dir}/frontend.sock",
             max_message_bytes=config.server.max_message_bytes,
+            curve=config.server.curve,
             cpus=plan.reserved_cpus,
             nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
         )

@@ -16,7 +16,16 @@ PACKAGE = Path(__file__).parents[1] / "numaserve"
 
 # Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
 # subpackage, or one of the top-level modules; "base" is the modules every part shares.
-BASE = {"config", "modelpath", "protocol", "exitcodes", "logs", "procinfo", "lifecycle"}
+BASE = {
+    "config",
+    "modelpath",
+    "protocol",
+    "exitcodes",
+    "logs",
+    "procinfo",
+    "lifecycle",
+    "curve",
+}
 ALLOWED = {
     "base": {"base"},
     "host": {"base", "host"},

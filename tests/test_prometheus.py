@@ -225,6 +225,7 @@ EVERY_SERIES = {
     "numaserve_requests_total",
     "numaserve_request_duration_seconds_bucket",
     "numaserve_router_client_disconnects_total",
+    "numaserve_router_refused_handshakes_total",
     "numaserve_router_dropped_frames_total",
     "numaserve_router_handed_over_total",
     "numaserve_router_internal_errors_total",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from numaserve.client import AsyncClient, Client, NumaserveError
+from numaserve.client import AsyncClient, Client, ClientKeys, NumaserveError
 
 
 class CorpusError(ValueError):
@@ -126,10 +126,15 @@ def drawing(op: str, pairs: bool = False, documents: int = 10) -> Draw:
     return one_text
 
 
-def numaserve_target(endpoints: list[str], op: str = "embed", timeout: float = 10.0) -> Connect:
+def numaserve_target(
+    endpoints: list[str],
+    op: str = "embed",
+    timeout: float = 10.0,
+    curve: ClientKeys | None = None,
+) -> Connect:
     @contextlib.contextmanager
     def connect() -> Iterator[Send]:
-        with Client(endpoints, timeout=timeout, retries=0) as client:
+        with Client(endpoints, timeout=timeout, retries=0, curve=curve) as client:
             call = getattr(client, op)
 
             def send(*request) -> object:
@@ -234,6 +239,7 @@ def open_loop(
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
     draw: Draw = one_text,
+    curve: ClientKeys | None = None,
 ) -> Result:
     """`rate` requests a second for `duration` seconds, each sent when due."""
     result = Result("open", op)
@@ -249,7 +255,7 @@ def open_loop(
             progress(1)
 
     async def run() -> None:
-        async with AsyncClient(endpoints, timeout=timeout, retries=0) as client:
+        async with AsyncClient(endpoints, timeout=timeout, retries=0, curve=curve) as client:
             began = time.perf_counter()
             tasks = []
             for i in range(int(rate * duration)):

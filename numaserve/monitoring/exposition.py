@@ -151,6 +151,7 @@ def _requests(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
     )
     counters = {
         "client_disconnects": "Client connections closed (left, or over max_message_bytes).",
+        "refused_handshakes": "Client connections refused in the CurveZMQ handshake.",
         "dropped_frames": "Client or worker messages dropped as unreadable.",
         "handed_over": "Requests passed to a peer shard that had an instance this one lacked.",
         "internal_errors": "Messages that failed in the router on a bug, dropped.",

@@ -17,7 +17,7 @@ import threading
 
 import zmq
 
-from numaserve import exitcodes
+from numaserve import curve, exitcodes
 from numaserve.router.process import begin, context
 from numaserve.specs import FrontendSpec
 
@@ -42,13 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     control = ctx.socket(zmq.PAIR)
     for sock in (clients, shards, control):
         sock.linger = 0
+    auth = None
     try:
+        if spec.curve:
+            auth = curve.serve(
+                ctx, clients, spec.curve.secret_key_file, spec.curve.authorized_keys_dir
+            )
         clients.bind(spec.endpoint)
         shards.bind(spec.shards)
-    except zmq.ZMQError as e:
+    except (zmq.ZMQError, curve.CurveError) as e:
         log.error("cannot listen on %s or %s: %s", spec.endpoint, spec.shards, e)
+        if auth is not None:
+            auth.stop()
         ctx.destroy(linger=0)
-        return exitcodes.CRASH
+        return exitcodes.MODEL if isinstance(e, curve.CurveError) else exitcodes.CRASH
     control.bind(CONTROL)
     proxy = threading.Thread(target=_proxy, args=(ctx, clients, shards), name="proxy")
     proxy.start()
@@ -58,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     control.send(b"TERMINATE")
     proxy.join()
     control.close()
+    if auth is not None:
+        auth.stop()
     ctx.term()
     log.info("stopped")
     return exitcodes.OK

@@ -15,8 +15,9 @@ import time
 import traceback
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
-from numaserve import exitcodes, protocol
+from numaserve import curve, exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.logs import Summary
 from numaserve.modelpath import ModelLoadError
@@ -31,6 +32,12 @@ from numaserve.router.requests import Deadlines, Pending
 from numaserve.specs import RouterSpec
 
 log = logging.getLogger("numaserve.router")
+# A client the CurveZMQ handshake refused; its socket's disconnect follows.
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 SUMMARY_LOG_S = 10.0  # at most one log line per this long for a repeated event
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
 WORKER_BATCH = 256
@@ -154,7 +161,15 @@ class Router:
         self.clients.linger = 0
         self.workers = self.ctx.socket(zmq.ROUTER)
         self.workers.linger = 0
-        self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.refused = Summary(
+            log,
+            "client connection(s) refused in the CurveZMQ handshake: a key not in "
+            "server.curve.authorized_keys_dir, a wrong server key, or plaintext",
+            SUMMARY_LOG_S,
+            logging.WARNING,
+        )
+        self.failed_handshakes: set[int] = set()  # their sockets' disconnects are not a leaving
+        self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.stopping = False
         self.draining_until: float | None = None  # set by SIGTERM: finish what is in flight
         self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
@@ -165,6 +180,7 @@ class Router:
             else None
         )
         self.changed = False  # something new to schedule: texts queued, or an instance freed
+        self.auth = None  # CurveZMQ's authenticator, where this router holds the endpoint
 
     def bind(self) -> None:
         """Listen for workers; and for clients, on server.endpoint, or, as one of several
@@ -174,6 +190,11 @@ class Router:
             if self.spec.handovers:  # where peer shards pass requests on (router/handover.py)
                 self.clients.bind(self.spec.handovers[self.spec.shard])
         else:
+            keys = self.server.curve
+            if keys:
+                self.auth = curve.serve(
+                    self.ctx, self.clients, keys.secret_key_file, keys.authorized_keys_dir
+                )
             self.clients.bind(self.server.endpoint)
         self.workers.bind(self.spec.workers_endpoint)
 
@@ -262,14 +283,24 @@ class Router:
         return limit
 
     def _on_disconnect(self) -> None:
-        closed = 0
+        closed = refused = 0
         while self.monitor.poll(0):
-            self.monitor.recv_multipart()
-            closed += 1
-        self.disconnects.add(closed, time.monotonic())
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            fd = event["value"]
+            if event["event"] & HANDSHAKE_FAILED:
+                self.failed_handshakes.add(fd)
+                refused += 1
+            elif fd in self.failed_handshakes:
+                self.failed_handshakes.discard(fd)
+            else:
+                closed += 1
+        now = time.monotonic()
+        self.disconnects.add(closed, now)
+        self.refused.add(refused, now)
 
     def _log_summaries(self, now: float) -> None:
         self.disconnects.flush(now)
+        self.refused.flush(now)
         self.failures.flush(now)
 
     # -- clients ---------------------------------------------------------------------------
@@ -660,6 +691,7 @@ class Router:
             "requests": {
                 **self.counters,
                 "client_disconnects": self.disconnects.total,
+                "refused_handshakes": self.refused.total,
                 "internal_errors": self.failures.total,
             },
             "errors": dict(self.errors),
@@ -677,6 +709,8 @@ class Router:
         self.clients.disable_monitor()
         for sock in (self.monitor, self.clients, self.workers):
             sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -696,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     router = Router(spec, tokenizer, context())
     try:
         router.bind()
+    except curve.CurveError as e:
+        log.error("%s", e)
+        return exitcodes.MODEL  # a config error: a restart cannot fix it
     except zmq.ZMQError as e:
         log.error("cannot listen on %s or %s: %s", spec.server.endpoint, spec.workers_endpoint, e)
         return exitcodes.CRASH

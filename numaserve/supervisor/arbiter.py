@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from numaserve import __version__, exitcodes, protocol
+from numaserve import __version__, curve, exitcodes, protocol
 from numaserve.config import Config, ConfigError, load_config
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, plan_placement
@@ -659,13 +659,17 @@ class Supervisor:
 
 def start(config_path: str) -> int:
     """`numaserve start`: plan, supervise, return the exit code. Raises ConfigError,
-    PlacementError or MonitoringError for a config that cannot run here (before anything
-    starts)."""
+    PlacementError, CurveError or MonitoringError for a config that cannot run here (before
+    anything starts)."""
     config = load_config(config_path)
     topo = read_topology()
     for warning in topo.warnings:
         log.warning("topology: %s", warning)
     plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
+    if config.server.curve:  # and here: a shard or frontend would only exit with it
+        curve.server_keys(
+            config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
+        )
     monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
     runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
     system = System()

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from numaserve.client import Client
+from numaserve.client import Client, ClientKeys
 from numaserve.config import parse_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
@@ -28,8 +28,10 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, directory: Path, yaml_text: str):
+    def __init__(self, directory: Path, yaml_text: str, curve: ClientKeys | None = None):
+        """`curve`: the keys its clients use, where the config has server.curve."""
         self.directory = directory
+        self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         config = parse_config(yaml_text)
         config = replace(config, server=replace(config.server, endpoint=self.endpoint))
@@ -59,7 +61,7 @@ class Cluster:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def client(self, **kw) -> Client:
-        return Client(self.endpoint, **kw)
+        return Client(self.endpoint, **{"curve": self.curve, **kw})
 
     def wait_ready(self, instances: int, timeout: float = 90) -> dict:
         deadline = time.monotonic() + timeout

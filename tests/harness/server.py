@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from numaserve.client import Client, NumaserveError
+from numaserve.client import Client, ClientKeys, NumaserveError
 from tests.harness.cluster import free_port
 
 DEFAULT_METRICS = "127.0.0.1:9464"
@@ -49,8 +49,11 @@ class Server:
         env=None,
         name: str = "numaserve",
         prefix: tuple[str, ...] = (),
+        curve: ClientKeys | None = None,
     ):
-        """`prefix`: a command to run `numaserve start` under (strace, say)."""
+        """`prefix`: a command to run `numaserve start` under (strace, say); `curve`: the keys
+        its clients use, where the config has server.curve."""
+        self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.metrics = f"127.0.0.1:{free_port()}"
         self.config = directory / f"{name}.yaml"
@@ -70,7 +73,7 @@ class Server:
         return self.log_path.read_text()
 
     def status(self) -> dict:
-        with Client(self.endpoint, timeout=2, retries=0) as c:
+        with Client(self.endpoint, timeout=2, retries=0, curve=self.curve) as c:
             return c.status()
 
     def instances(self) -> dict:
