@@ -288,7 +288,7 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
             "docs/deployment.md), or server.insecure: true where a firewall or a private "
             "network already keeps others out"
         )
-    metrics = config.server.metrics
+    metrics = server.metrics
     port = re.fullmatch(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", metrics)
     if metrics and not (port and 1 <= int(port.group(1)) <= 65535):
         raise ConfigError(

@@ -3,8 +3,6 @@ hand-built snapshot, the probes' verdicts, numastat, and the real HTTP server on
 A whole server scraped by a real Prometheus is tests/test_prometheus.py."""
 
 import socket
-import urllib.error
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +13,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
+from tests.harness.http import http_get
 
 
 def shard_status(ready=1, queue=0) -> dict:
@@ -253,11 +252,7 @@ def endpoint():
 
 
 def get(endpoint: MonitoringEndpoint, path: str) -> tuple[int, str, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}{path}", timeout=5) as r:
-            return r.status, r.headers["Content-Type"], r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers["Content-Type"], e.read().decode()
+    return http_get(f"http://127.0.0.1:{endpoint.port}{path}")
 
 
 def test_metrics_are_served_in_prometheus_text_format(endpoint):

@@ -8,9 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from numaserve.client import BadRequest, Client
 from tests.harness import server as server_
 from tests.harness.cluster import free_port
+from tests.harness.http import http_get
+from tests.harness.waiting import eventually
 
 ROOT = Path(__file__).parents[1]
 RULES = ROOT / "prometheus/numaserve-alerts.yml"
@@ -46,11 +46,8 @@ def server(tmp_path_factory):
 
 
 def http(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    status, _, body = http_get(url)
+    return status, body
 
 
 def scrape(server) -> dict:
@@ -202,14 +199,6 @@ def query(url: str, expr: str) -> list[dict]:
     answer = json.loads(body)
     assert status == 200 and answer["status"] == "success", (expr, body)
     return answer["data"]["result"]
-
-
-def eventually(check, timeout: float = 30.0, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(every)
-    return result
 
 
 EVERY_SERIES = {

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from numaserve import protocol
 from numaserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, Overloaded, TooLong
 from tests.harness.cluster import Cluster
+from tests.harness.waiting import eventually
 
 LENGTH_POOLS = """
 server: {heartbeat_ms: 200}
@@ -375,19 +376,12 @@ def paused_on_a_busy_batch(cluster, client, tag: str):
     heartbeat expiry (3 s in STRICT). Yields the busy request's socket."""
     (worker,) = cluster.workers.values()
     busy = send_texts(cluster, long_texts(tag))
-    wait_for(lambda: client.status()["instances"][0]["busy"] > 0)
+    eventually(lambda: client.status()["instances"][0]["busy"] > 0, timeout=10, every=0.005)
     os.kill(worker.pid, signal.SIGSTOP)
     try:
         yield busy
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-
-
-def wait_for(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def test_expired_request_is_answered_deadline_exceeded_and_never_run(strict):
@@ -434,7 +428,8 @@ def test_overloaded_is_raised_by_the_client(strict):
         paused_on_a_busy_batch(strict, client, "overload") as busy,
     ):
         queued = send_texts(strict, long_texts("queued"), request_id="queued")
-        wait_for(lambda: client.status()["pools"][0]["queue"] == 4)  # the queue is full
+        # the queue is full
+        eventually(lambda: client.status()["pools"][0]["queue"] == 4, timeout=10, every=0.005)
         with pytest.raises(Overloaded):
             client.embed("no room")
     for sock in (busy, queued):

@@ -13,11 +13,10 @@ from pathlib import Path
 
 from numaserve.host.topology import LIVE_SYSFS
 
-COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node")
-
 
 def read_numastat(sysfs_root: str | os.PathLike = LIVE_SYSFS) -> dict[int, dict[str, int]]:
-    """{node: {counter: pages}} for every node the kernel lists."""
+    """{node: {counter: pages}} for every node the kernel lists, every counter its file has
+    (monitoring/exposition.py exports those it documents)."""
     out: dict[int, dict[str, int]] = {}
     for path in Path(sysfs_root, "devices/system/node").glob("node*/numastat"):
         match = re.fullmatch(r"node(\d+)", path.parent.name)
@@ -30,7 +29,7 @@ def read_numastat(sysfs_root: str | os.PathLike = LIVE_SYSFS) -> dict[int, dict[
         counters = {}
         for line in text.splitlines():
             name, _, value = line.partition(" ")
-            if name in COUNTERS and value.strip().isdigit():
+            if name and value.strip().isdigit():
                 counters[name] = int(value)
         out[int(match.group(1))] = counters
     return dict(sorted(out.items()))

@@ -212,16 +212,18 @@ def _pools(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
 
 
 def _cache(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
-    shard = ["shard"]
+    labels = ["shard"]
     hits = CounterMetricFamily(
-        "numaserve_cache_hits", "Texts answered from the cache.", labels=shard
+        "numaserve_cache_hits", "Texts answered from the cache.", labels=labels
     )
     misses = CounterMetricFamily(
-        "numaserve_cache_misses", "Texts looked up in the cache and not found.", labels=shard
+        "numaserve_cache_misses", "Texts looked up in the cache and not found.", labels=labels
     )
-    entries = GaugeMetricFamily("numaserve_cache_entries", "Results the cache holds.", labels=shard)
+    entries = GaugeMetricFamily(
+        "numaserve_cache_entries", "Results the cache holds.", labels=labels
+    )
     capacity = GaugeMetricFamily(
-        "numaserve_cache_capacity_entries", "The most results the cache holds.", labels=shard
+        "numaserve_cache_capacity_entries", "The most results the cache holds.", labels=labels
     )
     for shard, status in shards:
         cache = status.get("cache") or {}
