@@ -1,10 +1,13 @@
 """Boot a 2-socket, 2-node, SMT virtual machine and run the NUMA tests inside it.
 
-    .venv/bin/python -m tests.numa_vm [--setup-only] [--timeout S] [PYTEST ARGS...]
+    .venv/bin/python -m tests.numa_vm [--init systemd] [--setup-only] [--timeout S] [PYTEST ARGS]
 
 The development and CI machines have one NUMA node; this shows, on a kernel with two, that a
-real server pins each worker to its planned CPUs and binds its memory to its node. Set-up is
-idempotent (as root, on Debian): Debian's qemu-system-x86, kmod, busybox-static and numactl;
+real server pins each worker to its planned CPUs and binds its memory to its node
+(tests/test_numa_vm.py). With `--init systemd` the guest boots with the real systemd as PID 1
+and runs tests/test_systemd_vm.py instead: the shipped unit started, reloaded, stopped and
+watched by it. Set-up is idempotent (as root, on Debian): Debian's qemu-system-x86, kmod,
+busybox-static and numactl (and udev, for systemd in the guest);
 a Debian kernel unpacked under the cache directory, with its modules in /lib/modules/<ver>;
 virtme-ng (`vng`) in this virtual environment; a tiny checkpoint for the server to load. The
 guest mounts the host's root filesystem read-only, so it runs this checkout and this virtual
@@ -25,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +49,44 @@ VNG_MACHINE = [
     "--numa", "2G,cpus=0-3", "--numa", "2G,cpus=4-7",
     "--disable-microvm", "--disable-kvm", "--verbose",
     "--qemu-opts=-smp 8,sockets=2,cores=2,threads=2 -cpu Haswell-noTSX",
-    # Under emulation the kernel's clocksource watchdog can find the TSC "unstable" and fall
-    # back to the HPET, which qemu emulates slowly: every clock read then costs an MMIO exit,
-    # and the guest crawls (seen here: a server that started in 5 minutes took over 20).
-    "--append", "tsc=reliable",
 ]  # fmt: skip
+# Under emulation the kernel's clocksource watchdog can find the TSC "unstable" and fall back
+# to the HPET, which qemu emulates slowly: every clock read then costs an MMIO exit, and the
+# guest crawls (seen here: a server that started in 5 minutes took over 20).
+KERNEL_ARGS = ["tsc=reliable"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What the guest boots as its init, and the tests it runs under it."""
+
+    tests: str
+    marker: str
+    vng_args: tuple[str, ...] = ()
+    kernel_args: tuple[str, ...] = ()
+    packages: dict[str, str] = field(default_factory=dict)  # like DEBIAN_PACKAGES
+
+
+MODES = {
+    "virtme": Mode("tests/test_numa_vm.py", "numa_vm"),
+    "systemd": Mode(
+        "tests/test_systemd_vm.py",
+        "systemd_vm",
+        vng_args=("--systemd",),
+        kernel_args=(
+            # The guest sees the host's root, and on a Docker host that holds /.dockerenv:
+            # systemd would take itself for a container and ignore the kernel command line.
+            # An empty `container` tells PID 1 that it is not in one.
+            "container=",
+            # Only sysinit and the serial console's getty, through which vng runs the tests:
+            # the host's own services (databases, Prometheus) have no business in this guest.
+            "systemd.unit=serial-getty@ttyS0.service",
+        ),
+        # The guest's systemd is the host's: Debian's systemd, and udev to find the serial
+        # console that the getty, and so the tests, run on.
+        packages={"systemctl": "systemd", "udevadm": "udev"},
+    ),
+}
 
 
 class SetupError(RuntimeError):
@@ -64,8 +101,8 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)
 
 
-def ensure_debian_packages() -> None:
-    missing = sorted({pkg for cmd, pkg in DEBIAN_PACKAGES.items() if not shutil.which(cmd)})
+def ensure_debian_packages(packages: dict[str, str]) -> None:
+    missing = sorted({pkg for cmd, pkg in packages.items() if not shutil.which(cmd)})
     if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -133,7 +170,9 @@ def ensure_vng() -> str:
 
 
 def ensure_model() -> Path:
-    """A tiny classifier saved on the host: the guest sees it, read-only, at the same path."""
+    """A tiny classifier saved on the host: the guest sees it, read-only, at the same path.
+    Readable by all: the unit's server runs as the numaserve user, and save_pretrained writes
+    model.safetensors for its owner alone (0600)."""
     path = CACHE / "tiny-classifier"
     if not (path / "config.json").exists():
         say("saving a tiny checkpoint for the guest's server")
@@ -149,13 +188,15 @@ def ensure_model() -> Path:
         )
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
+    for file in path.iterdir():
+        file.chmod(0o644)
     return path
 
 
-def guest_command(model: Path, pytest_args: list[str]) -> str:
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "numa_vm"]
+def guest_command(mode: Mode, model: Path, pytest_args: list[str]) -> str:
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", mode.marker]
     pytest += ["--timeout=1500"]  # emulation: torch takes minutes to import
-    pytest += ["tests/test_numa_vm.py", *pytest_args]  # only this module: imports are slow here
+    pytest += [mode.tests, *pytest_args]  # only this module: imports are slow here
     return (
         f"cd {shlex.quote(str(REPO))} && "
         f"export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))} && "
@@ -163,12 +204,14 @@ def guest_command(model: Path, pytest_args: list[str]) -> str:
     )
 
 
-def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
+def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int | None:
     """Boot, stream the guest's own lines (kernel lines go to the log), return its exit code,
     or None when it never reported one. vng's own exit status is not the command's, hence
     the sentinel line."""
     log_path = CACHE / "last-boot.log"
-    argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, "--exec", command]
+    kernel_args = " ".join([*KERNEL_ARGS, *mode.kernel_args])  # vng keeps one --append only
+    argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, *mode.vng_args, "--append", kernel_args]
+    argv += ["--exec", command]
     say(f"booting (software emulation; kernel lines in {log_path})")
     began = time.monotonic()
     code = None
@@ -203,12 +246,12 @@ def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
     return code
 
 
-def boot_until_it_reports(vng: str, vmlinuz: Path, command: str, timeout: float) -> int:
+def boot_until_it_reports(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int:
     """qemu's software emulation now and then dies while booting (seen here: an assertion in
     its MSI-X emulation); that says nothing of numaserve, so boot again, up to BOOTS times."""
     deadline = time.monotonic() + timeout
     for attempt in range(1, BOOTS + 1):
-        code = boot(vng, vmlinuz, command, deadline - time.monotonic())
+        code = boot(vng, vmlinuz, mode, command, deadline - time.monotonic())
         if code is not None:
             return code
         tail = "".join((CACHE / "last-boot.log").read_text().splitlines(True)[-15:])
@@ -224,13 +267,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--init",
+        choices=sorted(MODES),
+        default="virtme",
+        help="the guest's PID 1: virtme-ng's own init (the NUMA tests) or systemd (the unit's)",
+    )
     parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
     parser.add_argument("--timeout", type=float, default=2400, help="seconds, all boots together")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="run these instead")
     args = parser.parse_args()
+    mode = MODES[args.init]
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
-        ensure_debian_packages()
+        ensure_debian_packages({**DEBIAN_PACKAGES, **mode.packages})
         vmlinuz = ensure_kernel()
         vng = ensure_vng()
         model = ensure_model()
@@ -238,7 +288,8 @@ def main() -> int:
             say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
             return 0
         extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        return boot_until_it_reports(vng, vmlinuz, guest_command(model, extra), args.timeout)
+        command = guest_command(mode, model, extra)
+        return boot_until_it_reports(vng, vmlinuz, mode, command, args.timeout)
     except SetupError as e:
         say(f"error: {e}")
         return 2

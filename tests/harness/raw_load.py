@@ -58,15 +58,18 @@ class RawLoad:
         depth: int = 1,
         text: str = "load",
         rate: float | None = None,
+        op: str = "embed",
     ):
         """`rate`: requests per second per client (an open loop, up to `depth` in flight);
-        None: a new request as soon as one is answered (a closed loop)."""
-        self.endpoint, self.clients, self.depth, self.text, self.rate = (
+        None: a new request as soon as one is answered (a closed loop). `op`: the op each
+        request asks for, one the server's model serves."""
+        self.endpoint, self.clients, self.depth, self.text, self.rate, self.op = (
             endpoint,
             clients,
             depth,
             text,
             rate,
+            op,
         )
         self.running = True
         self.drain_until = float("inf")
@@ -123,16 +126,22 @@ class RawLoad:
             c.sent += 1
             body = {
                 "id": c.sent,
-                "op": "embed",
+                "op": self.op,
                 "texts": [f"{self.text} {c.n}-{c.sent}: a few words"],
             }
             c.sock.send_multipart(protocol.pack(body))
             c.pending[c.sent] = time.monotonic()
 
-    def stop(self, drain_s: float = 15.0) -> Outcomes:
-        """Stop sending; wait up to `drain_s` for the replies still due."""
+    def stop_sending(self, drain_s: float = 15.0) -> None:
+        """Send no more requests, and keep taking the replies still due for up to `drain_s`:
+        what is in flight now stays in flight."""
         self.drain_until = time.monotonic() + drain_s
         self.running = False
+
+    def stop(self, drain_s: float = 15.0) -> Outcomes:
+        """Stop sending; wait up to `drain_s` for the replies still due."""
+        if self.running:
+            self.stop_sending(drain_s)
         self.thread.join(drain_s + 5)
         self.ctx.destroy(linger=0)
         return self.outcomes

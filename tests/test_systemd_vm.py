@@ -1,0 +1,214 @@
+"""The shipped unit under a real systemd: the guest that `python -m tests.numa_vm --init systemd`
+boots has systemd as PID 1 (2 sockets, 2 nodes, SMT, as for tests/test_numa_vm.py).
+
+systemd/numaserve.service is installed as it is, hardening and all, with one drop-in for what
+differs in the test bed: where this checkout's virtual environment lives, and a longer start
+timeout, because under emulation the first start spends minutes importing torch to build the
+ONNX artifact. The tests run in file order against one service: start, status, reload,
+watchdog, stop. Skipped where systemd is not PID 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from numaserve.client import Client
+from numaserve.host.pinning import read_numa_maps
+from tests.harness.http import http_get
+from tests.harness.raw_load import RawLoad
+from tests.harness.waiting import eventually
+
+pytestmark = [
+    pytest.mark.systemd_vm,
+    pytest.mark.skipif(
+        Path("/proc/1/comm").read_text().strip() != "systemd",
+        reason="needs systemd as PID 1: run python -m tests.numa_vm --init systemd",
+    ),
+]
+REPO = Path(__file__).resolve().parents[1]
+UNIT = "numaserve.service"
+ENDPOINT = "tcp://127.0.0.1:5555"
+READYZ = "http://127.0.0.1:9464/readyz"  # server.metrics' default
+CONFIG = """
+model: {{path: "{model}", task: classify, max_length: 64}}
+server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10, routers: auto}}
+supervisor: {{start_timeout_s: 900}}
+placement:
+  reserved_cores: 2
+  smt: false
+  pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
+"""
+DROP_IN = """[Service]
+ExecStart=
+ExecStart={venv}/numaserve start --config /etc/numaserve/numaserve.yaml
+# The checkout, the Python it runs on (pyenv's lives in /root) and the model may be under
+# /root or /home, which ProtectHome hides: show those alone, read-only.
+ProtectHome=tmpfs
+BindReadOnlyPaths={paths}
+# Emulation: the first start imports torch to build the ONNX artifact, which takes minutes.
+TimeoutStartSec=1500
+"""
+
+
+def systemctl(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def show(*props: str) -> dict[str, str]:
+    out = systemctl("show", UNIT, *(f"--property={p}" for p in props)).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def status() -> dict:
+    with Client(ENDPOINT, timeout=30, retries=0) as c:  # emulation: every step is slow
+        return c.status()
+
+
+def journal() -> str:
+    return subprocess.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-u", UNIT], capture_output=True, text=True
+    ).stdout
+
+
+def all_ready(st: dict) -> bool:
+    instances = st["instances"]
+    return bool(instances) and all(i["state"] == "ready" and i["routed"] for i in instances)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def add_system_user(name: str) -> None:
+    """What `useradd --system` does, minus /etc/shadow: useradd fails to write that on the
+    guest's overlay over 9p, and a user that never logs in needs no password entry."""
+    taken = {int(line.split(":")[2]) for line in Path("/etc/passwd").read_text().splitlines()}
+    taken |= {int(line.split(":")[2]) for line in Path("/etc/group").read_text().splitlines()}
+    uid = max(set(range(100, 1000)) - taken)
+    with open("/etc/passwd", "a") as f:
+        f.write(f"{name}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n")
+    with open("/etc/group", "a") as f:
+        f.write(f"{name}:x:{uid}:\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    """The unit, a drop-in, a config and the numaserve user, as docs/deployment.md says."""
+    model = os.environ.get("NUMASERVE_VM_MODEL")
+    if not model:
+        pytest.fail(
+            "NUMASERVE_VM_MODEL is not set: run these tests through python -m tests.numa_vm"
+        )
+    add_system_user("numaserve")
+    Path("/etc/numaserve").mkdir()
+    Path("/etc/numaserve/numaserve.yaml").write_text(CONFIG.format(model=model, endpoint=ENDPOINT))
+    units = Path("/run/systemd/system")  # the guest's /etc is the host's, under an overlay
+    (units / f"{UNIT}.d").mkdir(parents=True)
+    (units / UNIT).write_text((REPO / "systemd" / UNIT).read_text())
+    venv = Path(sys.executable).parent
+    paths = " ".join(str(p) for p in (REPO, sys.base_prefix, model))
+    (units / f"{UNIT}.d" / "test-bed.conf").write_text(DROP_IN.format(venv=venv, paths=paths))
+    assert systemctl("daemon-reload").returncode == 0
+    yield
+    systemctl("stop", UNIT)
+    print(systemctl("status", "--no-pager", "--lines=0", UNIT).stdout)
+    print(journal()[-6000:])
+
+
+def test_start_returns_only_once_every_instance_is_ready():
+    start = subprocess.Popen(["systemctl", "start", UNIT], stderr=subprocess.PIPE, text=True)
+    seen = set()
+    while start.poll() is None:
+        seen.add(show("ActiveState")["ActiveState"])
+        time.sleep(1)
+    assert start.returncode == 0, start.stderr.read()
+    # Straight after `systemctl start` returns, with no waiting: READY=1 came last.
+    assert all_ready(status())
+    assert http_get(READYZ)[0] == 200
+    assert show("ActiveState")["ActiveState"] == "active"
+    assert "activating" in seen  # systemd held the start while the instances loaded
+
+
+def test_the_hardened_unit_still_pins_each_instance_and_binds_its_memory():
+    instances = status()["instances"]
+    assert sorted(i["nodes"] for i in instances) == [[0], [1]]
+    for i in instances:
+        assert i["affinity_ok"], i
+        (node,) = i["nodes"]
+        assert f"bind:{node}" in read_numa_maps(i["pid"]).policies, i
+
+
+def test_systemctl_status_shows_the_supervisors_status_line():
+    line = show("StatusText")["StatusText"]
+    assert line.startswith("2 ready; routers ready"), line
+    assert f'Status: "{line}"' in systemctl("status", "--no-pager", UNIT).stdout
+
+
+def test_reload_under_client_load_fails_no_request():
+    main_pid = show("MainPID")["MainPID"]
+    before = {i["pid"] for i in status()["instances"]}
+    load = RawLoad(ENDPOINT, clients=2, depth=2, rate=10, op="classify")
+    time.sleep(2)
+    assert systemctl("reload", UNIT).returncode == 0
+
+    def reloaded():
+        st = status()
+        pids = {i["pid"] for i in st["instances"]}
+        return (
+            all_ready(st)
+            and not pids & before
+            and "reloading" not in show("StatusText")["StatusText"]
+        )
+
+    eventually(reloaded, timeout=1200, every=2)
+    time.sleep(2)
+    outcomes = load.stop(drain_s=60)
+    assert outcomes.unanswered == 0, outcomes.summary()
+    assert set(outcomes.codes) == {"ok"} and outcomes.sent > 20, outcomes.summary()
+    assert show("MainPID")["MainPID"] == main_pid  # the supervisor itself stayed
+
+
+def test_a_hung_supervisor_is_killed_by_the_watchdog_and_restarted():
+    before = show("MainPID", "NRestarts")
+    workers = [i["pid"] for i in status()["instances"]]
+    os.kill(int(before["MainPID"]), signal.SIGSTOP)
+
+    def restarted_and_ready():
+        now = show("MainPID", "ActiveState")
+        return now["MainPID"] not in ("0", before["MainPID"]) and now["ActiveState"] == "active"
+
+    eventually(restarted_and_ready, timeout=1200, every=2)
+    assert int(show("NRestarts")["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert "Watchdog timeout" in journal()
+    assert not any(alive(p) for p in workers)  # the hung supervisor's workers went with it
+    assert all_ready(status())
+
+
+def test_stop_drains_and_exits_0():
+    st = status()
+    pids = [st["supervisor"]["pid"], *(i["pid"] for i in st["instances"])]
+    load = RawLoad(ENDPOINT, clients=4, depth=4, op="classify")  # 16 always in flight
+    time.sleep(2)
+    # Requests that reach a router after it has drained and gone get no answer: that is what
+    # the client's timeout is for. What must be answered is what is in flight at the stop.
+    load.stop_sending(drain_s=60)
+    assert systemctl("stop", "--no-block", UNIT).returncode == 0
+    outcomes = load.stop(drain_s=60)
+    eventually(lambda: show("ActiveState")["ActiveState"] == "inactive", timeout=120)
+    assert outcomes.unanswered == 0, outcomes.summary()
+    assert set(outcomes.codes) <= {"ok", "no_instance"}, outcomes.summary()
+    end = show("Result", "ExecMainCode", "ExecMainStatus")
+    assert end == {"Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}  # exited 0
+    assert "draining:" in journal()  # each shard says how many requests it was finishing
+    assert not any(alive(p) for p in pids)
