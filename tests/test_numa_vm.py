@@ -20,6 +20,7 @@ from numaserve.host.topology import read_topology
 from tests.harness.checkpoints import LABELS
 from tests.harness.console import numaserve
 from tests.harness.server import ENDPOINT, Server
+from tests.harness.vm_server import CONFIG
 
 pytestmark = [
     pytest.mark.numa_vm,
@@ -28,18 +29,6 @@ pytestmark = [
     ),
 ]
 NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
-# Each node: one core reserved for its router shard (routers: auto), one single-core instance
-# on the other, SMT siblings left idle. Emulation is slow: torch takes minutes to import (the
-# ONNX export imports it), hence the generous start timeout and heartbeat.
-CONFIG = """
-model: {{path: "{model}", task: classify, max_length: 64}}
-server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10, routers: auto}}
-supervisor: {{start_timeout_s: 900}}
-placement:
-  reserved_cores: 2
-  smt: false
-  pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
-"""
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from numaserve.client import Client
 from numaserve.host.pinning import read_numa_maps
 from tests.harness.http import http_get
 from tests.harness.raw_load import RawLoad
+from tests.harness.vm_server import CONFIG
 from tests.harness.waiting import eventually
 
 pytestmark = [
@@ -36,15 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 UNIT = "numaserve.service"
 ENDPOINT = "tcp://127.0.0.1:5555"
 READYZ = "http://127.0.0.1:9464/readyz"  # server.metrics' default
-CONFIG = """
-model: {{path: "{model}", task: classify, max_length: 64}}
-server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10, routers: auto}}
-supervisor: {{start_timeout_s: 900}}
-placement:
-  reserved_cores: 2
-  smt: false
-  pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
-"""
 DROP_IN = """[Service]
 ExecStart=
 ExecStart={venv}/numaserve start --config /etc/numaserve/numaserve.yaml
