@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import pwd
 from pathlib import Path
 
 # name -> (package that ships it, how to ask that package for its directory)
@@ -40,8 +42,30 @@ def resolve_model_path(path: str) -> str:
             raise ModelLoadError(f"model.path: {path} does not exist or is not a directory")
         if not (local / "config.json").is_file():
             raise ModelLoadError(f"model.path: {path} has no config.json: not a saved model")
+        _check_readable(local, path)
         return str(local)
     return path  # a hub id: loading it needs a network that reaches the hub
+
+
+def _check_readable(directory: Path, path: str) -> None:
+    """Before any library opens a file: a service user that cannot read the weights would
+    otherwise meet a traceback from deep inside a loader."""
+    unreadable = []
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        try:
+            file.open("rb").close()
+        except PermissionError:
+            unreadable.append(str(file.relative_to(directory)))
+    if unreadable:
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = f"uid {os.geteuid()}"
+        raise ModelLoadError(
+            f"model.path: {path}: {', '.join(unreadable)} cannot be read by user {user} "
+            f"(save_pretrained writes model.safetensors for its owner alone): "
+            f"chmod -R a+rX {path}, or give the server's group read access"
+        )
 
 
 def checkpoint_max_length(path: str) -> int | None:

@@ -1,6 +1,11 @@
 """The torch backend and what every backend shares (the forward pass, its switches, load
 errors), in this process with real weights. The ONNX backend: test_onnx.py."""
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -139,6 +144,27 @@ def test_corrupt_weights_are_a_clear_error(classifier_dir, tmp_path):
     (broken / "model.safetensors").write_bytes(b"\x00not a safetensors file")
     with pytest.raises(ModelLoadError, match=r"cannot load model .* for task classify"):
         load_model(ModelConfig(backend="torch", path=str(broken), task="classify"))
+
+
+def test_weights_the_server_cannot_read_are_a_clear_error(classifier_dir, tmp_path):
+    """As the unit's numaserve user meets a checkpoint saved as root: save_pretrained writes
+    model.safetensors 0600. Root reads everything, so the check runs in a child whose
+    capabilities cannot override file permissions (setpriv), on weights owned by nobody."""
+    model = tmp_path / "model"
+    shutil.copytree(classifier_dir, model)
+    weights = model / "model.safetensors"
+    os.chown(weights, 65534, 65534)
+    weights.chmod(0o600)
+    check = (
+        f"from numaserve.modelpath import resolve_model_path; resolve_model_path({str(model)!r})"
+    )
+    no_override = "--bounding-set=-dac_override,-dac_read_search"
+    out = subprocess.run(
+        ["setpriv", no_override, sys.executable, "-c", check], capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert f"model.path: {model}: model.safetensors cannot be read by user root" in out.stderr
+    assert f"chmod -R a+rX {model}" in out.stderr
 
 
 def test_unknown_bundled_model_lists_the_bundled_ones():
