@@ -67,7 +67,9 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
     are as fresh as the supervisor's last round (a quarter of a second)."""
     shards = sorted([own, *peers], key=lambda s: s.get("shard", 0))
     seen = {s.get("shard"): {i["name"]: i for i in s["instances"]} for s in shards}
-    instances = [seen.get(e.get("shard"), {}).get(e["name"], e) for e in own["instances"]]
+    instances = [
+        _as_routed(e, seen.get(e.get("shard"), {}).get(e["name"])) for e in own["instances"]
+    ]
     pools = {}
     for shard in shards:
         for pool in shard["pools"]:
@@ -103,6 +105,19 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
             for s in shards
         ],
     }
+
+
+# What a shard knows of an instance that the supervisor's slot table does not.
+ROUTER_SIDE = ("routed", "threads", "membind", "busy", "served", "live_cpus", "affinity_ok")
+
+
+def _as_routed(slot: dict, routing: dict | None) -> dict:
+    """A slot as this shard's table has it (the supervisor's newest: a peer's copy may be a
+    round older, and say starting after systemd heard READY=1), with what the shard that routes
+    to it sees of that same process."""
+    if routing is None or routing.get("pid") != slot.get("pid"):
+        return slot
+    return {**slot, **{k: routing[k] for k in ROUTER_SIDE if k in routing}}
 
 
 def _sums(counters) -> dict:

@@ -1,0 +1,42 @@
+"""`status` answered by one router shard for the whole server (router/status.py): pure, on
+hand-made shard statuses."""
+
+from numaserve.router.status import whole_server
+
+
+def shard(n: int, instances: list[dict]) -> dict:
+    return {
+        "shard": n,
+        "cpus": [n],
+        "instances": instances,
+        "pools": [{"name": "main", "max_tokens": 64, "queue": 0, "ready": 1}],
+        "cache": {"entries": 0, "capacity": 10, "hits": 0, "misses": 0},
+        "requests": {"ok": 0},
+        "errors": {},
+        "draining": False,
+        "routed_pids": [i["pid"] for i in instances if i["routed"]],
+    }
+
+
+def entry(name: str, shard_n: int, pid: int, state: str, routed: bool) -> dict:
+    return {"name": name, "shard": shard_n, "pid": pid, "state": state, "routed": routed}
+
+
+def test_an_instance_shows_the_supervisors_latest_state_and_its_own_shards_routing():
+    # Shard 1 answers with the supervisor's newest table (main-0 now ready). Shard 0's part is
+    # a round older: it hears main-0 (which is how the supervisor knew it was ready) but its
+    # copy of the table still says starting. systemd has been told READY=1 at this point.
+    own = shard(1, [entry("main-0", 0, 10, "ready", False), entry("main-1", 1, 11, "ready", True)])
+    peer = shard(
+        0, [entry("main-0", 0, 10, "starting", True), entry("main-1", 1, 11, "starting", False)]
+    )
+    whole = {i["name"]: i for i in whole_server(own, [peer])["instances"]}
+    assert whole["main-0"]["state"] == whole["main-1"]["state"] == "ready"
+    assert whole["main-0"]["routed"] and whole["main-1"]["routed"]
+
+
+def test_a_peers_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_one():
+    own = shard(1, [entry("main-0", 0, 20, "starting", False)])
+    peer = shard(0, [entry("main-0", 0, 10, "ready", True)])  # the pid before a restart
+    (main0,) = whole_server(own, [peer])["instances"]
+    assert main0["pid"] == 20 and main0["state"] == "starting" and not main0["routed"]
