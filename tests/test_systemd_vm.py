@@ -22,6 +22,7 @@ import pytest
 from numaserve.client import Client
 from numaserve.host.pinning import read_numa_maps
 from tests.harness.http import http_get
+from tests.harness.processes import still_running
 from tests.harness.raw_load import RawLoad
 from tests.harness.vm_server import CONFIG
 from tests.harness.waiting import eventually
@@ -85,14 +86,6 @@ def cursor() -> str:
 def all_ready(st: dict) -> bool:
     instances = st["instances"]
     return bool(instances) and all(i["state"] == "ready" and i["routed"] for i in instances)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def add_system_user(name: str) -> None:
@@ -196,7 +189,7 @@ def test_a_hung_supervisor_is_killed_by_the_watchdog_and_restarted():
     eventually(restarted_and_ready, timeout=1200, every=2)
     assert int(show("NRestarts")["NRestarts"]) == int(before["NRestarts"]) + 1
     assert "Watchdog timeout" in journal()
-    assert not any(alive(p) for p in workers)  # the hung supervisor's workers went with it
+    assert not any(still_running(p) for p in workers)  # the hung supervisor's workers went with it
     assert all_ready(status())
 
 
@@ -220,4 +213,4 @@ def test_stop_drains_and_exits_0():
     assert "draining:" in stopping  # each shard says how many requests it was finishing
     assert "Deactivated successfully" in stopping, stopping  # exit 0
     assert "Main process exited" not in stopping and "Failed with result" not in stopping, stopping
-    assert not any(alive(p) for p in pids)
+    assert not any(still_running(p) for p in pids)
