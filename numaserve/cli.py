@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -14,7 +15,8 @@ import click
 from numaserve import __version__, exitcodes
 from numaserve.config import ConfigError, load_config
 from numaserve.host.cpulist import CPUListError, parse_cpulist
-from numaserve.host.placement import PlacementError, format_plan, plan_placement
+from numaserve.host.ledger import CoresHeldError, Ledger, ledger_dir, plan_around
+from numaserve.host.placement import PlacementError, format_plan
 from numaserve.host.shards import plan_shards
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
 from numaserve.protocol import AGGREGATIONS, DEFAULT_AGGREGATION
@@ -24,6 +26,13 @@ class UserError(click.ClickException):
     """A mistake in what the user gave us (config, flags): exit 2, like a usage error."""
 
     exit_code = 2
+
+
+class HeldError(click.ClickException):
+    """Other servers on this host hold the CPUs this one needs: it may start once one stops
+    (EX_TEMPFAIL, so that systemd's Restart=on-failure tries again)."""
+
+    exit_code = 75
 
 
 class MachineError(click.ClickException):
@@ -96,10 +105,14 @@ def topology(
 ) -> None:
     """Show sockets, NUMA nodes, physical cores, their types and hardware threads."""
     topo = _topology(sysfs_root, allowed_cpus, allowed_mems)
+    ledger = None if sysfs_root else _ledger()
+    holders = ledger.holders() if ledger else []
     if as_json:
-        _print_json(topo.to_json())
+        held = [h.to_json() for h in holders]
+        _print_json({**topo.to_json(), "held": held})
     else:
-        click.echo(format_topology(topo))
+        held = [f"held by another numaserve server: {h.describe()}" for h in holders]
+        click.echo("\n".join([format_topology(topo), *held]))
 
 
 @main.command()
@@ -123,15 +136,37 @@ def plan(
     topo = _topology(sysfs_root, allowed_cpus, allowed_mems)
     for warning in topo.warnings:
         click.echo(f"warning: {warning}", err=True)
+    ledger = None if sysfs_root else _ledger()  # other servers run on this machine only
     try:
-        result = plan_placement(topo, config.placement)
-        shards = plan_shards(result, topo, config.server.routers)
+        topo, result, holders = plan_around(ledger, topo, config.placement, config.models)
+        # Each model has router shards of its own, over its own instances, numbered across
+        # all models as the server numbers them.
+        per_model = [
+            (model, shard)
+            for model in result.models
+            for shard in plan_shards(result.for_model(model), topo, config.server.routers)
+        ]
+        shards = [
+            (model, dataclasses.replace(shard, index=i))
+            for i, (model, shard) in enumerate(per_model)
+        ]
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
     if as_json:
-        _print_json({**result.to_json(), "routers": [s.to_json() for s in shards]})
+        routers = [{"model": model, **shard.to_json()} for model, shard in shards]
+        held = [h.to_json() for h in holders]
+        _print_json({**result.to_json(), "routers": routers, "held": held})
     else:
-        click.echo("\n".join([format_plan(result), *(s.describe() for s in shards)]))
+        several = len(result.models) > 1
+        routers = [f"{model}: " * several + shard.describe() for model, shard in shards]
+        around = [f"planned around another server: {h.describe()}" for h in holders]
+        click.echo("\n".join([format_plan(result), *routers, *around]))
+
+
+def _ledger() -> Ledger | None:
+    """This host's core ledger, read only: a command that shows things creates nothing."""
+    directory = ledger_dir(create=False)
+    return Ledger(directory) if directory else None
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value):
@@ -176,6 +211,17 @@ def endpoint_option(command):
 
 
 timeout_option = click.option("--timeout", default=5.0, show_default=True, help="Seconds per try.")
+model_option = click.option(
+    "--model",
+    expose_value=False,
+    callback=_remember,
+    metavar="NAME",
+    help="The model to ask, by its name in the server's config (default: its only one).",
+)
+
+
+def _model() -> str | None:
+    return click.get_current_context().meta.get("numaserve.model")
 
 
 def _client_keys():
@@ -198,7 +244,9 @@ def _call(endpoints, timeout: float, method: str, *args, **kwargs):
     from numaserve.client import Client, NumaserveError
 
     try:
-        with Client(list(endpoints), timeout=timeout, curve=_client_keys()) as client:
+        with Client(
+            list(endpoints), timeout=timeout, curve=_client_keys(), model=_model()
+        ) as client:
             return getattr(client, method)(*args, **kwargs)
     except NumaserveError as e:
         raise MachineError(f"{e.code}: {e.message}") from None
@@ -224,6 +272,7 @@ def _result_json(result) -> dict:
 
 @main.command()
 @click.argument("texts", nargs=-1, required=True)
+@model_option
 @endpoint_option
 @timeout_option
 def embed(texts, endpoints, timeout: float) -> None:
@@ -239,6 +288,7 @@ def embed(texts, endpoints, timeout: float) -> None:
     is_flag=True,
     help="Read TEXTS two by two as pairs (premise, hypothesis), for a model that takes pairs.",
 )
+@model_option
 @endpoint_option
 @timeout_option
 def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
@@ -259,6 +309,7 @@ def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
     show_default=True,
     help="How tokens become entities, as transformers' token-classification pipeline does.",
 )
+@model_option
 @endpoint_option
 @timeout_option
 def ner(texts, aggregation: str, endpoints, timeout: float) -> None:
@@ -271,6 +322,7 @@ def ner(texts, aggregation: str, endpoints, timeout: float) -> None:
 @click.argument("query")
 @click.argument("documents", nargs=-1, required=True)
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
+@model_option
 @endpoint_option
 @timeout_option
 def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> None:
@@ -281,6 +333,7 @@ def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> No
 
 
 @main.command()
+@model_option
 @endpoint_option
 @click.option(
     "--corpus",
@@ -356,7 +409,7 @@ def bench(
         connect = (
             load.http_target(url, timeout)
             if url
-            else load.numaserve_target(list(endpoints), op, timeout, _client_keys())
+            else load.numaserve_target(list(endpoints), op, timeout, _client_keys(), _model())
         )
     except ValueError as e:
         raise UserError(f"--http: {e}") from None
@@ -379,6 +432,7 @@ def bench(
                 seed,
                 draw,
                 _client_keys(),
+                _model(),
             )
         else:
             label = f"POST {url}" if url else op
@@ -419,10 +473,14 @@ def start(config_path: str) -> None:
     setup_logging(config.logging.level, config.logging.format)
     try:
         code = run(config_path)
+    except CoresHeldError as e:
+        raise HeldError(f"{config_path}: cannot place: {e}") from None
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
     except (MonitoringError, CurveError) as e:
         raise UserError(f"{config_path}: {e}") from None
+    except ConfigError as e:
+        raise UserError(str(e)) from None
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)
@@ -455,7 +513,7 @@ def keygen(directory: str, name: str) -> None:
 @main.command()
 @config_option
 def prepare(config_path: str) -> None:
-    """Build or verify the model's ONNX artifact ahead of time (image builds, systemd's
+    """Build or verify each model's ONNX artifact ahead of time (image builds, systemd's
     ExecStartPre=), so that a start never waits for it and a read-only cache serves."""
     from numaserve.backends import prepare_model
     from numaserve.lifecycle import PARENT_ENV, die_with_parent
@@ -469,11 +527,13 @@ def prepare(config_path: str) -> None:
     except ConfigError as e:
         raise UserError(str(e)) from None
     setup_logging(config.logging.level, config.logging.format)
-    if config.model.backend != "onnxruntime":
-        click.echo(f"model.backend is {config.model.backend}: nothing to prepare")
-        return
-    if not prepare_model(config.model, _topology(None, None).isa):
-        sys.exit(exitcodes.MODEL)  # the log says why
+    isa = _topology(None, None).isa
+    for i, served in enumerate(config.served):
+        where = f"models[{i}]" if config.models else "model"
+        if served.backend != "onnxruntime":
+            click.echo(f"{where}.backend is {served.backend}: nothing to prepare")
+        elif not prepare_model(served.model, isa):
+            sys.exit(exitcodes.MODEL)  # the log says why
 
 
 @main.command()

@@ -18,6 +18,9 @@ A server with `server.curve` admits only clients holding an authorised key pair:
     keys = ClientKeys.load(server_key="server.key", client_key="billing.key_secret")
     client = Client("tcp://10.0.0.1:5555", curve=keys)
 
+A client for one model of a server that names its models asks for it by name:
+`Client("tcp://10.0.0.1:5555", model="toxicity")` (without: the server's only model).
+
 A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
 """
 
@@ -138,17 +141,21 @@ class _Calls:
         timeout: float,
         retries: int,
         curve: ClientKeys | None,
+        model: str | None,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("at least one endpoint is needed")
         self.timeout, self.retries, self.curve = timeout, retries, curve
+        self.model = model
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._endpoint = 0
 
     def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
+        if self.model is not None and texts is not None:  # status and ping are the server's
+            body["model"] = self.model
         for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
             if value is not None:
                 body[key] = value
@@ -233,8 +240,9 @@ class Client(_Calls):
         timeout: float = 5.0,
         retries: int = 3,
         curve: ClientKeys | None = None,
+        model: str | None = None,
     ):
-        super().__init__(endpoints, timeout, retries, curve)
+        super().__init__(endpoints, timeout, retries, curve, model)
         self.ctx = zmq.Context.instance()
         self.sock = self.socket(self.ctx)
 
@@ -327,8 +335,9 @@ class AsyncClient(_Calls):
         timeout: float = 5.0,
         retries: int = 3,
         curve: ClientKeys | None = None,
+        model: str | None = None,
     ):
-        super().__init__(endpoints, timeout, retries, curve)
+        super().__init__(endpoints, timeout, retries, curve, model)
         self.ctx = zmq.asyncio.Context.instance()
         self._idle: list[zmq.asyncio.Socket] = []
 

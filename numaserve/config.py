@@ -14,18 +14,23 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, TypeVar, Union
 
 import yaml
 
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
 
 AUTO = "auto"
+DEFAULT_MODEL = "default"  # the name of the one model of a `model:` config
+NAME = r"[A-Za-z0-9_-]{1,32}"  # a model's or a pool's name
 MAX_LENGTH = 8192  # the most tokens model.max_length may be
 
 
 class ConfigError(ValueError):
     pass
+
+
+M = TypeVar("M", bound="ModelConfig")
 
 
 def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dict:
@@ -102,11 +107,31 @@ class PoolConfig:
     core_types: tuple[Literal["performance", "mid", "efficiency"], ...] = ()
 
 
+DEFAULT_POOLS = (PoolConfig(name="default", max_tokens=512),)
+
+
 @dataclass(frozen=True)
 class PlacementConfig:
     reserved_cores: int = field(default=0, metadata=_bounds(0))
     smt: bool = False
-    pools: tuple[PoolConfig, ...] = (PoolConfig(name="default", max_tokens=512),)
+    # The pools of the one model of a `model:` config; with `models:`, each has its own.
+    pools: tuple[PoolConfig, ...] = DEFAULT_POOLS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedModel(ModelConfig):
+    """One of several models a server serves (`models:`), or its only one (`model:`, named
+    `default`): the model, its pools, and its share of the `auto` cores."""
+
+    name: str
+    pools: tuple[PoolConfig, ...] = DEFAULT_POOLS
+    # The `auto` pools of all models share the cores the fixed pools leave, in proportion.
+    weight: int = field(default=1, metadata=_bounds(1, 1000))
+
+    @property
+    def model(self) -> ModelConfig:
+        """The model alone, as a worker and a router take it."""
+        return ModelConfig(**_model_fields(self))
 
 
 @dataclass(frozen=True)
@@ -135,11 +160,28 @@ class LoggingConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = ModelConfig()
+    # Several models side by side, each with its own pools; instead of `model`.
+    models: tuple[ServedModel, ...] = ()
     server: ServerConfig = ServerConfig()
     placement: PlacementConfig = PlacementConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     logging: LoggingConfig = LoggingConfig()
     source: str = field(default="<defaults>", metadata={"internal": True})
+
+    @property
+    def served(self) -> tuple[ServedModel, ...]:
+        """Every model served: those of `models:`, or the one `model:`, named `default`."""
+        if self.models:
+            return self.models
+        return (
+            ServedModel(
+                name=DEFAULT_MODEL, pools=self.placement.pools, **_model_fields(self.model)
+            ),
+        )
+
+
+def _model_fields(model: ModelConfig) -> dict:
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(ModelConfig)}
 
 
 def load_config(path: str | Path) -> Config:
@@ -163,35 +205,86 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         data = {}
     config = from_mapping(Config, data, source, "")
     config = dataclasses.replace(config, source=source)
+    if isinstance(data, dict) and "models" in data:
+        _check_models_form(config, data, source)
+        models, declared = [], []
+        for i, (served, given) in enumerate(zip(config.models, data["models"], strict=True)):
+            where = f"models[{i}]"
+            if "max_length" not in given:
+                served, why = _with_checkpoint_max_length(served, served.pools, where, source)
+            else:
+                why = None
+            models.append(served)
+            declared.append(why)
+        config = dataclasses.replace(config, models=tuple(models))
+        _check_server(config, source)
+        for i, (served, why) in enumerate(zip(config.models, declared, strict=True)):
+            _check_model(served, served.pools, f"models[{i}]", f"models[{i}].pools", source, why)
+        return config
     declared = None
     if "max_length" not in (data.get("model") or {}):
-        config, declared = _with_checkpoint_max_length(config, source)
-    _check_semantics(config, source, declared)
+        model, declared = _with_checkpoint_max_length(
+            config.model, config.placement.pools, "model", source
+        )
+        config = dataclasses.replace(config, model=model)
+    _check_server(config, source)
+    _check_model(config.model, config.placement.pools, "model", "placement.pools", source, declared)
     return config
 
 
-def _with_checkpoint_max_length(config: Config, source: str) -> tuple[Config, str | None]:
-    """model.max_length, when the config does not set it, is what the checkpoint's
+def _check_models_form(config: Config, data: dict, source: str) -> None:
+    """`models:` replaces `model:` and `placement.pools`, and names each model once."""
+    if "model" in data:
+        raise ConfigError(
+            f"{source}: model: a config has `model:` (one model) or `models:` (several), not "
+            "both; move this model into the `models:` list with a name"
+        )
+    if "pools" in (data.get("placement") or {}):
+        raise ConfigError(
+            f"{source}: placement.pools: with `models:`, each model has its own pools "
+            "(models[].pools); placement keeps reserved_cores and smt only"
+        )
+    if not config.models:
+        raise ConfigError(f"{source}: models: at least one model is required")
+    seen: dict[str, int] = {}
+    for i, served in enumerate(config.models):
+        if not re.fullmatch(NAME, served.name):
+            raise ConfigError(
+                f"{source}: models[{i}].name: use 1-32 letters, digits, '-' or '_' (requests "
+                f"name it, and it names instances); got {served.name!r}"
+            )
+        if served.name in seen:
+            raise ConfigError(
+                f"{source}: models[{i}].name: {served.name!r} is already the name of "
+                f"models[{seen[served.name]}]"
+            )
+        seen[served.name] = i
+
+
+def _with_checkpoint_max_length(
+    model: M, pools: tuple[PoolConfig, ...], where: str, source: str
+) -> tuple[M, str | None]:
+    """`where`.max_length, when the config does not set it, is what the checkpoint's
     sentence-transformers config says it takes (as its own `encode` cuts), else 256; and,
     where it came from the checkpoint, the words that say so in an error."""
     try:
-        length = checkpoint_max_length(config.model.path)
+        length = checkpoint_max_length(model.path)
     except ModelLoadError as e:
-        raise ConfigError(f"{source}: model.max_length is not set, and {e}") from None
+        raise ConfigError(f"{source}: {where}.max_length is not set, and {e}") from None
     if length is None:
-        return config, None
+        return model, None
     declared = (
-        f"model.max_length is not set, so it is {config.model.path}'s max_seq_length, "
+        f"{where}.max_length is not set, so it is {model.path}'s max_seq_length, "
         f"{length} (sentence_bert_config.json)"
     )
     if length > MAX_LENGTH:
-        longest = max((p.max_tokens for p in config.placement.pools), default=MAX_LENGTH)
+        longest = max((p.max_tokens for p in pools), default=MAX_LENGTH)
         raise ConfigError(
             f"{source}: {declared}, but numaserve takes at most {MAX_LENGTH}; set "
-            f"model.max_length (at most {min(MAX_LENGTH, longest)}), or raise a pool's max_tokens"
+            f"{where}.max_length (at most {min(MAX_LENGTH, longest)}), or raise a pool's "
+            "max_tokens"
         )
-    model = dataclasses.replace(config.model, max_length=length)
-    return dataclasses.replace(config, model=model), declared
+    return dataclasses.replace(model, max_length=length), declared
 
 
 def from_mapping(cls: type, data: object, source: str, where: str = ""):
@@ -272,9 +365,8 @@ def _convert(hint, value, source: str, key: str, meta):
     raise TypeError(f"config schema: unsupported type {hint!r} at {key}")  # a bug in this module
 
 
-def _check_semantics(config: Config, source: str, declared: str | None = None) -> None:
-    """Rules that span keys, or that no field's type can say. `declared`: where
-    model.max_length came from, when the checkpoint set it (_with_checkpoint_max_length)."""
+def _check_server(config: Config, source: str) -> None:
+    """The server section's rules that no field's type can say."""
     if not re.fullmatch(r"(tcp|ipc)://\S+", config.server.endpoint):
         raise ConfigError(
             f"{source}: server.endpoint: expected a ZeroMQ endpoint like tcp://127.0.0.1:5555 "
@@ -295,54 +387,66 @@ def _check_semantics(config: Config, source: str, declared: str | None = None) -
             f"{source}: server.metrics: expected host:port, like 127.0.0.1:9464 or [::1]:9464, "
             f'or "" to turn the endpoint off; got {metrics!r}'
         )
-    if config.model.keep_fp32 and config.model.quantize != "int8":
+
+
+def _check_model(
+    model: ModelConfig,
+    pools: tuple[PoolConfig, ...],
+    where: str,
+    pools_key: str,
+    source: str,
+    declared: str | None,
+) -> None:
+    """One model's rules across its keys and its pools: `where` is its key (`model`,
+    `models[1]`), `pools_key` its pools' (`placement.pools`, `models[1].pools`). `declared`:
+    where max_length came from, when the checkpoint set it (_with_checkpoint_max_length)."""
+    if model.keep_fp32 and model.quantize != "int8":
         raise ConfigError(
-            f"{source}: model.keep_fp32: names layers to leave out of int8, but model.quantize "
-            f"is {config.model.quantize!r}, so every layer is fp32; remove one of the two"
+            f"{source}: {where}.keep_fp32: names layers to leave out of int8, but "
+            f"{where}.quantize is {model.quantize!r}, so every layer is fp32; remove one of the two"
         )
-    pools = config.placement.pools
     if not pools:
-        raise ConfigError(f"{source}: placement.pools: at least one pool is required")
+        raise ConfigError(f"{source}: {pools_key}: at least one pool is required")
     seen: dict[str, int] = {}
     for i, pool in enumerate(pools):
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", pool.name):
+        if not re.fullmatch(NAME, pool.name):
             raise ConfigError(
-                f"{source}: placement.pools[{i}].name: use 1-32 letters, digits, '-' or '_' "
+                f"{source}: {pools_key}[{i}].name: use 1-32 letters, digits, '-' or '_' "
                 f"(it names instances and log lines); got {pool.name!r}"
             )
         if pool.name in seen:
             raise ConfigError(
-                f"{source}: placement.pools[{i}].name: {pool.name!r} is already the name of "
-                f"placement.pools[{seen[pool.name]}]"
+                f"{source}: {pools_key}[{i}].name: {pool.name!r} is already the name of "
+                f"{pools_key}[{seen[pool.name]}]"
             )
         seen[pool.name] = i
     by_limit: dict[int, int] = {}
     for i, pool in enumerate(pools):
         if pool.max_tokens in by_limit:
             raise ConfigError(
-                f"{source}: placement.pools[{i}].max_tokens: {pool.max_tokens} is also the limit "
-                f"of placement.pools[{by_limit[pool.max_tokens]}]; each pool needs its own length "
+                f"{source}: {pools_key}[{i}].max_tokens: {pool.max_tokens} is also the limit "
+                f"of {pools_key}[{by_limit[pool.max_tokens]}]; each pool needs its own length "
                 "band"
             )
         by_limit[pool.max_tokens] = i
     autos = [i for i, p in enumerate(pools) if p.instances == AUTO]
     if len(autos) > 1:
         raise ConfigError(
-            f"{source}: placement.pools[{autos[1]}].instances: only one pool may be 'auto' "
-            f"(placement.pools[{autos[0]}] already is); give the others a number"
+            f"{source}: {pools_key}[{autos[1]}].instances: only one pool may be 'auto' "
+            f"({pools_key}[{autos[0]}] already is); give the others a number"
         )
     longest = max(p.max_tokens for p in pools)
-    if longest < config.model.max_length and declared:
+    if longest < model.max_length and declared:
         raise ConfigError(
             f"{source}: {declared}, but the largest pool's max_tokens is {longest}; set "
-            f"model.max_length (at most {longest}), or raise a pool's max_tokens"
+            f"{where}.max_length (at most {longest}), or raise a pool's max_tokens"
         )
-    if longest < config.model.max_length:
+    if longest < model.max_length:
         raise ConfigError(
-            f"{source}: placement.pools: the largest max_tokens is {longest} but "
-            f"model.max_length is {config.model.max_length}, so texts of {longest + 1}-"
-            f"{config.model.max_length} tokens would have no pool; raise a pool's max_tokens "
-            "or lower model.max_length"
+            f"{source}: {pools_key}: the largest max_tokens is {longest} but "
+            f"{where}.max_length is {model.max_length}, so texts of {longest + 1}-"
+            f"{model.max_length} tokens would have no pool; raise a pool's max_tokens "
+            f"or lower {where}.max_length"
         )
 
 

@@ -83,7 +83,8 @@ def embedding_from_wire(data: bytes):
 # Client requests (the `op` key).
 TEXT_OPS = ("classify", "embed", "rerank", "ner")
 OPS = (*TEXT_OPS, "status", "ping")
-REQUEST_KEYS = ("id", "op", "texts", "query", "top_k", "aggregation", "deadline_ms")
+REQUEST_KEYS = ("id", "op", "model", "texts", "query", "top_k", "aggregation", "deadline_ms")
+MAX_MODEL_NAME = 64  # a longer `model` names no model a config can have
 # ner: how tokens become entities, as transformers' token-classification pipeline names them.
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 DEFAULT_AGGREGATION = "simple"
@@ -108,6 +109,7 @@ class Request:
     query: str | None = None  # rerank: the query each of `texts` (the documents) is scored for
     top_k: int | None = None  # rerank: answer the best k only, best first
     aggregation: str = DEFAULT_AGGREGATION  # ner: AGGREGATIONS
+    model: str | None = None  # the model asked for; None: the server's only one
 
     def inputs(self) -> list[str | tuple[str, str]]:
         """What the model reads: the texts, or for rerank each (query, document)."""
@@ -130,6 +132,8 @@ class Request:
             body["aggregation"] = self.aggregation
         if self.deadline_ms is not None:
             body["deadline_ms"] = self.deadline_ms
+        if self.model is not None:
+            body["model"] = self.model
         return body
 
 
@@ -181,8 +185,15 @@ def parse_request(body: dict, max_texts: int) -> Request:
         raise bad(
             f"deadline_ms must be a number of milliseconds above 0 and at most {MAX_DEADLINE_MS}"
         )
+    model = body.get("model")
+    if model is not None and (
+        not isinstance(model, str)
+        or not 0 < len(model) <= MAX_MODEL_NAME
+        or not model.isprintable()
+    ):
+        raise bad(f"model must be a model's name: a string of 1-{MAX_MODEL_NAME} characters")
     if op not in TEXT_OPS:
-        return Request(request_id, op, (), deadline)
+        return Request(request_id, op, (), deadline, model=model)
     texts = body.get("texts")
     if isinstance(texts, str):
         texts = [texts]
@@ -217,7 +228,7 @@ def parse_request(body: dict, max_texts: int) -> Request:
         raise bad(f"aggregation is for ner, not {op}")
     if aggregation not in AGGREGATIONS:
         raise bad(f"aggregation must be one of {', '.join(AGGREGATIONS)}")
-    return Request(request_id, op, tuple(checked), deadline, query, top_k, aggregation)
+    return Request(request_id, op, tuple(checked), deadline, query, top_k, aggregation, model)
 
 
 def _check_text(text, name: str, bad, hint: str = "") -> None:

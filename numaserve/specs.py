@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from numaserve.config import (
+    DEFAULT_MODEL,
     Config,
     ConfigError,
     CurveConfig,
@@ -60,6 +61,7 @@ class RouterSpec(JSONSpec):
     workers_endpoint: str
     pools: tuple[PoolConfig, ...]
     model: ModelConfig = field(default_factory=ModelConfig)
+    model_name: str = DEFAULT_MODEL  # what a request names it by
     server: ServerConfig = field(default_factory=ServerConfig)
     cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
     nodes: tuple[int, ...] = ()
@@ -73,13 +75,22 @@ class RouterSpec(JSONSpec):
 
 
 @dataclass(frozen=True)
+class Route:
+    """Where the frontend hands one model's requests: its shards connect to `shards`."""
+
+    model: str
+    shards: str  # ipc
+
+
+@dataclass(frozen=True)
 class FrontendSpec(JSONSpec):
-    """The one endpoint in front of several router shards (router/frontend.py)."""
+    """The one endpoint in front of several router shards, of one model or of several
+    (router/frontend.py)."""
 
     module = "numaserve.router.frontend"
 
     endpoint: str  # server.endpoint, for clients
-    shards: str  # ipc, for the shards to connect to
+    routes: tuple[Route, ...]  # by model, in config order; one: no model to look for
     max_message_bytes: int
     curve: CurveConfig | None = None  # server.curve, for the client endpoint
     cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
@@ -100,6 +111,7 @@ class WorkerSpec(JSONSpec):
     router: str  # the router's worker endpoint
     max_tokens: int  # the pool's length band: warm-up covers up to here
     model: ModelConfig = field(default_factory=ModelConfig)
+    model_name: str = DEFAULT_MODEL
     isa: tuple[str, ...] = ()
     heartbeat_ms: int = 500
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
@@ -115,38 +127,58 @@ class Deployment:
 
 
 def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
-    """The processes a Plan becomes. `runtime_dir` holds the routers' private sockets (workers,
-    and the frontend's hand-out): private to this server."""
+    """The processes a Plan becomes: router shards of each model, over its own instances, and a
+    frontend where there is more than one shard. `runtime_dir` holds the routers' private
+    sockets (workers, and the frontend's hand-out): private to this server. Shards are numbered
+    across all models; only those of one model hand requests to each other."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
-    shards = plan_shards(plan, topo, config.server.routers)
-    frontend, handovers = None, ()
+    served = {m.name: m for m in config.served}
+    several = len(served) > 1
+    shards = [
+        (served[name], shard)
+        for name in plan.models
+        for shard in plan_shards(plan.for_model(name), topo, config.server.routers)
+    ]
+    frontend = None
     if len(shards) > 1:
-        handovers = tuple(f"ipc://{runtime_dir}/handover-{s.index}.sock" for s in shards)
+        routes = tuple(
+            Route(name, f"ipc://{runtime_dir}/frontend{f'-{name}' * several}.sock")
+            for name in plan.models
+        )
         frontend = FrontendSpec(
             endpoint=config.server.endpoint,
-            shards=f"ipc://{runtime_dir}/frontend.sock",
+            routes=routes,
             max_message_bytes=config.server.max_message_bytes,
             curve=config.server.curve,
             cpus=plan.reserved_cpus,
             nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
         )
-    routers = tuple(
-        RouterSpec(
-            workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
-            pools=config.placement.pools,
-            model=config.model,
-            server=config.server,
-            cpus=shard.cpus,
-            nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
-            drain_timeout_s=config.supervisor.drain_timeout_s,
-            shard=shard.index,
-            frontend=frontend.shards if frontend else None,
-            handovers=handovers,
+    route = {r.model: r.shards for r in frontend.routes} if frontend else {}
+    routers = []
+    for index, (model, shard) in enumerate(shards):
+        peers = [i for i, (other, _) in enumerate(shards) if other is model]
+        handovers = tuple(
+            f"ipc://{runtime_dir}/handover-{i}.sock" if i in peers else ""
+            for i in range(len(shards))
         )
-        for shard in shards
-    )
-    router_of = {name: routers[shard.index] for shard in shards for name in shard.slots}
-    pools = {p.name: p for p in config.placement.pools}
+        routers.append(
+            RouterSpec(
+                workers_endpoint=f"ipc://{runtime_dir}/workers-{index}.sock",
+                pools=model.pools,
+                model=model.model,
+                model_name=model.name,
+                server=config.server,
+                cpus=shard.cpus,
+                nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
+                drain_timeout_s=config.supervisor.drain_timeout_s,
+                shard=index,
+                frontend=route.get(model.name),
+                handovers=handovers if len(peers) > 1 else (),
+            )
+        )
+    router_of = {
+        name: routers[index] for index, (_, shard) in enumerate(shards) for name in shard.slots
+    }
     workers = tuple(
         WorkerSpec(
             name=slot.name,
@@ -155,8 +187,9 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             nodes=slot.nodes,
             threads=slot.threads,
             router=router_of[slot.name].workers_endpoint,
-            max_tokens=pools[slot.pool].max_tokens,
-            model=config.model,
+            max_tokens=next(p for p in served[slot.model].pools if p.name == slot.pool).max_tokens,
+            model=served[slot.model].model,
+            model_name=slot.model,
             isa=topo.isa,
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,
@@ -164,4 +197,4 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
         )
         for slot in plan.slots
     )
-    return Deployment(routers, frontend, workers)
+    return Deployment(tuple(routers), frontend, workers)

@@ -11,14 +11,26 @@ SYSFS = FIXTURES / "sysfs"
 def onnx_cache(tmp_path_factory):
     """One ONNX artifact cache for the whole run, shared by every server and worker the tests
     start (they inherit the environment), and never the user's own ~/.cache."""
-    root = tmp_path_factory.mktemp("numaserve-cache")
-    previous = os.environ.get("NUMASERVE_CACHE")
-    os.environ["NUMASERVE_CACHE"] = str(root)
+    yield from _set_for_the_run("NUMASERVE_CACHE", tmp_path_factory.mktemp("numaserve-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def core_ledger(tmp_path_factory):
+    """A core ledger of the run's own (numaserve/host/ledger.py), never the host's
+    /run/numaserve: a server the tests start must not plan around, or be refused for, a
+    server running beside the tests."""
+    yield from _set_for_the_run("NUMASERVE_LEDGER", tmp_path_factory.mktemp("numaserve-ledger"))
+
+
+def _set_for_the_run(variable: str, root: Path):
+    """`variable` is `root` for the tests and every process they start, then as before."""
+    previous = os.environ.get(variable)
+    os.environ[variable] = str(root)
     yield root
     if previous is None:
-        del os.environ["NUMASERVE_CACHE"]
+        del os.environ[variable]
     else:
-        os.environ["NUMASERVE_CACHE"] = previous
+        os.environ[variable] = previous
 
 
 @pytest.fixture

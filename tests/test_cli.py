@@ -26,6 +26,7 @@ def test_topology_json_on_a_fixture_has_the_documented_shape(sysfs):
         "allowed_cpus",
         "isa",
         "warnings",
+        "held",
     }
     assert data["sockets"] == 2
     assert data["nodes"][1]["cpus"] == [*range(24, 48), *range(72, 96)]
@@ -33,6 +34,7 @@ def test_topology_json_on_a_fixture_has_the_documented_shape(sysfs):
     assert data["core_types"] == ["performance"]
     assert data["allowed_cpus"] == list(range(96))
     assert data["warnings"] == []
+    assert data["held"] == []  # a fixture machine runs no servers
 
 
 def test_topology_table_shows_a_hybrid_cpus_core_types(sysfs):
@@ -79,8 +81,10 @@ def test_plan_json_for_the_default_config_on_this_machine():
     assert set(cpus) <= topo.allowed_cpus
     assert sorted(core_of[c] for c in cpus) == sorted(usable)  # each core once
     assert all(
-        set(i) == {"name", "pool", "cpus", "node", "nodes", "threads"} for i in data["instances"]
+        set(i) == {"name", "model", "pool", "cpus", "node", "nodes", "threads"}
+        for i in data["instances"]
     )
+    assert {i["model"] for i in data["instances"]} == {"default"}
     assert data["reserved_cpus"] == []
 
 
@@ -181,3 +185,40 @@ def test_bad_allowed_cpus_is_a_usage_error(sysfs):
 def test_missing_sysfs_root_is_a_clear_error(tmp_path):
     r = numaserve("topology", "--sysfs-root", tmp_path)
     assert r.returncode == 1 and "a sysfs tree?" in r.stderr and "Traceback" not in r.stderr
+
+
+TWO_MODELS = """
+models:
+  - {name: toxicity, backend: torch, task: classify, max_length: 64, pools: [{name: main, max_tokens: 64}]}
+  - {name: embed, backend: torch, pools: [{name: main, max_tokens: 256}]}
+"""
+
+
+def test_plan_shows_every_models_instances_and_router_shards(tmp_path, sysfs):
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_MODELS)
+
+    r = numaserve("plan", "--config", config, "--sysfs-root", sysfs("xeon8260_2socket"), "--json")
+
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert {i["model"] for i in data["instances"]} == {"toxicity", "embed"}
+    assert {(r["model"], r["shard"]) for r in data["routers"]} == {
+        ("toxicity", 0),
+        ("toxicity", 1),
+        ("embed", 2),
+        ("embed", 3),
+    }
+
+
+def test_prepare_goes_through_every_model(tmp_path):
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_MODELS)
+
+    r = numaserve("prepare", "--config", config)
+
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "models[0].backend is torch: nothing to prepare",
+        "models[1].backend is torch: nothing to prepare",
+    ]

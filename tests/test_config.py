@@ -166,3 +166,88 @@ def test_unreadable_file_is_a_config_error(tmp_path):
 def test_the_core_types_a_pool_may_name_are_those_the_topology_reports():
     hint = typing.get_type_hints(PoolConfig)["core_types"]
     assert typing.get_args(typing.get_args(hint)[0]) == CORE_TYPES
+
+
+MODELS = """
+models:
+  - name: toxicity
+    task: classify
+    max_length: 128
+    pools: [{name: main, max_tokens: 128, instances: 2}]
+  - name: embed
+    weight: 3
+    pools:
+      - {name: short, max_tokens: 64}
+      - {name: long, max_tokens: 512, cores_per_instance: 4, instances: 1}
+placement: {reserved_cores: 1}
+"""
+
+
+def test_models_each_have_a_name_their_own_pools_and_a_weight():
+    toxicity, embed = parse_config(MODELS).served
+    assert (toxicity.name, toxicity.task, toxicity.max_length, toxicity.weight) == (
+        "toxicity",
+        "classify",
+        128,
+        1,
+    )
+    assert [p.name for p in toxicity.pools] == ["main"]
+    assert (embed.name, embed.weight, [p.name for p in embed.pools]) == (
+        "embed",
+        3,
+        ["short", "long"],
+    )
+
+
+def test_a_models_unset_max_length_is_its_own_checkpoints():
+    embed = parse_config(MODELS).served[1]
+    assert embed.max_length == 256  # bundled:minilm's max_seq_length
+    assert embed.model.max_length == 256
+
+
+def test_a_model_config_is_one_model_named_default():
+    config = parse_config(GOOD)
+    (served,) = config.served
+    assert served.name == "default" and served.weight == 1
+    assert served.pools == config.placement.pools
+    assert served.model == config.model
+
+
+def test_model_and_models_together_are_an_error():
+    msg = error("model: {task: embed}\nmodels: [{name: a}]")
+    assert msg.startswith("my.yaml: model: a config has `model:` (one model) or `models:`")
+
+
+def test_placement_pools_with_models_are_an_error():
+    msg = error("models: [{name: a}]\nplacement: {pools: [{name: x, max_tokens: 512}]}")
+    assert msg.startswith("my.yaml: placement.pools: with `models:`, each model has its own pools")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("models: []", "models: at least one model is required"),
+        ("models: [{path: x}]", "models[0].name: required key is missing"),
+        ("models: [{name: a}, {name: a}]", "models[1].name: 'a' is already the name of models[0]"),
+        ("models: [{name: a.b}]", "models[0].name: use 1-32 letters, digits, '-' or '_'"),
+        ("models: [{name: a, weight: 0}]", "models[0].weight: must be >= 1; got 0"),
+        (
+            "models: [{name: a, max_length: 128, pools: [{name: x, max_tokens: 64}]}]",
+            "models[0].pools: the largest max_tokens is 64 but models[0].max_length is 128",
+        ),
+        (
+            "models: [{name: a, max_length: 64, pools: []}]",
+            "models[0].pools: at least one pool is required",
+        ),
+        (
+            "models: [{name: a, quantize: none, keep_fp32: [x]}]",
+            "models[0].keep_fp32: names layers to leave out of int8, but models[0].quantize",
+        ),
+        (
+            "models: [{name: a, pools: [{name: x, max_tokens: 10}]}]",
+            "models[0].max_length is not set, so it is bundled:minilm's max_seq_length, 256",
+        ),
+    ],
+)
+def test_each_models_mistakes_name_its_key(yaml_text, expected):
+    assert error(yaml_text).startswith(f"my.yaml: {expected}")

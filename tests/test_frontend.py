@@ -1,5 +1,5 @@
-"""The frontend (router/frontend.py): a real process and real sockets, with a bare ROUTER
-standing in for a shard."""
+"""The frontend (router/frontend.py): a real process and real sockets, with bare ROUTERs
+standing in for the shards."""
 
 import os
 import signal
@@ -9,7 +9,8 @@ import threading
 import pytest
 import zmq
 
-from numaserve.specs import FrontendSpec
+from numaserve import protocol
+from numaserve.specs import FrontendSpec, Route
 from tests.harness.cluster import free_port
 
 
@@ -19,7 +20,7 @@ def frontend(tmp_path):
     connected to it."""
     spec = FrontendSpec(
         endpoint=f"tcp://127.0.0.1:{free_port()}",
-        shards=f"ipc://{tmp_path}/frontend.sock",
+        routes=(Route("default", f"ipc://{tmp_path}/frontend.sock"),),
         max_message_bytes=1 << 20,
         cpus=(1,),
         nodes=(0,),
@@ -27,7 +28,7 @@ def frontend(tmp_path):
     proc = subprocess.Popen(spec.argv())
     ctx = zmq.Context()
     shard, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
-    shard.connect(spec.shards)
+    shard.connect(spec.routes[0].shards)
     client.connect(spec.endpoint)
     for sock in (shard, client):
         sock.linger = 0
@@ -92,3 +93,89 @@ def test_sigterm_stops_the_frontend_while_requests_stream_through_it(frontend):
     finally:
         stop.set()
         pump.join()
+
+
+@pytest.fixture
+def two_models(tmp_path):
+    """A frontend for two models, `toxicity` and `embed`, a stand-in shard of each, a client."""
+    spec = FrontendSpec(
+        endpoint=f"tcp://127.0.0.1:{free_port()}",
+        routes=tuple(
+            Route(m, f"ipc://{tmp_path}/frontend-{m}.sock") for m in ("toxicity", "embed")
+        ),
+        max_message_bytes=1 << 20,
+    )
+    proc = subprocess.Popen(spec.argv())
+    ctx = zmq.Context()
+    shards = {route.model: ctx.socket(zmq.ROUTER) for route in spec.routes}
+    client = ctx.socket(zmq.DEALER)
+    for route in spec.routes:
+        shards[route.model].connect(route.shards)
+    client.connect(spec.endpoint)
+    for sock in (*shards.values(), client):
+        sock.linger = 0
+        sock.rcvtimeo = 10_000
+    yield shards, client
+    ctx.destroy(linger=0)
+    proc.kill()
+    proc.wait()
+
+
+def answered_by(shards, client, body: dict) -> str:
+    """Which stand-in shard got `body`; it answers, and the answer reaches the client."""
+    client.send_multipart(protocol.pack(body))
+    poller = zmq.Poller()
+    for sock in shards.values():
+        poller.register(sock, zmq.POLLIN)
+    (sock, _), *_ = poller.poll(10_000)
+    request = sock.recv_multipart()
+    assert protocol.unpack(request[-2:]) == body
+    model = next(m for m, s in shards.items() if s is sock)
+    sock.send_multipart([*request[:-2], *protocol.pack({"id": body["id"], "by": model})])
+    assert protocol.unpack(client.recv_multipart()) == {"id": body["id"], "by": model}
+    return model
+
+
+def test_each_request_goes_to_the_shards_of_the_model_it_names(two_models):
+    shards, client = two_models
+    for i in range(4):
+        for model in ("embed", "toxicity"):
+            body = {"id": i, "op": "classify", "model": model, "texts": ["x"]}
+            assert answered_by(shards, client, body) == model
+
+
+def test_status_and_ping_name_no_model_and_go_to_the_first(two_models):
+    shards, client = two_models
+    assert answered_by(shards, client, {"id": 1, "op": "status"}) == "toxicity"
+    assert answered_by(shards, client, {"id": 2, "op": "ping"}) == "toxicity"
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (None, "this server serves several models (toxicity, embed): name one in `model`"),
+        ("spam", "no model 'spam' here; this server serves toxicity, embed"),
+    ],
+)
+def test_a_text_request_for_no_model_or_an_unknown_one_is_answered_by_the_frontend(
+    two_models, model, message
+):
+    shards, client = two_models
+    body = {"id": 7, "op": "embed", "texts": ["x"]} | ({"model": model} if model else {})
+    client.send_multipart(protocol.pack(body))
+    reply = protocol.unpack(client.recv_multipart())
+    assert (reply["id"], reply["error"]["code"], reply["error"]["message"]) == (
+        7,
+        "bad_request",
+        message,
+    )
+    assert answered_by(shards, client, {"id": 8, "op": "embed", "model": "embed"}) == "embed"
+
+
+def test_what_is_not_a_request_goes_to_a_router_to_be_judged(two_models):
+    shards, client = two_models
+    client.send_multipart([b"v1", b"\xc1 not msgpack"])
+    poller = zmq.Poller()
+    poller.register(shards["toxicity"], zmq.POLLIN)
+    assert poller.poll(10_000)
+    assert shards["toxicity"].recv_multipart()[-1] == b"\xc1 not msgpack"

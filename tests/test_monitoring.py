@@ -26,8 +26,8 @@ def shard_status(ready=1, queue=0) -> dict:
     metrics.forward_pass("short-0", 0.004)
     return {
         "pools": [
-            {"name": "short", "queue": queue, "ready": ready},
-            {"name": "long", "queue": 0, "ready": 1},
+            {"name": "short", "model_name": "default", "queue": queue, "ready": ready},
+            {"name": "long", "model_name": "default", "queue": 0, "ready": 1},
         ],
         "cache": {"hits": 5, "misses": 3, "entries": 3, "capacity": 100},
         "requests": {"client_disconnects": 2, "dropped_frames": 0},
@@ -37,12 +37,19 @@ def shard_status(ready=1, queue=0) -> dict:
 
 def snapshot(taken=100.0, shards=None, ages=None, stopping=False, long_0="backoff") -> Snapshot:
     shards = (shard_status(),) if shards is None else shards
-    worker = {"kind": "worker", "state": "ready", "restarts": 2, "pid": 4242, "last_exit": None}
+    worker = {
+        "kind": "worker",
+        "model_name": "default",
+        "state": "ready",
+        "restarts": 2,
+        "pid": 4242,
+        "last_exit": None,
+    }
     return Snapshot(
         taken=taken,
         stopping=stopping,
-        build={"version": "9.9", "backend": "onnxruntime", "model": "m", "task": "embed"},
-        pools=("short", "long"),
+        build=({"version": "9.9", "backend": "onnxruntime", "model": "m", "task": "embed"},),
+        pools=(("default", "short"), ("default", "long")),
         processes=(
             {"name": "router", "kind": "router", "pid": 4000, "cpus": [0], "nodes": [0]},
             {**worker, "name": "short-0", "pool": "short", "cpus": [2, 3], "nodes": [1]},
@@ -63,7 +70,14 @@ def samples(snap: Snapshot, readings: Readings | None = None) -> dict:
     }
 
 
-SHORT_0 = (("cpus", "2-3"), ("node", "1"), ("pool", "short"), ("slot", "short-0"))
+SHORT_0 = (
+    ("cpus", "2-3"),
+    ("model_name", "default"),
+    ("node", "1"),
+    ("pool", "short"),
+    ("slot", "short-0"),
+)
+DEFAULT = ("model_name", "default")
 
 
 # -- the router's counts --------------------------------------------------------------------
@@ -95,14 +109,19 @@ def test_a_forward_pass_time_that_is_not_a_plausible_float_is_ignored():
 
 def test_requests_are_counted_by_shard_op_and_code():
     got = samples(snapshot())
-    assert got[("numaserve_requests_total", (("code", "ok"), ("op", "embed"), ("shard", "0")))] == 2
-    unknown = (("code", "bad_request"), ("op", "unknown"), ("shard", "0"))
+    assert (
+        got[
+            ("numaserve_requests_total", (("code", "ok"), DEFAULT, ("op", "embed"), ("shard", "0")))
+        ]
+        == 2
+    )
+    unknown = (("code", "bad_request"), DEFAULT, ("op", "unknown"), ("shard", "0"))
     assert got[("numaserve_requests_total", unknown)] == 1
 
 
 def test_latency_buckets_are_cumulative_and_end_in_inf():
     got = samples(snapshot())
-    labels = (("op", "embed"), ("shard", "0"))
+    labels = (DEFAULT, ("op", "embed"), ("shard", "0"))
     bucket = "numaserve_request_duration_seconds_bucket"
     assert got[(bucket, (("le", "0.0001"), *labels))] == 1  # the overloaded one
     assert got[(bucket, (("le", "0.0005"), *labels))] == 2
@@ -113,7 +132,7 @@ def test_latency_buckets_are_cumulative_and_end_in_inf():
 
 def test_pools_show_queue_wait_batch_sizes_texts_and_tokens():
     got = samples(snapshot())
-    short = (("pool", "short"), ("shard", "0"))
+    short = (DEFAULT, ("pool", "short"), ("shard", "0"))
     assert got[("numaserve_queue_wait_seconds_count", short)] == 2
     assert got[("numaserve_batch_texts_sum", short)] == 2
     assert got[("numaserve_texts_total", short)] == 2
@@ -139,7 +158,7 @@ def test_an_instance_off_its_planned_cpus_shows_zero():
 
 def test_an_instance_without_a_process_is_down_and_has_no_memory_or_affinity_series():
     got = samples(snapshot(), Readings(rss={4242: 1}, affinity={4242: frozenset({2, 3})}))
-    long_0 = (("cpus", ""), ("node", ""), ("pool", "long"), ("slot", "long-0"))
+    long_0 = (("cpus", ""), DEFAULT, ("node", ""), ("pool", "long"), ("slot", "long-0"))
     assert got[("numaserve_instance_up", long_0)] == 0
     assert got[("numaserve_instance_state", (*long_0, ("state", "backoff")))] == 1
     assert ("numaserve_instance_resident_memory_bytes", long_0) not in got
@@ -148,8 +167,8 @@ def test_an_instance_without_a_process_is_down_and_has_no_memory_or_affinity_ser
 
 def test_cache_counts_and_build_info():
     got = samples(snapshot())
-    assert got[("numaserve_cache_hits_total", (("shard", "0"),))] == 5
-    assert got[("numaserve_cache_misses_total", (("shard", "0"),))] == 3
+    assert got[("numaserve_cache_hits_total", (DEFAULT, ("shard", "0")))] == 5
+    assert got[("numaserve_cache_misses_total", (DEFAULT, ("shard", "0")))] == 3
     build = (("backend", "onnxruntime"), ("model", "m"), ("task", "embed"), ("version", "9.9"))
     assert got[("numaserve_build_info", build)] == 1
 

@@ -149,6 +149,20 @@ def test_ping_measures_the_round_trip_through_the_router(cluster, client):
     assert 0.3 <= late < 2
 
 
+def test_a_request_for_a_model_the_server_does_not_serve_names_the_one_it_does(cluster):
+    with (
+        cluster.client(timeout=10, model="toxicity") as c,
+        pytest.raises(BadRequest, match="no model 'toxicity' here; this server serves 'default'"),
+    ):
+        c.embed("For another model.")
+
+
+def test_a_request_may_name_the_only_model_default(cluster):
+    with cluster.client(timeout=10, model="default") as c:
+        assert c.embed("Named.").tokens > 0
+        assert c.status()["instances"]  # status is the server's, whatever the model
+
+
 def test_an_op_the_model_does_not_do_is_a_bad_request(client):
     with pytest.raises(BadRequest, match="does embed, not classify"):
         client.classify("Not a classifier.")
@@ -176,6 +190,12 @@ def test_an_op_the_model_does_not_do_is_a_bad_request(client):
             "deadline_ms must be a number of milliseconds above 0 and at most 3600000",
         ),
         ({"op": "ping"}, "id must be an integer or a string"),
+        (
+            {"id": 10, "op": "embed", "texts": ["x"], "model": 7},
+            "model must be a model's name: a string of 1-64 characters",
+        ),
+        ({"id": 11, "op": "embed", "texts": ["x"], "model": "m" * 65}, "model must be"),
+        ({"id": 12, "op": "embed", "texts": ["x"], "model": "toxicity"}, "no model 'toxicity'"),
     ],
 )
 def test_bad_requests_get_a_clear_error_and_the_router_keeps_serving(

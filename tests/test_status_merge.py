@@ -1,15 +1,16 @@
 """`status` answered by one router shard for the whole server (router/status.py): pure, on
 hand-made shard statuses."""
 
-from numaserve.router.status import whole_server
+from numaserve.router.status import format_status, whole_server
 
 
-def shard(n: int, instances: list[dict]) -> dict:
+def shard(n: int, instances: list[dict], model: str = "default") -> dict:
     return {
         "shard": n,
+        "model_name": model,
         "cpus": [n],
         "instances": instances,
-        "pools": [{"name": "main", "max_tokens": 64, "queue": 0, "ready": 1}],
+        "pools": [{"name": "main", "model_name": model, "max_tokens": 64, "queue": 0, "ready": 1}],
         "cache": {"entries": 0, "capacity": 10, "hits": 0, "misses": 0},
         "requests": {"ok": 0},
         "errors": {},
@@ -40,3 +41,32 @@ def test_a_peers_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_o
     peer = shard(0, [entry("main-0", 0, 10, "ready", True)])  # the pid before a restart
     (main0,) = whole_server(own, [peer])["instances"]
     assert main0["pid"] == 20 and main0["state"] == "starting" and not main0["routed"]
+
+
+def two_models() -> dict:
+    """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`."""
+    table = [
+        entry("toxicity.main-0", 0, 10, "ready", False),
+        entry("embed.main-0", 1, 11, "ready", False),
+    ]
+    for slot, model in zip(table, ("toxicity", "embed"), strict=True):
+        slot.update(model_name=model, pool="main", cpus=[slot["shard"]], nodes=[0])
+    own = shard(0, [{**table[0], "routed": True}, table[1]], "toxicity")
+    peer = shard(1, [table[0], {**table[1], "routed": True}], "embed")
+    return whole_server(own, [peer])
+
+
+def test_pools_of_the_same_name_in_two_models_are_two_pools():
+    pools = two_models()["pools"]
+    assert [(p["model_name"], p["name"], p["ready"]) for p in pools] == [
+        ("toxicity", "main", 1),
+        ("embed", "main", 1),
+    ]
+
+
+def test_the_status_table_names_each_instances_model_and_each_pools():
+    lines = format_status(two_models()).splitlines()
+    assert lines[0].split()[:3] == ["instance", "model", "pool"]
+    assert lines[1].split()[:3] == ["toxicity.main-0", "toxicity", "main"]
+    assert "pools: toxicity.main (<= 64 tokens): 0 queued, 1 ready, embed.main" in "\n".join(lines)
+    assert any(line.startswith("router shard 1 of embed (CPUs 1)") for line in lines)

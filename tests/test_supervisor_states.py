@@ -413,7 +413,7 @@ def test_each_turn_publishes_a_snapshot_of_every_process(rig):
         ("main-1", "worker", "ready"),
     ]
     assert snap.shards == (rig.sup.shards[0].status,) and snap.shard_age == (0.0,)
-    assert snap.pools == ("main",) and not snap.stopping
+    assert snap.pools == (("default", "main"),) and not snap.stopping
 
 
 def test_during_a_reload_each_slot_appears_once_as_the_instance_that_serves_it(rig):

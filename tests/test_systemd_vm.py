@@ -4,12 +4,13 @@ boots has systemd as PID 1 (2 sockets, 2 nodes, SMT, as for tests/test_numa_vm.p
 systemd/numaserve.service is installed as it is, hardening and all, with one drop-in for what
 differs in the test bed: where this checkout's virtual environment lives, and a longer start
 timeout, because under emulation the first start spends minutes importing torch to build the
-ONNX artifact. The tests run in file order against one service: start, status, reload,
-watchdog, stop. Skipped where systemd is not PID 1.
+ONNX artifact. The tests run in file order against one service: start, a second unit
+refused its cores, status, reload, watchdog, stop. Skipped where systemd is not PID 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ pytestmark = [
 ]
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "numaserve.service"
+SECOND = "numaserve-second.service"  # a second server on the same host
 ENDPOINT = "tcp://127.0.0.1:5555"
 READYZ = "http://127.0.0.1:9464/readyz"  # server.metrics' default
 DROP_IN = """[Service]
@@ -54,8 +56,8 @@ def systemctl(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def show(*props: str) -> dict[str, str]:
-    out = systemctl("show", UNIT, *(f"--property={p}" for p in props)).stdout
+def show(*props: str, unit: str = UNIT) -> dict[str, str]:
+    out = systemctl("show", unit, *(f"--property={p}" for p in props)).stdout
     return dict(line.split("=", 1) for line in out.splitlines())
 
 
@@ -64,11 +66,11 @@ def status() -> dict:
         return c.status()
 
 
-def journal(after: str | None = None) -> str:
+def journal(after: str | None = None, unit: str = UNIT) -> str:
     """The unit's journal, or only what came after the cursor `after` (see `cursor`)."""
     since = [f"--after-cursor={after}"] if after else []
     return subprocess.run(
-        ["journalctl", "--no-pager", "-o", "cat", "-u", UNIT, *since],
+        ["journalctl", "--no-pager", "-o", "cat", "-u", unit, *since],
         capture_output=True,
         text=True,
     ).stdout
@@ -145,6 +147,30 @@ def test_the_hardened_unit_still_pins_each_instance_and_binds_its_memory():
         assert i["affinity_ok"], i
         (node,) = i["nodes"]
         assert f"bind:{node}" in read_numa_maps(i["pid"]).policies, i
+
+
+def test_a_second_unit_wanting_the_same_cores_is_refused_naming_the_first():
+    """Two units, one core ledger (/run/numaserve, the unit's RuntimeDirectory): a copy of
+    the unit with the same config finds every core held, and exits 75 at once, naming the
+    first unit's supervisor and config, while the first serves on."""
+    main_pid = show("MainPID")["MainPID"]
+    entry = json.loads(Path(f"/run/numaserve/server-{main_pid}.json").read_text())
+    assert entry["config"] == "/etc/numaserve/numaserve.yaml"
+    assert {cpu for i in status()["instances"] for cpu in i["cpus"]} <= set(entry["cpus"])
+    units = Path("/run/systemd/system")
+    (units / SECOND).write_text((REPO / "systemd" / UNIT).read_text())
+    (units / f"{SECOND}.d").mkdir()
+    test_bed = (units / f"{UNIT}.d" / "test-bed.conf").read_text()
+    (units / f"{SECOND}.d" / "test-bed.conf").write_text(test_bed + "Restart=no\n")
+    assert systemctl("daemon-reload").returncode == 0
+
+    assert systemctl("start", SECOND, timeout=300).returncode != 0
+
+    assert show("ExecMainStatus", unit=SECOND)["ExecMainStatus"] == "75"
+    said = journal(unit=SECOND)
+    assert f"pid {main_pid} (config /etc/numaserve/numaserve.yaml)" in said, said
+    assert all_ready(status())
+    systemctl("reset-failed", SECOND)
 
 
 def test_systemctl_status_shows_the_supervisors_status_line():

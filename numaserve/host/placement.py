@@ -9,9 +9,10 @@ node in turn) are never placed; `auto` fills what is left, fastest type first, n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from numaserve.config import AUTO, PlacementConfig, PoolConfig
+from numaserve.config import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.topology import Core, CPUTopology
 
@@ -29,6 +30,7 @@ class Slot:
     cpus: tuple[int, ...]
     nodes: tuple[int, ...]
     threads: int
+    model: str = DEFAULT_MODEL
 
     @property
     def node(self) -> int | None:
@@ -43,6 +45,15 @@ class Plan:
     idle_cpus: tuple[int, ...]
     smt: bool
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the plan places, in config order."""
+        return tuple(dict.fromkeys(s.model for s in self.slots))
+
+    def for_model(self, model: str) -> Plan:
+        """The instances of one model: what its router shards route to."""
+        return dataclasses.replace(self, slots=tuple(s for s in self.slots if s.model == model))
+
     def pool_slots(self, pool: str) -> tuple[Slot, ...]:
         return tuple(s for s in self.slots if s.pool == pool)
 
@@ -51,6 +62,7 @@ class Plan:
             "instances": [
                 {
                     "name": s.name,
+                    "model": s.model,
                     "pool": s.pool,
                     "cpus": list(s.cpus),
                     "node": s.node,
@@ -116,7 +128,13 @@ class _FreeCores:
         return sum(1 for n in self.by_node for c in self.of(n, kind) if c.socket == socket)
 
 
-def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
+def plan_placement(
+    topo: CPUTopology, placement: PlacementConfig, models: tuple[ServedModel, ...] = ()
+) -> Plan:
+    """One plan over every model's pools (`models`; none: the one model of
+    `placement.pools`), so that no core is in two instances of any model."""
+    demands = models or (ServedModel(name=DEFAULT_MODEL, pools=placement.pools),)
+    several = len(demands) > 1
     usable = [c for c in topo.cores if any(cpu in topo.allowed_cpus for cpu in c.cpus)]
     if not usable:
         raise PlacementError(
@@ -139,47 +157,59 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
         f"after reserving {len(reserved)} core(s)" if reserved else "with no cores reserved"
     )
 
-    kinds = {pool.name: _core_types(pool, topo) for pool in placement.pools}
-    placed: dict[str, list[list[Core]]] = {}
-    fixed = [p for p in placement.pools if p.instances != AUTO]
-    for pool in sorted(fixed, key=lambda p: -p.cores_per_instance):  # big first: less fragmentation
-        room = sum(free.total(kind) for kind in kinds[pool.name])
-        placed[pool.name] = []
+    pools = [_Demand(m, pool, several) for m in demands for pool in m.pools]
+    kinds = {d: _core_types(d, topo) for d in pools}
+    asked = f". The models ask for: {_asked_words(pools)}" if several else ""
+    placed: dict[_Demand, list[list[Core]]] = {}
+    fixed = [d for d in pools if d.pool.instances != AUTO]
+    for d in sorted(
+        fixed, key=lambda d: -d.pool.cores_per_instance
+    ):  # big first: less fragmentation
+        pool = d.pool
+        room = sum(free.total(kind) for kind in kinds[d])
+        placed[d] = []
         for _ in range(pool.instances):
-            cores = free.take(pool.cores_per_instance, kinds[pool.name])
+            cores = free.take(pool.cores_per_instance, kinds[d])
             if cores is None:
                 raise PlacementError(
-                    f"pool {pool.name!r} asks for {pool.instances} instance(s) of "
+                    f"{d.words} asks for {pool.instances} instance(s) of "
                     f"{pool.cores_per_instance} physical core(s), but {machine}, and {room} are "
-                    f"free for it {reserved_note} and placing {_placed_words(placed, pool)}. "
+                    f"free for it {reserved_note} and placing {_placed_words(placed, d)}. "
                     f"Would fit: {room // pool.cores_per_instance} instance(s) of "
-                    f"{pool.cores_per_instance} core(s)"
+                    f"{pool.cores_per_instance} core(s){asked}"
                 )
-            placed[pool.name].append(cores)
+            placed[d].append(cores)
 
-    for pool in (p for p in placement.pools if p.instances == AUTO):
-        left = free.describe()
-        placed[pool.name] = [
-            free.take_from(node, pool.cores_per_instance, kind)
-            for kind in kinds[pool.name]
+    autos = [d for d in pools if d.pool.instances == AUTO]
+    left = free.describe()
+    if len(autos) == 1:  # fill node by node: neighbouring instances on each node
+        (d,) = autos
+        placed[d] = [
+            free.take_from(node, d.pool.cores_per_instance, kind)
+            for kind in kinds[d]
             for node in sorted(free.by_node)
-            for _ in range(len(free.of(node, kind)) // pool.cores_per_instance)
+            for _ in range(len(free.of(node, kind)) // d.pool.cores_per_instance)
         ]
-        if not placed[pool.name]:
+    else:
+        placed |= _share(free, autos, kinds)
+    for d in autos:
+        if not placed[d]:
             raise PlacementError(
-                f"pool {pool.name!r} (instances: auto) gets no instance: it needs "
-                f"{pool.cores_per_instance} physical core(s) on one node, but {machine}, and "
-                f"{reserved_note} and placing {_placed_words(placed, pool)} the free cores are "
-                f"({left}). Would fit: fewer reserved cores, smaller fixed pools, or a smaller "
-                "cores_per_instance"
+                f"{d.words} (instances: auto{_weight_words(d, autos)}) gets no instance: it "
+                f"needs {d.pool.cores_per_instance} physical core(s) on one node, but {machine}, "
+                f"and {reserved_note} and placing {_placed_words(placed, d)} the free cores are "
+                f"({left}). Would fit: fewer reserved cores, smaller fixed pools, "
+                f"{'a larger weight, ' if len(autos) > 1 else ''}or a smaller cores_per_instance"
+                f"{asked}"
             )
 
     slots = []
-    for pool in placement.pools:
-        for i, cores in enumerate(placed[pool.name]):
+    for d in pools:
+        for i, cores in enumerate(placed[d]):
             cpus = tuple(sorted(cpu for c in cores for cpu in threads_of(c)))
             nodes = tuple(sorted({c.node for c in cores}))
-            slots.append(Slot(f"{pool.name}-{i}", pool.name, cpus, nodes, threads=len(cpus)))
+            name = f"{d.prefix}{d.pool.name}-{i}"
+            slots.append(Slot(name, d.pool.name, cpus, nodes, len(cpus), d.model.name))
     reserved_cpus = tuple(
         sorted(cpu for c in reserved for cpu in c.cpus if cpu in topo.allowed_cpus)
     )
@@ -188,15 +218,74 @@ def plan_placement(topo: CPUTopology, placement: PlacementConfig) -> Plan:
     return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
 
 
-def _core_types(pool: PoolConfig, topo: CPUTopology) -> tuple[str, ...]:
-    """The types `pool` may take, in its order of preference: the machine's, fastest first,
+@dataclass(frozen=True)
+class _Demand:
+    """One pool of one model, as the planner places it."""
+
+    model: ServedModel
+    pool: PoolConfig
+    several: bool  # one of several models: its instances' names say which
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.model.name}." if self.several else ""
+
+    @property
+    def words(self) -> str:
+        return f"pool {self.prefix + self.pool.name!r}"
+
+
+def _share(
+    free: _FreeCores, autos: list[_Demand], kinds: dict[_Demand, tuple[str, ...]]
+) -> dict[_Demand, list[list[Core]]]:
+    """Several models' `auto` pools share what is free by their weights, node by node, so
+    that each model has its share of every node (and its router shard there, instances to
+    route to): one instance at a time to the pool furthest below its share, until no pool
+    fits another on the node."""
+    placed: dict[_Demand, list[list[Core]]] = {d: [] for d in autos}
+    for node in sorted(free.by_node):
+        cores = dict.fromkeys(autos, 0)
+        hungry = list(autos)
+        while hungry:
+            d = min(hungry, key=lambda d: (cores[d] / d.model.weight, autos.index(d)))
+            size = d.pool.cores_per_instance
+            kind = next((k for k in kinds[d] if len(free.of(node, k)) >= size), None)
+            if kind is None:
+                hungry.remove(d)
+                continue
+            placed[d].append(free.take_from(node, size, kind))
+            cores[d] += size
+    return placed
+
+
+def _asked_words(pools: list[_Demand]) -> str:
+    """What every model asked for, for an error about several."""
+    by_model: dict[str, list[str]] = {}
+    for d in pools:
+        count = "auto" if d.pool.instances == AUTO else str(d.pool.instances)
+        weight = f" (weight {d.model.weight})" if d.pool.instances == AUTO else ""
+        asked = f"{d.pool.name} {count} x {d.pool.cores_per_instance} core(s){weight}"
+        by_model.setdefault(d.model.name, []).append(asked)
+    return "; ".join(f"{model}: {', '.join(asks)}" for model, asks in by_model.items())
+
+
+def _weight_words(d: _Demand, autos: list[_Demand]) -> str:
+    if len(autos) < 2:
+        return ""
+    total = sum(a.model.weight for a in autos)
+    return f", weight {d.model.weight} of {total}"
+
+
+def _core_types(d: _Demand, topo: CPUTopology) -> tuple[str, ...]:
+    """The types a pool may take, in its order of preference: the machine's, fastest first,
     unless it names its own."""
+    pool = d.pool
     if not pool.core_types:
         return topo.core_types
     kinds = tuple(k for k in pool.core_types if k in topo.core_types)
     if not kinds:
         raise PlacementError(
-            f"pool {pool.name!r} may use {', '.join(pool.core_types)} cores only, but this "
+            f"{d.words} may use {', '.join(pool.core_types)} cores only, but this "
             f"machine has {', '.join(topo.core_types)} cores. Would fit: core_types "
             f"{list(topo.core_types)}, or leave core_types out"
         )
@@ -221,19 +310,23 @@ def _describe_machine(usable: list[Core]) -> str:
     return f"this machine has {len(usable)} allowed physical core(s) ({nodes})"
 
 
-def _placed_words(placed: dict[str, list], current: PoolConfig) -> str:
-    others = [f"{name!r} ({len(v)})" for name, v in placed.items() if name != current.name]
+def _placed_words(placed: dict[_Demand, list], current: _Demand) -> str:
+    others = [f"{d.prefix + d.pool.name!r} ({len(v)})" for d, v in placed.items() if d != current]
     return "pools " + ", ".join(others) if others else "no other pool"
 
 
 def format_plan(plan: Plan) -> str:
-    """A table a person reads: one row per instance."""
-    rows = [("instance", "pool", "node", "threads", "cpus")]
+    """A table a person reads: one row per instance, with its model's column where there
+    are several."""
+    several = len(plan.models) > 1
+    rows = [("instance", *(("model",) if several else ()), "pool", "node", "threads", "cpus")]
     for s in plan.slots:
         node = str(s.node) if s.node is not None else ",".join(map(str, s.nodes)) + " (spans)"
-        rows.append((s.name, s.pool, node, str(s.threads), format_cpulist(s.cpus)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+        model = (s.model,) if several else ()
+        rows.append((s.name, *model, s.pool, node, str(s.threads), format_cpulist(s.cpus)))
+    last = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(last)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  " + r[last] for r in rows]
     lines.append("")
     lines.append(
         f"reserved for router and supervisor: {format_cpulist(plan.reserved_cpus) or 'none'}"

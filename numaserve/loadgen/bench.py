@@ -131,10 +131,13 @@ def numaserve_target(
     op: str = "embed",
     timeout: float = 10.0,
     curve: ClientKeys | None = None,
+    model: str | None = None,
 ) -> Connect:
+    """Clients of the server at `endpoints`, asking `model` (None: the server's only one)."""
+
     @contextlib.contextmanager
     def connect() -> Iterator[Send]:
-        with Client(endpoints, timeout=timeout, retries=0, curve=curve) as client:
+        with Client(endpoints, timeout=timeout, retries=0, curve=curve, model=model) as client:
             call = getattr(client, op)
 
             def send(*request) -> object:
@@ -240,8 +243,9 @@ def open_loop(
     seed: int = 0,
     draw: Draw = one_text,
     curve: ClientKeys | None = None,
+    model: str | None = None,
 ) -> Result:
-    """`rate` requests a second for `duration` seconds, each sent when due."""
+    """`rate` requests a second for `duration` seconds, each sent when due, to `model`."""
     result = Result("open", op)
     rng = random.Random(seed)
 
@@ -255,7 +259,9 @@ def open_loop(
             progress(1)
 
     async def run() -> None:
-        async with AsyncClient(endpoints, timeout=timeout, retries=0, curve=curve) as client:
+        async with AsyncClient(
+            endpoints, timeout=timeout, retries=0, curve=curve, model=model
+        ) as client:
             began = time.perf_counter()
             tasks = []
             for i in range(int(rate * duration)):

@@ -4,7 +4,8 @@ Pure: no I/O here (endpoint.py reads RSS, affinity and numastat and passes them 
 series is tested from a hand-built snapshot, and the live output with promtool. Names follow
 Prometheus' conventions: base units (seconds, bytes), `_total` on counters, `numaserve_`.
 Series a router shard counts carry `shard`, so that a restarted shard's counters reset alone
-and `sum()` / `rate()` work as for any fleet of processes.
+and `sum()` / `rate()` work as for any fleet of processes, and `model_name`, the shard's
+model's name (`default` for a `model:` config); an instance's carry its model's too.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from prometheus_client.core import (
     Metric,
 )
 
+from numaserve.config import DEFAULT_MODEL
 from numaserve.host.cpulist import format_cpulist
 from numaserve.monitoring.snapshot import Snapshot
 
 # An instance is named by its slot ("main-0"; a restart keeps it): `instance` is the label
 # Prometheus gives every series of a scrape target (host:port), and would rename ours.
-INSTANCE_LABELS = ("slot", "pool", "node", "cpus")
+INSTANCE_LABELS = ("slot", "model_name", "pool", "node", "cpus")
 STATES = ("starting", "ready", "draining", "stopped", "backoff", "fatal")
 NUMASTAT = {
     "numa_hit": "allocated on the node they were meant for",
@@ -50,7 +52,12 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _build(snapshot)
     yield from _processes(snapshot, readings)
     yield from _instances(snapshot, readings)
-    shards = [(str(i), s) for i, s in enumerate(snapshot.shards) if s is not None]
+    # Each shard's series carry its index and its model (`default` for a `model:` config).
+    shards = [
+        ([str(i), s.get("model_name", DEFAULT_MODEL)], s)
+        for i, s in enumerate(snapshot.shards)
+        if s is not None
+    ]
     yield from _requests(shards)
     yield from _pools(shards)
     yield from _cache(shards)
@@ -59,8 +66,9 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
 
 
 def _build(snapshot: Snapshot) -> Iterator[Metric]:
-    info = InfoMetricFamily("numaserve_build", "The running numaserve and its model.")
-    info.add_metric([], snapshot.build)
+    info = InfoMetricFamily("numaserve_build", "The running numaserve and its models.")
+    for build in snapshot.build:
+        info.add_metric([], build)
     yield info
 
 
@@ -93,6 +101,7 @@ def _processes(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
 def instance_labels(process: dict) -> list[str]:
     return [
         process["name"],
+        str(process.get("model_name") or DEFAULT_MODEL),
         str(process.get("pool") or ""),
         format_cpulist(process.get("nodes") or []),
         format_cpulist(process.get("cpus") or []),
@@ -138,16 +147,16 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from (up, state, restarts, affinity, rss)
 
 
-def _requests(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+def _requests(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
     replies = CounterMetricFamily(
         "numaserve_requests",
         "Requests answered, by op and result code (ok, or the error's code).",
-        labels=["shard", "op", "code"],
+        labels=["shard", "model_name", "op", "code"],
     )
     latency = HistogramMetricFamily(
         "numaserve_request_duration_seconds",
         "Time in the router from a request's receipt to its reply (queued, computed or cached).",
-        labels=["shard", "op"],
+        labels=["shard", "model_name", "op"],
     )
     counters = {
         "client_disconnects": "Client connections closed (left, or over max_message_bytes).",
@@ -157,24 +166,24 @@ def _requests(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
         "internal_errors": "Messages that failed in the router on a bug, dropped.",
     }
     simple = {
-        key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard"])
+        key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard", "model_name"])
         for key, doc in counters.items()
     }
     for shard, status in shards:
         metrics = status.get("metrics") or {}
         for op, code, count in metrics.get("replies", ()):
-            replies.add_metric([shard, op, code], count)
+            replies.add_metric([*shard, op, code], count)
         for op, hist in sorted((metrics.get("latency") or {}).items()):
-            latency.add_metric([shard, op], *_buckets(hist))
+            latency.add_metric([*shard, op], *_buckets(hist))
         for key, family in simple.items():
-            family.add_metric([shard], (status.get("requests") or {}).get(key, 0))
+            family.add_metric(shard, (status.get("requests") or {}).get(key, 0))
     yield replies
     yield latency
     yield from simple.values()
 
 
-def _pools(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
-    labels = ["shard", "pool"]
+def _pools(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+    labels = ["shard", "model_name", "pool"]
     queue = GaugeMetricFamily(
         "numaserve_queue_texts", "Texts waiting in a pool's queue.", labels=labels
     )
@@ -201,18 +210,18 @@ def _pools(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
     )
     for shard, status in shards:
         for pool in status.get("pools", ()):
-            queue.add_metric([shard, pool["name"]], pool.get("queue", 0))
-            ready.add_metric([shard, pool["name"]], pool.get("ready", 0))
+            queue.add_metric([*shard, pool["name"]], pool.get("queue", 0))
+            ready.add_metric([*shard, pool["name"]], pool.get("ready", 0))
         for name, pool in sorted(((status.get("metrics") or {}).get("pools") or {}).items()):
-            wait.add_metric([shard, name], *_buckets(pool["queue_wait"]))
-            batch.add_metric([shard, name], *_buckets(pool["batch"]))
-            texts.add_metric([shard, name], pool["texts"])
-            tokens.add_metric([shard, name], pool["tokens"])
+            wait.add_metric([*shard, name], *_buckets(pool["queue_wait"]))
+            batch.add_metric([*shard, name], *_buckets(pool["batch"]))
+            texts.add_metric([*shard, name], pool["texts"])
+            tokens.add_metric([*shard, name], pool["tokens"])
     yield from (queue, ready, wait, batch, texts, tokens)
 
 
-def _cache(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
-    labels = ["shard"]
+def _cache(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+    labels = ["shard", "model_name"]
     hits = CounterMetricFamily(
         "numaserve_cache_hits", "Texts answered from the cache.", labels=labels
     )
@@ -227,14 +236,14 @@ def _cache(shards: list[tuple[str, dict]]) -> Iterator[Metric]:
     )
     for shard, status in shards:
         cache = status.get("cache") or {}
-        hits.add_metric([shard], cache.get("hits", 0))
-        misses.add_metric([shard], cache.get("misses", 0))
-        entries.add_metric([shard], cache.get("entries", 0))
-        capacity.add_metric([shard], cache.get("capacity", 0))
+        hits.add_metric(shard, cache.get("hits", 0))
+        misses.add_metric(shard, cache.get("misses", 0))
+        entries.add_metric(shard, cache.get("entries", 0))
+        capacity.add_metric(shard, cache.get("capacity", 0))
     yield from (hits, misses, entries, capacity)
 
 
-def _passes(snapshot: Snapshot, shards: list[tuple[str, dict]]) -> Iterator[Metric]:
+def _passes(snapshot: Snapshot, shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
     passes = HistogramMetricFamily(
         "numaserve_forward_pass_seconds",
         "An instance's forward passes, as the instance times them.",

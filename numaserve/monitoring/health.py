@@ -39,15 +39,19 @@ def ready(snapshot: Snapshot | None, now: float) -> list[str]:
         problems.append("the server is stopping")
     # Ready where the supervisor says so (it knows of an exit at once) and a shard routes to
     # it (the router drops a silent instance only after its heartbeats expire).
-    supervised = {p.get("pool") for p in snapshot.instances() if p["state"] == "ready"}
-    routed = {name: 0 for name in snapshot.pools}
+    supervised = {
+        (p.get("model_name"), p.get("pool")) for p in snapshot.instances() if p["state"] == "ready"
+    }
+    routed = dict.fromkeys(snapshot.pools, 0)
     for status in snapshot.shards:
         for pool in (status or {}).get("pools", ()):
-            if pool.get("name") in routed:
-                routed[pool["name"]] += pool.get("ready", 0)
+            key = (pool.get("model_name"), pool.get("name"))
+            if key in routed:
+                routed[key] += pool.get("ready", 0)
+    several = len({model for model, _ in snapshot.pools}) > 1
     problems += [
-        f"pool {name} has no ready instance"
-        for name, n in routed.items()
-        if n == 0 or name not in supervised
+        f"pool {f'{model}.' * several}{name} has no ready instance"
+        for (model, name), n in routed.items()
+        if n == 0 or (model, name) not in supervised
     ]
     return problems

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 class Snapshot:
     taken: float  # the supervisor loop's monotonic clock when it built this
     stopping: bool
-    build: dict[str, str]  # version, backend, model, task, quantize
-    pools: tuple[str, ...]  # the configured pools, in order
+    # Per model: version, backend, model (its path), task, quantize; and model_name, where
+    # there are several.
+    build: tuple[dict[str, str], ...]
+    pools: tuple[tuple[str, str], ...]  # (model name, pool name) of every configured pool
     # Every process the supervisor runs: Child.describe() plus "kind" (worker, router,
     # frontend, prepare).
     processes: tuple[dict, ...]

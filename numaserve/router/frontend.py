@@ -1,10 +1,15 @@
-"""The frontend: one client endpoint in front of several router shards, with no Python per message.
+"""The frontend: one client endpoint in front of several router shards.
 
-libzmq's own proxy (the zguide's "shared queue"): a ROUTER that clients reach on
-`server.endpoint`, and a DEALER on a private ipc socket that every shard's client socket connects
-to. The DEALER hands each request to the next shard in turn; a reply finds its client by the
-envelope the ROUTER added. A shard that dies loses the requests it held (its clients retry, as
-they do when the one router dies); the others keep serving, and the restarted shard reconnects.
+For one model, libzmq's own proxy, with no Python per message (the zguide's "shared queue"): a
+ROUTER that clients reach on `server.endpoint`, and a DEALER on a private ipc socket that every
+shard's client socket connects to. The DEALER hands each request to the next shard in turn; a
+reply finds its client by the envelope the ROUTER added. A shard that dies loses the requests it
+held (its clients retry, as they do when the one router dies); the others keep serving, and the
+restarted shard reconnects.
+
+For several models, a DEALER per model, and a loop that reads each request's `model` and hands
+it to that model's shards (`status` and `ping`, which are the whole server's, to the first
+model's). A request that names no model, or one not served, is answered here.
 
 Run as `python -m numaserve.router.frontend --spec JSON` (a FrontendSpec, specs.py).
 """
@@ -17,7 +22,8 @@ import threading
 
 import zmq
 
-from numaserve import curve, exitcodes
+from numaserve import curve, exitcodes, protocol
+from numaserve.protocol import ErrorCode
 from numaserve.router.process import begin, context
 from numaserve.specs import FrontendSpec
 
@@ -38,28 +44,35 @@ def main(argv: list[str] | None = None) -> int:
     ctx = context()
     clients = ctx.socket(zmq.ROUTER)
     clients.setsockopt(zmq.MAXMSGSIZE, spec.max_message_bytes)
-    shards = ctx.socket(zmq.DEALER)
+    routes = {route.model: ctx.socket(zmq.DEALER) for route in spec.routes}
     control = ctx.socket(zmq.PAIR)
-    for sock in (clients, shards, control):
+    for sock in (clients, *routes.values(), control):
         sock.linger = 0
     auth = None
+    shards = ", ".join(route.shards for route in spec.routes)
     try:
         if spec.curve:
             auth = curve.serve(
                 ctx, clients, spec.curve.secret_key_file, spec.curve.authorized_keys_dir
             )
         clients.bind(spec.endpoint)
-        shards.bind(spec.shards)
+        for route in spec.routes:
+            routes[route.model].bind(route.shards)
     except (zmq.ZMQError, curve.CurveError) as e:
-        log.error("cannot listen on %s or %s: %s", spec.endpoint, spec.shards, e)
+        log.error("cannot listen on %s or %s: %s", spec.endpoint, shards, e)
         if auth is not None:
             auth.stop()
         ctx.destroy(linger=0)
         return exitcodes.MODEL if isinstance(e, curve.CurveError) else exitcodes.CRASH
     control.bind(CONTROL)
-    proxy = threading.Thread(target=_proxy, args=(ctx, clients, shards), name="proxy")
+    if len(routes) == 1:
+        (only,) = routes.values()
+        target, args = _proxy, (ctx, clients, only)
+    else:
+        target, args = _route, (ctx, clients, routes)
+    proxy = threading.Thread(target=target, args=args, name="proxy")
     proxy.start()
-    log.info("listening on %s; shards on %s", spec.endpoint, spec.shards)
+    log.info("listening on %s; shards on %s", spec.endpoint, shards)
     # SIGTERM ends the proxy (the supervisor stops the frontend after the shards have drained).
     signal.sigwait(STOP_SIGNALS)
     control.send(b"TERMINATE")
@@ -83,6 +96,67 @@ def _proxy(ctx: zmq.Context, clients: zmq.Socket, shards: zmq.Socket) -> None:
     finally:
         for sock in (clients, shards, control):
             sock.close(linger=0)
+
+
+def _route(ctx: zmq.Context, clients: zmq.Socket, routes: dict[str, zmq.Socket]) -> None:
+    """Each request to its model's shards, each reply to its client, until TERMINATE."""
+    control = ctx.socket(zmq.PAIR)
+    control.linger = 0
+    control.connect(CONTROL)
+    poller = zmq.Poller()
+    for sock in (clients, control, *routes.values()):
+        poller.register(sock, zmq.POLLIN)
+    first = next(iter(routes.values()))
+    served = ", ".join(routes)
+    try:
+        while True:
+            for sock, _ in poller.poll():
+                if sock is control:
+                    return
+                frames = sock.recv_multipart()
+                if sock is not clients:  # a reply: its envelope leads back to the client
+                    clients.send_multipart(frames)
+                    continue
+                body = _body(frames)
+                model = body.get("model")
+                if isinstance(model, str) and model in routes:
+                    routes[model].send_multipart(frames)
+                elif model is None and body.get("op") not in protocol.TEXT_OPS:
+                    first.send_multipart(frames)  # status, ping, or an error for a router to say
+                elif model is None:
+                    _refuse(
+                        clients,
+                        frames,
+                        body,
+                        f"this server serves several models ({served}): name one in `model`",
+                    )
+                elif isinstance(model, str):
+                    _refuse(
+                        clients,
+                        frames,
+                        body,
+                        f"no model {model!r} here; this server serves {served}",
+                    )
+                else:  # not a name: the router says what is wrong with the request
+                    first.send_multipart(frames)
+    finally:
+        for sock in (clients, control, *routes.values()):
+            sock.close(linger=0)
+
+
+def _body(frames: list[bytes]) -> dict:
+    """The request, or {} for anything that is not one (the router it goes to says why)."""
+    if len(frames) < 3:
+        return {}
+    try:
+        return protocol.unpack(frames[-2:])
+    except protocol.ProtocolError:
+        return {}
+
+
+def _refuse(clients: zmq.Socket, frames: list[bytes], body: dict, message: str) -> None:
+    reply = protocol.error_reply(protocol.reply_id(body.get("id")), ErrorCode.BAD_REQUEST, message)
+    clients.send_multipart([*frames[:-2], *protocol.pack(reply)])
 
 
 if __name__ == "__main__":

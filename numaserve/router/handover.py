@@ -38,10 +38,11 @@ class Passed:
 
 class Handover:
     def __init__(self, ctx: zmq.Context, shard: int, endpoints: tuple[str, ...], timeout: float):
-        """`endpoints`: every shard's handover address, by shard index (this one's included)."""
+        """`endpoints`: every shard's handover address, by shard index (this one's included;
+        empty for the shards of other models, which serve none of our texts)."""
         self.peers: dict[int, zmq.Socket] = {}
         for peer, endpoint in enumerate(endpoints):
-            if peer != shard:
+            if peer != shard and endpoint:
                 sock = ctx.socket(zmq.DEALER)
                 sock.linger = 0
                 sock.setsockopt(zmq.ROUTING_ID, PREFIX + str(shard).encode())
@@ -51,12 +52,13 @@ class Handover:
         self.passed: dict[int, Passed] = {}
         self.tokens = itertools.count()
 
-    @staticmethod
-    def peer_for(pools: set[str], peers: list[dict]) -> int | None:
-        """A peer, by its last status, with a ready instance of each pool and not draining; the
-        one with the most ready instances of them."""
+    def peer_for(self, pools: set[str], peers: list[dict]) -> int | None:
+        """A peer of our model, by its last status, with a ready instance of each pool and not
+        draining; the one with the most ready instances of them."""
         best, most = None, 0
         for status in peers:
+            if status.get("shard") not in self.peers:  # another model's shard
+                continue
             ready = {p["name"]: p["ready"] for p in status.get("pools", ())}
             have = min((ready.get(name, 0) for name in pools), default=0)
             if have > most and not status.get("draining"):

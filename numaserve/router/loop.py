@@ -335,6 +335,11 @@ class Router:
         elif self.draining_until is not None:
             message = "the server is stopping; send it elsewhere"
             self._reply_error(envelope, request.id, request.op, ErrorCode.NO_INSTANCE, message)
+        elif request.model is not None and request.model != self.spec.model_name:
+            message = (
+                f"no model {request.model!r} here; this server serves {self.spec.model_name!r}"
+            )
+            self._reply_error(envelope, request.id, request.op, ErrorCode.BAD_REQUEST, message)
         elif request.op != self.task:
             message = f"this server's model does {self.task}, not {request.op}"
             self._reply_error(envelope, request.id, request.op, ErrorCode.BAD_REQUEST, message)
@@ -682,11 +687,12 @@ class Router:
         """This shard's state; where a supervisor runs, one entry per slot of its plan."""
         return {
             "task": self.task,
+            "model_name": self.spec.model_name,
             "shard": self.spec.shard,
             "cpus": list(self.spec.cpus),
             "model": self.spec.model.path,
             "instances": status.instances(self.dispatch, self.supervisor.get("slots")),
-            "pools": status.pools(self.dispatch),
+            "pools": status.pools(self.dispatch, self.spec.model_name),
             "cache": self.cache.stats(),
             "requests": {
                 **self.counters,

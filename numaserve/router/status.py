@@ -43,10 +43,11 @@ def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
     return entries
 
 
-def pools(dispatch: Dispatcher) -> list[dict]:
+def pools(dispatch: Dispatcher, model_name: str) -> list[dict]:
     return [
         {
             "name": p.config.name,
+            "model_name": model_name,
             "max_tokens": p.config.max_tokens,
             "queue": len(p.queue),
             "ready": sum(1 for w in dispatch.workers.values() if w.pool == i and not w.stopping),
@@ -73,7 +74,8 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
     pools = {}
     for shard in shards:
         for pool in shard["pools"]:
-            total = pools.setdefault(pool["name"], {**pool, "queue": 0, "ready": 0})
+            key = (pool.get("model_name"), pool["name"])  # a pool's name is its model's own
+            total = pools.setdefault(key, {**pool, "queue": 0, "ready": 0})
             total["queue"] += pool["queue"]
             total["ready"] += pool["ready"]
     cache = {
@@ -94,6 +96,7 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
         "shards": [
             {
                 "shard": s.get("shard"),
+                "model_name": s.get("model_name"),
                 "cpus": s.get("cpus"),
                 "instances": sum(1 for i in instances if i.get("shard") == s.get("shard")),
                 "requests": s["requests"],
@@ -139,9 +142,11 @@ def _live_affinity(pid) -> list[int] | None:
 
 
 def format_status(report: dict) -> str:
-    rows = [
-        ("instance", "pool", "state", "pid", "cpus", "node", "live affinity", "served", "restarts")
-    ]
+    """A table a person reads; with a model column, and each pool named for its model, where
+    the server serves several."""
+    several = len({p.get("model_name") for p in report["pools"]}) > 1
+    head = ("instance", *(("model",) * several), "pool", "state", "pid", "cpus", "node")
+    rows = [(*head, "live affinity", "served", "restarts")]
     for i in report["instances"]:
         live = i.get("live_cpus")
         if live is None:
@@ -154,6 +159,7 @@ def format_status(report: dict) -> str:
         rows.append(
             (
                 i["name"],
+                *((str(i.get("model_name")),) * several),
                 str(i.get("pool")),
                 i.get("state", "?"),
                 str(i.get("pid") or "-"),
@@ -171,7 +177,8 @@ def format_status(report: dict) -> str:
     ]
     lines.append("")
     pools = ", ".join(
-        f"{p['name']} (<= {p['max_tokens']} tokens): {p['queue']} queued, {p['ready']} ready"
+        f"{p['model_name'] + '.' if several else ''}{p['name']} (<= {p['max_tokens']} tokens): "
+        f"{p['queue']} queued, {p['ready']} ready"
         for p in report["pools"]
     )
     lines.append(f"pools: {pools}")
@@ -184,8 +191,10 @@ def format_status(report: dict) -> str:
     lines.append(f"errors: {errors}")
     for shard in report.get("shards", ()):
         requests = shard["requests"]
+        model = f" of {shard.get('model_name')}" if several else ""
         lines.append(
-            f"router shard {shard['shard']} (CPUs {format_cpulist(shard.get('cpus') or []) or 'any'})"
+            f"router shard {shard['shard']}{model} "
+            f"(CPUs {format_cpulist(shard.get('cpus') or []) or 'any'})"
             f": {shard['instances']} instance(s), {requests.get('requests', 0)} requests, "
             f"{requests.get('replies_ok', 0)} answered ok"
             + (", draining" if shard.get("draining") else "")

@@ -17,11 +17,13 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from numaserve import __version__, curve, exitcodes, protocol
 from numaserve.config import Config, ConfigError, load_config
 from numaserve.host.cpulist import format_cpulist
+from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import CPUTopology, read_topology
 from numaserve.lifecycle import PARENT_ENV
@@ -92,17 +94,29 @@ class Supervisor:
 
     def _deploy(self, config: Config) -> Deployment:
         return deployment(
-            config, plan_placement(self.topo, config.placement), self.topo, self.runtime_dir
+            config,
+            plan_placement(self.topo, config.placement, config.models),
+            self.topo,
+            self.runtime_dir,
         )
 
     @staticmethod
     def _worker_child(spec: WorkerSpec) -> Child:
-        return Child(spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard)
+        return Child(
+            spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard, spec.model_name
+        )
 
     @staticmethod
     def _router_child(spec: RouterSpec, shards: int) -> Child:
         name = "router" if shards == 1 else f"router-{spec.shard}"
-        return Child(name, spec.argv(), cpus=spec.cpus, nodes=spec.nodes, shard=spec.shard)
+        return Child(
+            name,
+            spec.argv(),
+            cpus=spec.cpus,
+            nodes=spec.nodes,
+            shard=spec.shard,
+            model_name=spec.model_name,
+        )
 
     @property
     def routers(self) -> list[Child]:
@@ -136,7 +150,7 @@ class Supervisor:
             self.config_path,
             extra={"event": "start"},
         )
-        if self.config.model.backend == "onnxruntime":
+        if any(m.backend == "onnxruntime" for m in self.config.served):
             self._start_prepare()
         else:
             self._start_all()
@@ -364,7 +378,7 @@ class Supervisor:
     def snapshot(self, now: float) -> Snapshot:
         """The whole server as /metrics and the probes see it: the current processes (not
         those a reload retired, nor a replacement still starting under its slot's name)."""
-        model = self.config.model
+        several = len(self.config.served) > 1
         kinds = [("router", c) for c in self.routers]
         kinds += [("frontend", self.frontend)] if self.frontend else []
         kinds += [("prepare", self.prepare)] if self.prepare else []
@@ -372,14 +386,18 @@ class Supervisor:
         return Snapshot(
             taken=now,
             stopping=self.stopping,
-            build={
-                "version": __version__,
-                "backend": model.backend,
-                "model": model.path,
-                "task": model.task,
-                "quantize": model.quantize,
-            },
-            pools=tuple(p.name for p in self.config.placement.pools),
+            build=tuple(
+                {
+                    "version": __version__,
+                    "backend": m.backend,
+                    "model": m.path,
+                    "task": m.task,
+                    "quantize": m.quantize,
+                    **({"model_name": m.name} if several else {}),
+                }
+                for m in self.config.served
+            ),
+            pools=tuple((m.name, p.name) for m in self.config.served for p in m.pools),
             processes=tuple({**c.describe(), "kind": kind} for kind, c in kinds),
             shards=tuple(v.status for v in self.shards),
             shard_age=tuple(now - v.heard_at if v.status else None for v in self.shards),
@@ -556,7 +574,8 @@ class Supervisor:
         )
         self.notifier.reloading("reloading")
         self.reload = Reload(config, new, waiting)
-        if config.model != self.config.model and config.model.backend == "onnxruntime":
+        before = {m.name: m.model for m in self.config.served}
+        if any(m.backend == "onnxruntime" and m.model != before.get(m.name) for m in config.served):
             self._start_prepare()
 
     def _advance_reload(self, now: float) -> None:
@@ -665,25 +684,46 @@ def start(config_path: str) -> int:
     topo = read_topology()
     for warning in topo.warnings:
         log.warning("topology: %s", warning)
-    plan_placement(topo, config.placement)  # fail here, with the CLI's clear message
-    if config.server.curve:  # and here: a shard or frontend would only exit with it
+    if config.server.curve:  # fail here: a shard or frontend would only exit with it
         curve.server_keys(
             config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
         )
-    monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
-    runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
-    system = System()
-    try:
+    directory = ledger_dir()
+    if directory is None:
+        log.warning(
+            "no core ledger: neither $%s, %s nor $XDG_RUNTIME_DIR/numaserve is writable, so "
+            "other numaserve servers on this host cannot see this one's CPUs, nor it theirs",
+            LEDGER_ENV,
+            SYSTEM_DIR,
+        )
+    ledger = Ledger(directory) if directory else None
+    with ExitStack() as cleanup:  # undone in reverse: the ledger's entry goes last
+        with ledger.locked() if ledger else nullcontext():
+            # Planned here, with the CLI's clear message if it does not fit.
+            topo, plan, holders = plan_around(ledger, topo, config.placement, config.models)
+            if ledger:
+                ledger.register(os.path.abspath(config_path), held_cpus(plan, topo))
+                cleanup.callback(ledger.release)
+        for holder in holders:
+            log.info(
+                "planned around another server: %s", holder.describe(), extra={"event": "ledger"}
+            )
+        monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
+        if monitor is not None:
+            cleanup.callback(monitor.close)
+        runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
+        cleanup.callback(_remove, runtime_dir)
+        system = System()
+        cleanup.callback(system.close)
         if monitor is not None:
             monitor.start()
         supervisor = Supervisor(
             config_path, config, topo, runtime_dir, system=system, monitor=monitor
         )
         return supervisor.run()
-    finally:
-        if monitor is not None:
-            monitor.close()
-        system.close()
-        for path in runtime_dir.glob("*"):
-            path.unlink(missing_ok=True)
-        runtime_dir.rmdir()
+
+
+def _remove(runtime_dir: Path) -> None:
+    for path in runtime_dir.glob("*"):
+        path.unlink(missing_ok=True)
+    runtime_dir.rmdir()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from numaserve import exitcodes
-from numaserve.config import SupervisorConfig
+from numaserve.config import DEFAULT_MODEL, SupervisorConfig
 
 
 class State(str, Enum):
@@ -35,6 +35,7 @@ class Child:
     cpus: tuple[int, ...] = ()
     nodes: tuple[int, ...] = ()
     shard: int = 0  # a worker: the router shard that routes to it; a shard: its own index
+    model_name: str = DEFAULT_MODEL  # a worker's or a shard's model
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
@@ -52,6 +53,7 @@ class Child:
         return {
             "name": self.name,
             "pool": self.pool,
+            "model_name": self.model_name,
             "state": self.state.value,
             "pid": self.pid,
             "cpus": list(self.cpus),

@@ -46,7 +46,7 @@ def process_name(argv: list[str]) -> str:
     if "prepare" in argv:
         return "prepare"
     spec = spec_of(argv)
-    if "shards" in spec:
+    if "routes" in spec:
         return "frontend"
     if "workers_endpoint" in spec:
         return f"router-{spec['shard']}" if spec.get("frontend") else "router"

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from numaserve.client import Client, ClientKeys, NumaserveError
+from numaserve.host.ledger import LEDGER_ENV
 from tests.harness.cluster import free_port
 
 DEFAULT_METRICS = "127.0.0.1:9464"
@@ -52,7 +53,9 @@ class Server:
         curve: ClientKeys | None = None,
     ):
         """`prefix`: a command to run `numaserve start` under (strace, say); `curve`: the keys
-        its clients use, where the config has server.curve."""
+        its clients use, where the config has server.curve. Each server has a core ledger of
+        its own, so that servers a test runs side by side never see each other's CPUs,
+        unless `env` names one for them to share (NUMASERVE_LEDGER)."""
         self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.metrics = f"127.0.0.1:{free_port()}"
@@ -66,7 +69,7 @@ class Server:
             [*prefix, exe, "start", "--config", str(self.config)],
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, LEDGER_ENV: str(directory / f"{name}.ledger"), **(env or {})},
         )
 
     def log(self) -> str:

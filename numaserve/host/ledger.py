@@ -1,0 +1,175 @@
+"""The host-wide core ledger: which CPUs each running numaserve server holds, so that a second
+server on the same host (another config, another systemd unit) plans around them instead of
+pinning onto the same cores.
+
+One JSON file per server, `server-<pid>.json`, held with an exclusive flock for the life of the
+server. The kernel drops a lock when its holder dies, however it dies (SIGKILL included), so an
+entry whose lock can be taken belongs to a dead server, and is removed by whoever reads it next:
+no pid is ever trusted. `.lock` makes read, plan and register one step for servers starting
+at the same moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from numaserve.config import PlacementConfig, ServedModel
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.placement import PlacementError, Plan, plan_placement
+from numaserve.host.topology import CPUTopology
+
+LEDGER_ENV = "NUMASERVE_LEDGER"  # a directory to use instead of the defaults below
+SYSTEM_DIR = Path("/run/numaserve")  # systemd's RuntimeDirectory=numaserve
+
+
+class CoresHeldError(PlacementError):
+    """This server does not fit in what other servers on the host leave free. Trying again
+    once one of them stops may succeed (exit 75, EX_TEMPFAIL)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running server's entry."""
+
+    pid: int
+    config: str
+    cpus: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "config": self.config, "cpus": list(self.cpus)}
+
+    def describe(self) -> str:
+        return f"pid {self.pid} (config {self.config}) holds CPUs {format_cpulist(self.cpus)}"
+
+
+def ledger_dir(environ: Mapping[str, str] = os.environ, create: bool = True) -> Path | None:
+    """$NUMASERVE_LEDGER if set; else /run/numaserve, which every server on the host sees;
+    else, for a user who may not write there, $XDG_RUNTIME_DIR/numaserve (that user's servers
+    only). None: nowhere to write one. `create`: False for a command that only reads it."""
+    if environ.get(LEDGER_ENV):
+        candidates = [Path(environ[LEDGER_ENV])]
+    else:
+        candidates = [SYSTEM_DIR]
+        if environ.get("XDG_RUNTIME_DIR"):
+            candidates.append(Path(environ["XDG_RUNTIME_DIR"]) / "numaserve")
+    for path in candidates:
+        if not create:
+            if path.is_dir():
+                return path
+            continue
+        try:
+            path.mkdir(mode=0o755, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path, os.W_OK | os.X_OK):
+            return path
+    return None
+
+
+def held_cpus(plan: Plan, topo: CPUTopology) -> tuple[int, ...]:
+    """What a plan holds: every thread of every physical core it uses (an instance's core,
+    or a reserved one), so that no other server gets an idle SMT sibling of our cores."""
+    used = {*plan.reserved_cpus, *(cpu for slot in plan.slots for cpu in slot.cpus)}
+    return tuple(sorted(cpu for c in topo.cores if used & set(c.cpus) for cpu in c.cpus))
+
+
+def without(topo: CPUTopology, holders: list[Holder]) -> CPUTopology:
+    """The topology a server plans on: the CPUs other servers hold are not allowed."""
+    held = {cpu for h in holders for cpu in h.cpus}
+    return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held)
+
+
+def plan_around(
+    ledger: Ledger | None,
+    topo: CPUTopology,
+    placement: PlacementConfig,
+    models: tuple[ServedModel, ...] = (),
+) -> tuple[CPUTopology, Plan, list[Holder]]:
+    """The plan on what the other servers leave, and the topology it was made on (a reload
+    plans on the same). A plan that would fit on the whole machine, but not in what is left,
+    is a CoresHeldError naming the holders; one that would not fit anyway, the plain error."""
+    holders = ledger.holders() if ledger else []
+    free = without(topo, holders)
+    try:
+        return free, plan_placement(free, placement, models), holders
+    except PlacementError as e:
+        if not holders:
+            raise
+        plan_placement(topo, placement, models)  # raises, with what this machine could ever hold
+        who = "; ".join(h.describe() for h in holders)
+        raise CoresHeldError(
+            f"{e}. Other numaserve servers on this host hold CPUs (ledger {ledger.directory}): "
+            f"{who}. Stop one of them, or ask for fewer instances here"
+        ) from None
+
+
+class Ledger:
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._entry: int | None = None  # our entry's open, locked file descriptor
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """No other server reads or registers meanwhile."""
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def holders(self) -> list[Holder]:
+        """The other live servers' entries; dead servers' entries are removed on the way."""
+        found = []
+        for path in sorted(self.directory.glob("server-*.json")):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # its server stopped meanwhile
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:  # locked: its server is alive
+                    holder = _parse(os.read(fd, 1 << 20))
+                    if holder is not None and holder.pid != os.getpid():
+                        found.append(holder)
+                    continue
+                path.unlink(missing_ok=True)  # nobody holds it: its server is dead
+            except PermissionError:  # another user's dead server's: left for them
+                pass
+            finally:
+                os.close(fd)
+        return found
+
+    def register(self, config: str, cpus: tuple[int, ...]) -> Path:
+        """Our entry, locked until `release` or our death. Written and locked before it takes
+        its name, so no reader ever sees it unlocked or half written."""
+        final = self.directory / f"server-{os.getpid()}.json"
+        temporary = self.directory / f".server-{os.getpid()}.json.new"
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(Holder(os.getpid(), config, cpus).to_json()).encode())
+        os.rename(temporary, final)
+        self._entry = fd
+        return final
+
+    def release(self) -> None:
+        if self._entry is not None:
+            (self.directory / f"server-{os.getpid()}.json").unlink(missing_ok=True)
+            os.close(self._entry)
+            self._entry = None
+
+
+def _parse(data: bytes) -> Holder | None:
+    try:
+        body = json.loads(data)
+        return Holder(int(body["pid"]), str(body["config"]), tuple(int(c) for c in body["cpus"]))
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours to judge; a live server's unreadable entry is left alone

@@ -1,0 +1,103 @@
+"""Several models served side by side by one server (`models:`): real `numaserve start`, real
+clients on both models at once, live affinity from the kernel. Slow (each test starts
+servers): CI runs them in their own step."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from numaserve.client import BadRequest, Client, NumaserveError
+from tests.harness import server as server_
+
+pytestmark = pytest.mark.slow
+
+TWO_MODELS = """
+models:
+  - {{name: embed, path: "bundled:minilm", max_length: 128,
+      pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
+  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200}}
+"""
+ONE_MODEL = """
+model: {{path: "{path}", task: {task}, max_length: {length}}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200}}
+placement: {{pools: [{{name: main, max_tokens: {length}, instances: 1}}]}}
+"""
+TEXTS = [f"text {i}: the quick brown fox jumps over {i} lazy dogs" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, classifier_dir):
+    s = server_.Server(tmp_path_factory.mktemp("two"), TWO_MODELS.format(classifier=classifier_dir))
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_both_models_serve_under_concurrent_load_and_no_core_is_shared(two):
+    outcomes: dict[str, list[str]] = {"embed": [], "toxicity": []}
+
+    def load(model: str) -> None:
+        with Client(two.endpoint, timeout=30, retries=0, model=model) as client:
+            call = client.embed if model == "embed" else client.classify
+            for text in TEXTS * 3:
+                try:
+                    call(text)
+                    outcomes[model].append("ok")
+                except NumaserveError as e:
+                    outcomes[model].append(e.code)
+
+    threads = [threading.Thread(target=load, args=(m,)) for m in ("embed", "toxicity") * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert outcomes == {"embed": ["ok"] * 240, "toxicity": ["ok"] * 240}
+    instances = two.instances()
+    assert {i["model_name"] for i in instances.values()} == {"embed", "toxicity"}
+    live = [os.sched_getaffinity(i["pid"]) for i in instances.values()]
+    assert all(live) and not set.intersection(*live)  # each on its own core, from the kernel
+    assert all(i["affinity_ok"] for i in instances.values())
+
+
+def test_each_models_answers_match_a_single_model_server(two, tmp_path, classifier_dir):
+    with Client(two.endpoint, timeout=30, model="embed") as client:
+        vectors = [e.vector for e in client.embed(TEXTS)]
+    with Client(two.endpoint, timeout=30, model="toxicity") as client:
+        classes = client.classify(TEXTS)
+
+    for name, path, task, length in (
+        ("embed", "bundled:minilm", "embed", 128),
+        ("toxicity", classifier_dir, "classify", 64),
+    ):
+        text = ONE_MODEL.format(path=path, task=task, length=length)
+        one = server_.Server(tmp_path, text, name=name)
+        try:
+            one.wait_ready()
+            with Client(one.endpoint, timeout=30) as client:
+                if task == "embed":
+                    alone = [e.vector for e in client.embed(TEXTS)]
+                    np.testing.assert_allclose(np.stack(vectors), np.stack(alone), atol=1e-6)
+                else:
+                    assert client.classify(TEXTS) == classes
+        finally:
+            one.stop()
+
+
+def test_a_request_that_names_no_model_is_told_the_models_served(two):
+    with Client(two.endpoint, timeout=30) as client, pytest.raises(BadRequest) as caught:
+        client.embed("which model?")
+    assert "this server serves several models (embed, toxicity)" in str(caught.value)
+
+
+def test_status_shows_every_models_instances_and_pools(two):
+    status = two.status()
+    assert sorted(i["name"] for i in status["instances"]) == ["embed.main-0", "toxicity.main-0"]
+    assert sorted((p["model_name"], p["name"], p["ready"]) for p in status["pools"]) == [
+        ("embed", "main", 1),
+        ("toxicity", "main", 1),
+    ]
