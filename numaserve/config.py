@@ -246,19 +246,24 @@ def _check_models_form(config: Config, data: dict, source: str) -> None:
         )
     if not config.models:
         raise ConfigError(f"{source}: models: at least one model is required")
+    names = [m.name for m in config.models]
+    _check_names(names, "models", "requests name it, and it names instances", source)
+
+
+def _check_names(names: list[str], key: str, why: str, source: str) -> None:
+    """Each of the names at `key`[i].name is a valid name, and its own."""
     seen: dict[str, int] = {}
-    for i, served in enumerate(config.models):
-        if not re.fullmatch(NAME, served.name):
+    for i, name in enumerate(names):
+        if not re.fullmatch(NAME, name):
             raise ConfigError(
-                f"{source}: models[{i}].name: use 1-32 letters, digits, '-' or '_' (requests "
-                f"name it, and it names instances); got {served.name!r}"
+                f"{source}: {key}[{i}].name: use 1-32 letters, digits, '-' or '_' ({why}); "
+                f"got {name!r}"
             )
-        if served.name in seen:
+        if name in seen:
             raise ConfigError(
-                f"{source}: models[{i}].name: {served.name!r} is already the name of "
-                f"models[{seen[served.name]}]"
+                f"{source}: {key}[{i}].name: {name!r} is already the name of {key}[{seen[name]}]"
             )
-        seen[served.name] = i
+        seen[name] = i
 
 
 def _with_checkpoint_max_length(
@@ -407,19 +412,7 @@ def _check_model(
         )
     if not pools:
         raise ConfigError(f"{source}: {pools_key}: at least one pool is required")
-    seen: dict[str, int] = {}
-    for i, pool in enumerate(pools):
-        if not re.fullmatch(NAME, pool.name):
-            raise ConfigError(
-                f"{source}: {pools_key}[{i}].name: use 1-32 letters, digits, '-' or '_' "
-                f"(it names instances and log lines); got {pool.name!r}"
-            )
-        if pool.name in seen:
-            raise ConfigError(
-                f"{source}: {pools_key}[{i}].name: {pool.name!r} is already the name of "
-                f"{pools_key}[{seen[pool.name]}]"
-            )
-        seen[pool.name] = i
+    _check_names([p.name for p in pools], pools_key, "it names instances and log lines", source)
     by_limit: dict[int, int] = {}
     for i, pool in enumerate(pools):
         if pool.max_tokens in by_limit:

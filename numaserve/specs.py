@@ -90,8 +90,9 @@ class FrontendSpec(JSONSpec):
     module = "numaserve.router.frontend"
 
     endpoint: str  # server.endpoint, for clients
-    routes: tuple[Route, ...]  # by model, in config order; one: no model to look for
+    routes: tuple[Route, ...]  # by model, in config order
     max_message_bytes: int
+    by_model: bool = False  # read each request's `model` (a `models:` config); else a proxy
     curve: CurveConfig | None = None  # server.curve, for the client endpoint
     cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
     nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
@@ -128,26 +129,27 @@ class Deployment:
 
 def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
     """The processes a Plan becomes: router shards of each model, over its own instances, and a
-    frontend where there is more than one shard. `runtime_dir` holds the routers' private
+    frontend where there is more than one shard, or models to route by name (`models:`). `runtime_dir` holds the routers' private
     sockets (workers, and the frontend's hand-out): private to this server. Shards are numbered
     across all models; only those of one model hand requests to each other."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     served = {m.name: m for m in config.served}
-    several = len(served) > 1
+    named = bool(config.models)  # requests name their model: a frontend routes by it
     shards = [
         (served[name], shard)
         for name in plan.models
         for shard in plan_shards(plan.for_model(name), topo, config.server.routers)
     ]
     frontend = None
-    if len(shards) > 1:
+    if len(shards) > 1 or named:
         routes = tuple(
-            Route(name, f"ipc://{runtime_dir}/frontend{f'-{name}' * several}.sock")
+            Route(name, f"ipc://{runtime_dir}/frontend{f'-{name}' * named}.sock")
             for name in plan.models
         )
         frontend = FrontendSpec(
             endpoint=config.server.endpoint,
             routes=routes,
+            by_model=named,
             max_message_bytes=config.server.max_message_bytes,
             curve=config.server.curve,
             cpus=plan.reserved_cpus,

@@ -5,7 +5,9 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
+import msgpack
 import pytest
 import zmq
 
@@ -98,12 +100,21 @@ def test_sigterm_stops_the_frontend_while_requests_stream_through_it(frontend):
 @pytest.fixture
 def two_models(tmp_path):
     """A frontend for two models, `toxicity` and `embed`, a stand-in shard of each, a client."""
+    yield from by_model(tmp_path, "toxicity", "embed")
+
+
+@pytest.fixture
+def one_model(tmp_path):
+    """The frontend of a `models:` config that lists one model."""
+    yield from by_model(tmp_path, "embed")
+
+
+def by_model(tmp_path, *models: str):
     spec = FrontendSpec(
         endpoint=f"tcp://127.0.0.1:{free_port()}",
-        routes=tuple(
-            Route(m, f"ipc://{tmp_path}/frontend-{m}.sock") for m in ("toxicity", "embed")
-        ),
+        routes=tuple(Route(m, f"ipc://{tmp_path}/frontend-{m}.sock") for m in models),
         max_message_bytes=1 << 20,
+        by_model=True,
     )
     proc = subprocess.Popen(spec.argv())
     ctx = zmq.Context()
@@ -115,6 +126,18 @@ def two_models(tmp_path):
     for sock in (*shards.values(), client):
         sock.linger = 0
         sock.rcvtimeo = 10_000
+    for model, shard in shards.items():  # until the frontend has its connection from each
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            client.send_multipart(protocol.pack({"id": 0, "op": "ping", "model": model}))
+            if shard.poll(200):
+                shard.send_multipart([*shard.recv_multipart()[:-2], *protocol.pack({"id": 0})])
+            if client.poll(1000) and "error" not in protocol.unpack(client.recv_multipart()):
+                break  # answered by the shard, not no_instance from the frontend
+    time.sleep(0.2)
+    for sock in (*shards.values(), client):  # the pings that crossed on the way
+        while sock.poll(0):
+            sock.recv_multipart()
     yield shards, client
     ctx.destroy(linger=0)
     proc.kill()
@@ -179,3 +202,56 @@ def test_what_is_not_a_request_goes_to_a_router_to_be_judged(two_models):
     poller.register(shards["toxicity"], zmq.POLLIN)
     assert poller.poll(10_000)
     assert shards["toxicity"].recv_multipart()[-1] == b"\xc1 not msgpack"
+
+
+def test_with_one_model_listed_a_request_that_names_none_is_for_it(one_model):
+    shards, client = one_model
+    assert answered_by(shards, client, {"id": 1, "op": "embed", "texts": ["x"]}) == "embed"
+    assert answered_by(shards, client, {"id": 2, "op": "embed", "model": "embed"}) == "embed"
+
+
+HOSTILE = [
+    [b"v1"],
+    [b"v1", b""],
+    [b"v1", b"\xc1"],
+    [b"v9", b"\x80"],
+    [*protocol.pack({"id": 1, "op": "embed"}), b"extra"],
+    [b"v1", msgpack.packb([1, 2, 3])],
+    protocol.pack({"id": 2, "op": "embed", "model": 7, "texts": ["x"]}),
+    protocol.pack({"id": 3, "op": "embed", "model": "m" * 100_000, "texts": ["x"]}),
+    protocol.pack({"id": 4, "op": "embed", "model": None, "texts": ["x"]}),
+    [b"v1", b"\x82\xa2id\xa1\xff\xa2op\xa5embed"],  # an id that is not UTF-8
+]
+
+
+def test_hostile_messages_leave_the_routing_frontend_serving(two_models):
+    shards, client = two_models
+    for frames in HOSTILE:
+        client.send_multipart(frames)
+    time.sleep(0.5)
+    for sock in (*shards.values(), client):  # what the frontend passed on or answered
+        while sock.poll(0):
+            sock.recv_multipart()
+    assert answered_by(shards, client, {"id": 9, "op": "embed", "model": "embed"}) == "embed"
+
+
+def test_a_huge_unknown_model_name_is_not_echoed_back(two_models):
+    shards, client = two_models
+    body = {"id": 5, "op": "embed", "model": "m" * 100_000, "texts": ["x"]}
+    client.send_multipart(protocol.pack(body))
+    assert shards["toxicity"].poll(10_000)  # a router will say the name is not a name
+    assert len(shards["toxicity"].recv_multipart()[-1]) > 100_000
+    assert not client.poll(200)
+
+
+def test_a_model_with_no_shard_up_is_answered_no_instance_and_the_others_serve_on(two_models):
+    shards, client = two_models
+    shards["toxicity"].close()  # its only shard is gone (being restarted)
+    deadline, reply = time.monotonic() + 10, {}
+    while time.monotonic() < deadline and "error" not in reply:  # once the frontend sees it
+        client.send_multipart(protocol.pack({"id": 3, "op": "classify", "model": "toxicity"}))
+        reply = protocol.unpack(client.recv_multipart()) if client.poll(500) else {}
+    assert (reply["id"], reply["error"]["code"]) == (3, "no_instance")
+    assert "no router shard of model 'toxicity' is up" in reply["error"]["message"]
+    rest = {"embed": shards["embed"]}
+    assert answered_by(rest, client, {"id": 4, "op": "embed", "model": "embed"}) == "embed"

@@ -44,13 +44,19 @@ def servers():
         s.stop()
 
 
-def test_a_second_server_takes_only_the_cores_the_first_leaves(tmp_path, servers):
+def first_and_second(tmp_path, servers) -> tuple[server_.Server, server_.Server]:
+    """A first server on one core, then a second with `instances: auto`, both ready."""
     first = start(tmp_path, "first", 1)
     servers(first)
     first.wait_ready()
     second = start(tmp_path, "second", "auto")
     servers(second)
     second.wait_ready()
+    return first, second
+
+
+def test_a_second_server_takes_only_the_cores_the_first_leaves(tmp_path, servers):
+    first, second = first_and_second(tmp_path, servers)
 
     mine, theirs = live_cpus(first), live_cpus(second)
     assert mine and theirs and not mine & theirs
@@ -62,12 +68,7 @@ def test_a_second_server_takes_only_the_cores_the_first_leaves(tmp_path, servers
 def test_a_server_with_no_room_is_refused_naming_the_holders_then_starts_once_one_stops(
     tmp_path, servers
 ):
-    first = start(tmp_path, "first", 1)
-    servers(first)
-    first.wait_ready()
-    second = start(tmp_path, "second", "auto")
-    servers(second)
-    second.wait_ready()
+    first, second = first_and_second(tmp_path, servers)
 
     third = start(tmp_path, "third", "auto")
     message = refused(third)

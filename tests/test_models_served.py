@@ -101,3 +101,40 @@ def test_status_shows_every_models_instances_and_pools(two):
         ("embed", "main", 1),
         ("toxicity", "main", 1),
     ]
+
+
+def test_a_reload_that_changes_one_model_keeps_the_others_instances_and_fails_nothing(two):
+    """Last in this module: it changes the module's server."""
+    before = {name: i["pid"] for name, i in two.instances().items()}
+    outcomes: list[str] = []
+    running = threading.Event()
+    running.set()
+
+    def load(model: str) -> None:
+        with Client(two.endpoint, timeout=30, retries=0, model=model) as client:
+            call = client.embed if model == "embed" else client.classify
+            while running.is_set():
+                try:
+                    call("still served while the other model reloads")
+                    outcomes.append("ok")
+                except NumaserveError as e:
+                    outcomes.append(e.code)
+
+    threads = [threading.Thread(target=load, args=(m,)) for m in ("embed", "toxicity")]
+    for t in threads:
+        t.start()
+    try:
+        two.config.write_text(
+            two.config.read_text().replace("task: classify", "task: classify, quantize: none")
+        )
+        two.reload_model("toxicity.main-0", before["toxicity.main-0"])
+    finally:
+        running.clear()
+        for t in threads:
+            t.join()
+
+    after = {name: i["pid"] for name, i in two.instances().items()}
+    assert after["embed.main-0"] == before["embed.main-0"]  # untouched
+    assert after["toxicity.main-0"] != before["toxicity.main-0"]
+    assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+    assert "unchanged, kept running: embed" in two.log()

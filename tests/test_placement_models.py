@@ -132,12 +132,21 @@ def test_one_model_plans_exactly_as_a_model_config_does(sysfs):
         "[{name: short, max_tokens: 64, instances: 4}, {name: long, max_tokens: 128}]}"
     )
 
-    as_list = plan_placement(topo, single.placement, single.served)
+    as_config = plan_placement(topo, single.placement, single.models)
     as_before = plan_placement(topo, single.placement)
 
-    assert as_list == as_before
+    assert single.models == () and as_config == as_before
     assert [s.name for s in as_before.slots][:5] == [*(f"short-{i}" for i in range(4)), "long-0"]
     assert {s.model for s in as_before.slots} == {"default"}
+
+
+def test_a_models_list_of_one_still_names_instances_for_their_model(sysfs):
+    """So that a reload may add a model beside it without renaming anything."""
+    topo = read_topology(sysfs("xeon8260_2socket"))
+
+    plan = plan_placement(topo, RESERVE_2, (model("embed", (1, 2)),))
+
+    assert [s.name for s in plan.slots] == ["embed.p0-0", "embed.p0-1"]
 
 
 def test_the_plan_table_shows_each_instances_model(sysfs):

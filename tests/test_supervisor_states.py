@@ -433,3 +433,33 @@ def test_the_snapshot_says_stopping_from_sigterm_on(rig):
     rig.start()
     rig.step(signal.SIGTERM)
     assert rig.monitor.latest.stopping
+
+
+TWO_MODELS = """
+models:
+  - {name: a, backend: torch, pools: [{name: main, max_tokens: 512, instances: 2}]}
+  - {name: b, backend: torch, pools: [{name: main, max_tokens: 512, instances: 1}]}
+supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
+"""
+
+
+def test_with_several_models_a_reload_restarts_only_the_changed_models_instances(tmp_path):
+    rig = Rig(tmp_path, config_text=TWO_MODELS)
+    rig.start()
+    before = {name: rig.pid(name) for name in ("a.main-0", "a.main-1", "b.main-0")}
+    rig.config_path.write_text(TWO_MODELS.replace("name: b,", "name: b, max_length: 128,"))
+
+    rig.step(signal.SIGHUP)
+    assert rig.sup.reload.replacement.name == "b.main-0"
+    assert not rig.sup.reload.waiting  # a's instances are not in line
+    rig.step(seconds=0.3)  # b's replacement is heard
+    rig.step()
+    rig.os.exit(before["b.main-0"], 0)
+    rig.run_for(1.0)
+
+    assert rig.sup.reload is None
+    assert rig.pid("b.main-0") != before["b.main-0"]
+    assert {name: rig.pid(name) for name in ("a.main-0", "a.main-1")} == {
+        name: before[name] for name in ("a.main-0", "a.main-1")
+    }
+    assert rig.os.signals_to("a.main-0") == rig.os.signals_to("a.main-1") == []

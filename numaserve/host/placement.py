@@ -131,10 +131,11 @@ class _FreeCores:
 def plan_placement(
     topo: CPUTopology, placement: PlacementConfig, models: tuple[ServedModel, ...] = ()
 ) -> Plan:
-    """One plan over every model's pools (`models`; none: the one model of
-    `placement.pools`), so that no core is in two instances of any model."""
+    """One plan over every model's pools (`models`, a `models:` config's, whose instances'
+    names carry their model's; none: the one model of `placement.pools`), so that no core is
+    in two instances of any model."""
     demands = models or (ServedModel(name=DEFAULT_MODEL, pools=placement.pools),)
-    several = len(demands) > 1
+    several = bool(models)
     usable = [c for c in topo.cores if any(cpu in topo.allowed_cpus for cpu in c.cpus)]
     if not usable:
         raise PlacementError(
@@ -224,7 +225,7 @@ class _Demand:
 
     model: ServedModel
     pool: PoolConfig
-    several: bool  # one of several models: its instances' names say which
+    several: bool  # one of a `models:` config's: its instances' names say which
 
     @property
     def prefix(self) -> str:
@@ -259,7 +260,7 @@ def _share(
 
 
 def _asked_words(pools: list[_Demand]) -> str:
-    """What every model asked for, for an error about several."""
+    """What every model asked for, for an error about a `models:` config."""
     by_model: dict[str, list[str]] = {}
     for d in pools:
         count = "auto" if d.pool.instances == AUTO else str(d.pool.instances)

@@ -7,9 +7,10 @@ reply finds its client by the envelope the ROUTER added. A shard that dies loses
 held (its clients retry, as they do when the one router dies); the others keep serving, and the
 restarted shard reconnects.
 
-For several models, a DEALER per model, and a loop that reads each request's `model` and hands
-it to that model's shards (`status` and `ping`, which are the whole server's, to the first
-model's). A request that names no model, or one not served, is answered here.
+For the models of a `models:` config, a DEALER per model, and a loop that reads each request's
+`model` and hands it to that model's shards (`status` and `ping`, which are the whole server's,
+to the first model's). A request that names no model where there are several, or one not
+served, is answered here.
 
 Run as `python -m numaserve.router.frontend --spec JSON` (a FrontendSpec, specs.py).
 """
@@ -19,10 +20,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+import traceback
 
 import zmq
 
 from numaserve import curve, exitcodes, protocol
+from numaserve.logs import Summary
 from numaserve.protocol import ErrorCode
 from numaserve.router.process import begin, context
 from numaserve.specs import FrontendSpec
@@ -31,6 +35,7 @@ log = logging.getLogger("numaserve.frontend")
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 CONTROL = "inproc://frontend-control"
+BATCH = 64  # messages taken from one socket before the others are looked at
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx.destroy(linger=0)
         return exitcodes.MODEL if isinstance(e, curve.CurveError) else exitcodes.CRASH
     control.bind(CONTROL)
-    if len(routes) == 1:
+    if spec.by_model:
+        target, args = _route, (ctx, clients, routes)
+    else:
         (only,) = routes.values()
         target, args = _proxy, (ctx, clients, only)
-    else:
-        target, args = _route, (ctx, clients, routes)
     proxy = threading.Thread(target=target, args=args, name="proxy")
     proxy.start()
     log.info("listening on %s; shards on %s", spec.endpoint, shards)
@@ -106,42 +111,61 @@ def _route(ctx: zmq.Context, clients: zmq.Socket, routes: dict[str, zmq.Socket])
     poller = zmq.Poller()
     for sock in (clients, control, *routes.values()):
         poller.register(sock, zmq.POLLIN)
-    first = next(iter(routes.values()))
-    served = ", ".join(routes)
+    failures = Summary(
+        log, "client message(s) failed in the frontend and were dropped", 10.0, logging.ERROR
+    )
     try:
         while True:
             for sock, _ in poller.poll():
                 if sock is control:
                     return
-                frames = sock.recv_multipart()
-                if sock is not clients:  # a reply: its envelope leads back to the client
-                    clients.send_multipart(frames)
-                    continue
-                body = _body(frames)
-                model = body.get("model")
-                if isinstance(model, str) and model in routes:
-                    routes[model].send_multipart(frames)
-                elif model is None and body.get("op") not in protocol.TEXT_OPS:
-                    first.send_multipart(frames)  # status, ping, or an error for a router to say
-                elif model is None:
-                    _refuse(
-                        clients,
-                        frames,
-                        body,
-                        f"this server serves several models ({served}): name one in `model`",
-                    )
-                elif isinstance(model, str):
-                    _refuse(
-                        clients,
-                        frames,
-                        body,
-                        f"no model {model!r} here; this server serves {served}",
-                    )
-                else:  # not a name: the router says what is wrong with the request
-                    first.send_multipart(frames)
+                for _ in range(BATCH):  # what is waiting, without a poll per message
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if sock is not clients:
+                        clients.send_multipart(frames)  # a reply: its envelope finds the client
+                        continue
+                    try:  # no message, however malformed, may stop the routing
+                        _hand_out(clients, routes, frames)
+                    except Exception:
+                        failures.add(1, time.monotonic(), traceback.format_exc())
     finally:
         for sock in (clients, control, *routes.values()):
             sock.close(linger=0)
+
+
+def _hand_out(clients: zmq.Socket, routes: dict[str, zmq.Socket], frames: list[bytes]) -> None:
+    """A client's request to the shards of the model it names."""
+    body = _body(frames)
+    model = body.get("model")
+    first = next(iter(routes))
+    served = ", ".join(routes)
+    if isinstance(model, str) and model in routes:
+        _pass(clients, routes, model, frames, body)
+    elif model is None and (body.get("op") not in protocol.TEXT_OPS or len(routes) == 1):
+        _pass(clients, routes, first, frames, body)  # status, ping, the only model
+    elif model is None:
+        message = f"this server serves several models ({served}): name one in `model`"
+        _refuse(clients, frames, body, ErrorCode.BAD_REQUEST, message)
+    elif isinstance(model, str) and len(model) <= protocol.MAX_MODEL_NAME:
+        message = f"no model {model!r} here; this server serves {served}"
+        _refuse(clients, frames, body, ErrorCode.BAD_REQUEST, message)
+    else:  # not a name: a router says what is wrong with the request
+        _pass(clients, routes, first, frames, body)
+
+
+def _pass(
+    clients: zmq.Socket, routes: dict[str, zmq.Socket], model: str, frames: list[bytes], body: dict
+) -> None:
+    """To one of the model's shards; with none connected (all restarting), answered
+    no_instance at once, so that one model's outage never holds up the others' requests."""
+    try:
+        routes[model].send_multipart(frames, zmq.NOBLOCK)
+    except zmq.Again:
+        message = f"no router shard of model {model!r} is up; retry shortly"
+        _refuse(clients, frames, body, ErrorCode.NO_INSTANCE, message)
 
 
 def _body(frames: list[bytes]) -> dict:
@@ -154,8 +178,10 @@ def _body(frames: list[bytes]) -> dict:
         return {}
 
 
-def _refuse(clients: zmq.Socket, frames: list[bytes], body: dict, message: str) -> None:
-    reply = protocol.error_reply(protocol.reply_id(body.get("id")), ErrorCode.BAD_REQUEST, message)
+def _refuse(
+    clients: zmq.Socket, frames: list[bytes], body: dict, code: ErrorCode, message: str
+) -> None:
+    reply = protocol.error_reply(protocol.reply_id(body.get("id")), code, message)
     clients.send_multipart([*frames[:-2], *protocol.pack(reply)])
 
 

@@ -378,7 +378,7 @@ class Supervisor:
     def snapshot(self, now: float) -> Snapshot:
         """The whole server as /metrics and the probes see it: the current processes (not
         those a reload retired, nor a replacement still starting under its slot's name)."""
-        several = len(self.config.served) > 1
+        named = bool(self.config.models)
         kinds = [("router", c) for c in self.routers]
         kinds += [("frontend", self.frontend)] if self.frontend else []
         kinds += [("prepare", self.prepare)] if self.prepare else []
@@ -393,7 +393,7 @@ class Supervisor:
                     "model": m.path,
                     "task": m.task,
                     "quantize": m.quantize,
-                    **({"model_name": m.name} if several else {}),
+                    **({"model_name": m.name} if named else {}),
                 }
                 for m in self.config.served
             ),
@@ -562,14 +562,24 @@ class Supervisor:
             log.warning(
                 "reload: %s; it applies at the next restart", change, extra={"event": "reload"}
             )
+        # `model:`: every instance restarts (new weights at the same path load too). `models:`:
+        # only the instances whose model's settings changed; the others keep serving.
+        several = bool(config.models)
         waiting = deque(
             w.name
             for w in new.workers
-            if w.name in self.workers and self.workers[w.name].state == State.READY
+            if w.name in self.workers
+            and self.workers[w.name].state == State.READY
+            and (not several or self.workers[w.name].argv != w.argv())
+        )
+        kept = sorted(
+            {w.model_name for w in new.workers if w.name in self.workers}
+            - {self.workers[name].model_name for name in waiting}
         )
         log.info(
-            "reload: restarting %d instance(s) one at a time",
+            "reload: restarting %d instance(s) one at a time%s",
             len(waiting),
+            f"; unchanged, kept running: {', '.join(kept)}" if several and kept else "",
             extra={"event": "reload"},
         )
         self.notifier.reloading("reloading")

@@ -212,17 +212,22 @@ class Rig:
         max_quick_exits: int = 3,
         backend="torch",
         routers: int | str = "auto",  # auto: one shard on this one-node machine
+        config_text: str | None = None,  # instead of CONFIG
     ):
         self.config_path = directory / "numaserve.yaml"
         self.routers_setting = routers
-        self.write_config(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
+        if config_text is None:
+            self.write_config(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
+        else:
+            self.config_path.write_text(config_text)
         self.os = FakeSystem()
         self.shards: list[FakeRouter] = []  # one per router shard, in shard order
         self.notifier = FakeNotifier()
         self.monitor = FakeMonitor()
+        self.sup_config = load_config(self.config_path)
         self.sup = Supervisor(
             str(self.config_path),
-            load_config(self.config_path),
+            self.sup_config,
             read_topology(MACHINE),
             directory,
             system=self.os,
@@ -235,7 +240,9 @@ class Rig:
     def _connect(self, endpoint: str) -> FakeRouter:
         """The supervisor's link to a shard (connected in shard order)."""
         shard = len(self.shards)
-        many = self.routers_setting != "auto" and self.routers_setting > 1
+        many = len(self.sup_config.served) > 1 or (
+            self.routers_setting != "auto" and self.routers_setting > 1
+        )
         self.shards.append(FakeRouter(self.os, f"router-{shard}" if many else "router", shard))
         return self.shards[-1]
 

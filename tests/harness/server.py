@@ -133,6 +133,13 @@ class Server:
             what="reload done",
         )
 
+    def reload_model(self, name: str, old_pid: int) -> None:
+        """SIGHUP, then wait until instance `name` runs under a new pid and the reload is done
+        (with several models, only the changed ones' instances restart)."""
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_replaced(name, old_pid)
+        self.wait_for(lambda: "reload: done" in self.log(), what="reload done")
+
     def router_pid(self) -> int:
         """The router's pid: the supervisor's child running numaserve.router."""
         out = subprocess.check_output(["pgrep", "-f", "-P", str(self.proc.pid), "numaserve.router"])
