@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -17,7 +16,7 @@ from numaserve.config import ConfigError, load_config
 from numaserve.host.cpulist import CPUListError, parse_cpulist
 from numaserve.host.ledger import CoresHeldError, Ledger, ledger_dir, plan_around
 from numaserve.host.placement import PlacementError, format_plan
-from numaserve.host.shards import plan_shards
+from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, format_topology, read_topology
 from numaserve.protocol import AGGREGATIONS, DEFAULT_AGGREGATION
 
@@ -139,17 +138,7 @@ def plan(
     ledger = None if sysfs_root else _ledger()  # other servers run on this machine only
     try:
         topo, result, holders = plan_around(ledger, topo, config.placement, config.models)
-        # Each model has router shards of its own, over its own instances, numbered across
-        # all models as the server numbers them.
-        per_model = [
-            (model, shard)
-            for model in result.models
-            for shard in plan_shards(result.for_model(model), topo, config.server.routers)
-        ]
-        shards = [
-            (model, dataclasses.replace(shard, index=i))
-            for i, (model, shard) in enumerate(per_model)
-        ]
+        shards = plan_model_shards(result, topo, config.server.routers)
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None
     if as_json:

@@ -25,7 +25,7 @@ from numaserve.config import (
     from_mapping,
 )
 from numaserve.host.placement import Plan
-from numaserve.host.shards import plan_shards
+from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
 
 
@@ -129,16 +129,16 @@ class Deployment:
 
 def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
     """The processes a Plan becomes: router shards of each model, over its own instances, and a
-    frontend where there is more than one shard, or models to route by name (`models:`). `runtime_dir` holds the routers' private
-    sockets (workers, and the frontend's hand-out): private to this server. Shards are numbered
-    across all models; only those of one model hand requests to each other."""
+    frontend where there is more than one shard, or models to route by name (`models:`).
+    `runtime_dir` holds the routers' private sockets (workers, and the frontend's hand-out):
+    private to this server. Shards are numbered across all models; only those of one model
+    hand requests to each other."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     served = {m.name: m for m in config.served}
     named = bool(config.models)  # requests name their model: a frontend routes by it
     shards = [
         (served[name], shard)
-        for name in plan.models
-        for shard in plan_shards(plan.for_model(name), topo, config.server.routers)
+        for name, shard in plan_model_shards(plan, topo, config.server.routers)
     ]
     frontend = None
     if len(shards) > 1 or named:
@@ -157,15 +157,15 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
         )
     route = {r.model: r.shards for r in frontend.routes} if frontend else {}
     routers = []
-    for index, (model, shard) in enumerate(shards):
-        peers = [i for i, (other, _) in enumerate(shards) if other is model]
+    for model, shard in shards:
+        peers = [other.index for m, other in shards if m is model]
         handovers = tuple(
             f"ipc://{runtime_dir}/handover-{i}.sock" if i in peers else ""
             for i in range(len(shards))
         )
         routers.append(
             RouterSpec(
-                workers_endpoint=f"ipc://{runtime_dir}/workers-{index}.sock",
+                workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
                 pools=model.pools,
                 model=model.model,
                 model_name=model.name,
@@ -173,14 +173,12 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
                 cpus=shard.cpus,
                 nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
                 drain_timeout_s=config.supervisor.drain_timeout_s,
-                shard=index,
+                shard=shard.index,
                 frontend=route.get(model.name),
                 handovers=handovers if len(peers) > 1 else (),
             )
         )
-    router_of = {
-        name: routers[index] for index, (_, shard) in enumerate(shards) for name in shard.slots
-    }
+    router_of = {name: routers[shard.index] for _, shard in shards for name in shard.slots}
     workers = tuple(
         WorkerSpec(
             name=slot.name,

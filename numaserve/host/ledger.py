@@ -63,14 +63,17 @@ def ledger_dir(environ: Mapping[str, str] = os.environ, create: bool = True) -> 
         if not create:
             if path.is_dir():
                 return path
-            continue
-        try:
-            path.mkdir(mode=0o755, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(path, os.W_OK | os.X_OK):
+        elif _made(path) and os.access(path, os.W_OK | os.X_OK):
             return path
     return None
+
+
+def _made(path: Path) -> bool:
+    try:
+        path.mkdir(mode=0o755, exist_ok=True)
+    except OSError:
+        return False
+    return True
 
 
 def held_cpus(plan: Plan, topo: CPUTopology) -> tuple[int, ...]:

@@ -163,9 +163,8 @@ def plan_placement(
     asked = f". The models ask for: {_asked_words(pools)}" if several else ""
     placed: dict[_Demand, list[list[Core]]] = {}
     fixed = [d for d in pools if d.pool.instances != AUTO]
-    for d in sorted(
-        fixed, key=lambda d: -d.pool.cores_per_instance
-    ):  # big first: less fragmentation
+    # The largest instances first: less fragmentation.
+    for d in sorted(fixed, key=lambda d: -d.pool.cores_per_instance):
         pool = d.pool
         room = sum(free.total(kind) for kind in kinds[d])
         placed[d] = []
@@ -209,7 +208,7 @@ def plan_placement(
         for i, cores in enumerate(placed[d]):
             cpus = tuple(sorted(cpu for c in cores for cpu in threads_of(c)))
             nodes = tuple(sorted({c.node for c in cores}))
-            name = f"{d.prefix}{d.pool.name}-{i}"
+            name = f"{d.label}-{i}"
             slots.append(Slot(name, d.pool.name, cpus, nodes, len(cpus), d.model.name))
     reserved_cpus = tuple(
         sorted(cpu for c in reserved for cpu in c.cpus if cpu in topo.allowed_cpus)
@@ -228,12 +227,13 @@ class _Demand:
     several: bool  # one of a `models:` config's: its instances' names say which
 
     @property
-    def prefix(self) -> str:
-        return f"{self.model.name}." if self.several else ""
+    def label(self) -> str:
+        """The pool's name, after its model's in a `models:` config: `embed.main`."""
+        return f"{self.model.name}.{self.pool.name}" if self.several else self.pool.name
 
     @property
     def words(self) -> str:
-        return f"pool {self.prefix + self.pool.name!r}"
+        return f"pool {self.label!r}"
 
 
 def _share(
@@ -312,7 +312,7 @@ def _describe_machine(usable: list[Core]) -> str:
 
 
 def _placed_words(placed: dict[_Demand, list], current: _Demand) -> str:
-    others = [f"{d.prefix + d.pool.name!r} ({len(v)})" for d, v in placed.items() if d != current]
+    others = [f"{d.label!r} ({len(v)})" for d, v in placed.items() if d != current]
     return "pools " + ", ".join(others) if others else "no other pool"
 
 

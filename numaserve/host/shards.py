@@ -9,6 +9,7 @@ a reserved core of its own node where there is one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -70,6 +71,21 @@ def plan_shards(plan: Plan, topo: CPUTopology, routers: int | str) -> tuple[Shar
     homes = [Counter(_home(s) for s in mine).most_common(1)[0][0] for mine in owned]
     cpus = _pin(plan, topo, homes)
     return tuple(Shard(i, tuple(s.name for s in owned[i]), homes[i], cpus[i]) for i in range(count))
+
+
+def plan_model_shards(
+    plan: Plan, topo: CPUTopology, routers: int | str
+) -> tuple[tuple[str, Shard], ...]:
+    """Each model's shards over its own instances, as (model, shard), numbered across all
+    models in config order: the numbers the server gives its router processes."""
+    per_model = [
+        (model, shard)
+        for model in plan.models
+        for shard in plan_shards(plan.for_model(model), topo, routers)
+    ]
+    return tuple(
+        (model, dataclasses.replace(shard, index=i)) for i, (model, shard) in enumerate(per_model)
+    )
 
 
 def _home(slot: Slot) -> int:

@@ -141,16 +141,15 @@ def _hand_out(clients: zmq.Socket, routes: dict[str, zmq.Socket], frames: list[b
     body = _body(frames)
     model = body.get("model")
     first = next(iter(routes))
-    served = ", ".join(routes)
     if isinstance(model, str) and model in routes:
         _pass(clients, routes, model, frames, body)
     elif model is None and (body.get("op") not in protocol.TEXT_OPS or len(routes) == 1):
         _pass(clients, routes, first, frames, body)  # status, ping, the only model
     elif model is None:
-        message = f"this server serves several models ({served}): name one in `model`"
+        message = f"this server serves several models ({', '.join(routes)}): name one in `model`"
         _refuse(clients, frames, body, ErrorCode.BAD_REQUEST, message)
     elif isinstance(model, str) and len(model) <= protocol.MAX_MODEL_NAME:
-        message = f"no model {model!r} here; this server serves {served}"
+        message = f"no model {model!r} here; this server serves {', '.join(routes)}"
         _refuse(clients, frames, body, ErrorCode.BAD_REQUEST, message)
     else:  # not a name: a router says what is wrong with the request
         _pass(clients, routes, first, frames, body)

@@ -564,13 +564,13 @@ class Supervisor:
             )
         # `model:`: every instance restarts (new weights at the same path load too). `models:`:
         # only the instances whose model's settings changed; the others keep serving.
-        several = bool(config.models)
+        named = bool(config.models)
         waiting = deque(
             w.name
             for w in new.workers
             if w.name in self.workers
             and self.workers[w.name].state == State.READY
-            and (not several or self.workers[w.name].argv != w.argv())
+            and (not named or self.workers[w.name].argv != w.argv())
         )
         kept = sorted(
             {w.model_name for w in new.workers if w.name in self.workers}
@@ -579,7 +579,7 @@ class Supervisor:
         log.info(
             "reload: restarting %d instance(s) one at a time%s",
             len(waiting),
-            f"; unchanged, kept running: {', '.join(kept)}" if several and kept else "",
+            f"; unchanged, kept running: {', '.join(kept)}" if named and kept else "",
             extra={"event": "reload"},
         )
         self.notifier.reloading("reloading")
