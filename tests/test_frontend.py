@@ -252,6 +252,6 @@ def test_a_model_with_no_shard_up_is_answered_no_instance_and_the_others_serve_o
         client.send_multipart(protocol.pack({"id": 3, "op": "classify", "model": "toxicity"}))
         reply = protocol.unpack(client.recv_multipart()) if client.poll(500) else {}
     assert (reply["id"], reply["error"]["code"]) == (3, "no_instance")
-    assert "no router shard of model 'toxicity' is up" in reply["error"]["message"]
+    assert "no router shard of model 'toxicity' is up or keeping up" in reply["error"]["message"]
     rest = {"embed": shards["embed"]}
     assert answered_by(rest, client, {"id": 4, "op": "embed", "model": "embed"}) == "embed"

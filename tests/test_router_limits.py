@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+import zmq
 
 from numaserve import protocol
 from tests.harness.stand_in import InProcessRouter
@@ -149,3 +150,27 @@ def test_texts_for_no_instance_at_all_fail_once_the_hold_is_over(make_router):
     started = time.monotonic()
     assert replies(sock, 1) == {"orphan": "no_instance"}
     assert time.monotonic() - started < 5
+
+
+def test_a_shard_loses_no_reply_while_its_frontend_falls_behind(make_router, tmp_path):
+    """The frontend always reads its shards (it drops only towards clients that do not read),
+    so a shard must queue its replies for it however far behind it falls: CPU starvation
+    under overload once made a shard drop replies at libzmq's send high-water mark."""
+    frontend = f"ipc://{tmp_path}/frontend.sock"
+    ctx = zmq.Context.instance()
+    stand_in = ctx.socket(zmq.DEALER)  # the frontend's side: envelope, version, body
+    stand_in.linger = 0
+    stand_in.bind(frontend)
+    r = make_router(frontend=frontend)
+    count = 20_000  # more than libzmq's default high-water marks and the socket buffer hold
+    for i in range(count):
+        stand_in.send_multipart([b"client", *protocol.pack({"id": i, "op": "ping"})])
+    deadline = time.monotonic() + 30
+    while r.router.counters["requests"] < count:  # all answered, none read yet
+        assert time.monotonic() < deadline, r.router.counters
+        time.sleep(0.05)
+    answered = set()
+    while stand_in.poll(1000):
+        answered.add(protocol.unpack(stand_in.recv_multipart()[1:])["id"])
+    stand_in.close()
+    assert len(answered) == count

@@ -158,12 +158,13 @@ def _hand_out(clients: zmq.Socket, routes: dict[str, zmq.Socket], frames: list[b
 def _pass(
     clients: zmq.Socket, routes: dict[str, zmq.Socket], model: str, frames: list[bytes], body: dict
 ) -> None:
-    """To one of the model's shards; with none connected (all restarting), answered
-    no_instance at once, so that one model's outage never holds up the others' requests."""
+    """To one of the model's shards; with none taking requests (all restarting, or every one
+    a high-water mark behind), answered no_instance at once, so that one model's outage
+    never holds up the others' requests."""
     try:
         routes[model].send_multipart(frames, zmq.NOBLOCK)
     except zmq.Again:
-        message = f"no router shard of model {model!r} is up; retry shortly"
+        message = f"no router shard of model {model!r} is up or keeping up; retry shortly"
         _refuse(clients, frames, body, ErrorCode.NO_INSTANCE, message)
 
 

@@ -186,6 +186,10 @@ class Router:
         """Listen for workers; and for clients, on server.endpoint, or, as one of several
         shards, by connecting to the frontend that hands their requests out."""
         if self.spec.frontend:
+            # Our peers here are the frontend and the other shards, which always read: queue
+            # every reply for them. At libzmq's high-water mark a ROUTER drops what it sends,
+            # and a frontend starved of CPU under overload falls that far behind.
+            self.clients.setsockopt(zmq.SNDHWM, 0)
             self.clients.connect(self.spec.frontend)
             if self.spec.handovers:  # where peer shards pass requests on (router/handover.py)
                 self.clients.bind(self.spec.handovers[self.spec.shard])

@@ -76,14 +76,18 @@ class InProcessRouter:
         instances: int = 1,
         delay: float = 0.0,
         start_workers: bool = True,
+        frontend: str | None = None,
         **server_settings,
     ):
+        """`frontend`: an address the router connects to as a shard does to its frontend,
+        instead of binding its own endpoint."""
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         server = ServerConfig(endpoint=self.endpoint, heartbeat_ms=500, **server_settings)
         spec = RouterSpec(
             workers_endpoint=f"ipc://{directory}/workers.sock",
             pools=(PoolConfig(name="main", max_tokens=256),),
             server=server,
+            frontend=frontend,
         )
         self.ctx = zmq.Context()
         tokenizer = Tokenizer(spec.model.path, spec.model.max_length, memo_bytes=1 << 20)
