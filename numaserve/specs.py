@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -93,6 +94,8 @@ class FrontendSpec(JSONSpec):
     routes: tuple[Route, ...]  # by model, in config order
     max_message_bytes: int
     by_model: bool = False  # read each request's `model` (a `models:` config); else a proxy
+    # by_model: where a reload writes the new FrontendSpec before it sends SIGHUP
+    routes_file: str | None = None
     curve: CurveConfig | None = None  # server.curve, for the client endpoint
     cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
     nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
@@ -126,19 +129,33 @@ class Deployment:
     frontend: FrontendSpec | None  # with more than one shard
     workers: tuple[WorkerSpec, ...]
 
+    def shard_numbers(self) -> dict[str, tuple[int, ...]]:
+        """Each model's shard numbers: what a reload keeps for the models it keeps."""
+        numbers: dict[str, tuple[int, ...]] = {}
+        for spec in self.routers:
+            numbers[spec.model_name] = (*numbers.get(spec.model_name, ()), spec.shard)
+        return numbers
 
-def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path) -> Deployment:
+
+def deployment(
+    config: Config,
+    plan: Plan,
+    topo: CPUTopology,
+    runtime_dir: Path,
+    numbers: Mapping[str, tuple[int, ...]] | None = None,
+) -> Deployment:
     """The processes a Plan becomes: router shards of each model, over its own instances, and a
     frontend where there is more than one shard, or models to route by name (`models:`).
     `runtime_dir` holds the routers' private sockets (workers, and the frontend's hand-out):
     private to this server. Shards are numbered across all models; only those of one model
-    hand requests to each other."""
+    hand requests to each other. `numbers`: the running server's shard numbers, by model,
+    for a reload (host/shards.plan_model_shards)."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     served = {m.name: m for m in config.served}
     named = bool(config.models)  # requests name their model: a frontend routes by it
     shards = [
         (served[name], shard)
-        for name, shard in plan_model_shards(plan, topo, config.server.routers)
+        for name, shard in plan_model_shards(plan, topo, config.server.routers, numbers)
     ]
     frontend = None
     if len(shards) > 1 or named:
@@ -150,33 +167,32 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
             endpoint=config.server.endpoint,
             routes=routes,
             by_model=named,
+            routes_file=f"{runtime_dir}/frontend-routes.json" if named else None,
             max_message_bytes=config.server.max_message_bytes,
             curve=config.server.curve,
             cpus=plan.reserved_cpus,
             nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
         )
     route = {r.model: r.shards for r in frontend.routes} if frontend else {}
-    routers = []
+    routers = {}
+    numbered = max(shard.index for _, shard in shards) + 1
     for model, shard in shards:
         peers = [other.index for m, other in shards if m is model]
         handovers = tuple(
-            f"ipc://{runtime_dir}/handover-{i}.sock" if i in peers else ""
-            for i in range(len(shards))
+            f"ipc://{runtime_dir}/handover-{i}.sock" if i in peers else "" for i in range(numbered)
         )
-        routers.append(
-            RouterSpec(
-                workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
-                pools=model.pools,
-                model=model.model,
-                model_name=model.name,
-                server=config.server,
-                cpus=shard.cpus,
-                nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
-                drain_timeout_s=config.supervisor.drain_timeout_s,
-                shard=shard.index,
-                frontend=route.get(model.name),
-                handovers=handovers if len(peers) > 1 else (),
-            )
+        routers[shard.index] = RouterSpec(
+            workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
+            pools=model.pools,
+            model=model.model,
+            model_name=model.name,
+            server=config.server,
+            cpus=shard.cpus,
+            nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
+            drain_timeout_s=config.supervisor.drain_timeout_s,
+            shard=shard.index,
+            frontend=route.get(model.name),
+            handovers=handovers if len(peers) > 1 else (),
         )
     router_of = {name: routers[shard.index] for _, shard in shards for name in shard.slots}
     workers = tuple(
@@ -197,4 +213,4 @@ def deployment(config: Config, plan: Plan, topo: CPUTopology, runtime_dir: Path)
         )
         for slot in plan.slots
     )
-    return Deployment(tuple(routers), frontend, workers)
+    return Deployment(tuple(routers.values()), frontend, workers)

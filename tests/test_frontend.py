@@ -1,6 +1,7 @@
 """The frontend (router/frontend.py): a real process and real sockets, with bare ROUTERs
 standing in for the shards."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -100,22 +101,31 @@ def test_sigterm_stops_the_frontend_while_requests_stream_through_it(frontend):
 @pytest.fixture
 def two_models(tmp_path):
     """A frontend for two models, `toxicity` and `embed`, a stand-in shard of each, a client."""
-    yield from by_model(tmp_path, "toxicity", "embed")
+    with by_model(tmp_path, "toxicity", "embed") as (shards, client, _):
+        yield shards, client
 
 
 @pytest.fixture
 def one_model(tmp_path):
     """The frontend of a `models:` config that lists one model."""
-    yield from by_model(tmp_path, "embed")
+    with by_model(tmp_path, "embed") as (shards, client, _):
+        yield shards, client
 
 
-def by_model(tmp_path, *models: str):
-    spec = FrontendSpec(
-        endpoint=f"tcp://127.0.0.1:{free_port()}",
+def routes_spec(tmp_path, endpoint: str, *models: str) -> FrontendSpec:
+    return FrontendSpec(
+        endpoint=endpoint,
         routes=tuple(Route(m, f"ipc://{tmp_path}/frontend-{m}.sock") for m in models),
         max_message_bytes=1 << 20,
         by_model=True,
+        routes_file=f"{tmp_path}/frontend-routes.json",
     )
+
+
+@contextlib.contextmanager
+def by_model(tmp_path, *models: str):
+    """The frontend's process, a stand-in shard of each model connected, and a client."""
+    spec = routes_spec(tmp_path, f"tcp://127.0.0.1:{free_port()}", *models)
     proc = subprocess.Popen(spec.argv())
     ctx = zmq.Context()
     shards = {route.model: ctx.socket(zmq.ROUTER) for route in spec.routes}
@@ -138,10 +148,12 @@ def by_model(tmp_path, *models: str):
     for sock in (*shards.values(), client):  # the pings that crossed on the way
         while sock.poll(0):
             sock.recv_multipart()
-    yield shards, client
-    ctx.destroy(linger=0)
-    proc.kill()
-    proc.wait()
+    try:
+        yield shards, client, proc
+    finally:
+        ctx.destroy(linger=0)
+        proc.kill()
+        proc.wait()
 
 
 def answered_by(shards, client, body: dict) -> str:
@@ -255,3 +267,47 @@ def test_a_model_with_no_shard_up_is_answered_no_instance_and_the_others_serve_o
     assert "no router shard of model 'toxicity' is up or keeping up" in reply["error"]["message"]
     rest = {"embed": shards["embed"]}
     assert answered_by(rest, client, {"id": 4, "op": "embed", "model": "embed"}) == "embed"
+
+
+def test_sighup_with_new_routes_adds_and_removes_models_while_the_kept_one_serves(tmp_path):
+    """A reload's routes (the new spec in routes_file): a socket for the added model, the
+    removed model's closed, the kept model's requests flowing throughout."""
+    with by_model(tmp_path, "toxicity", "embed") as (shards, client, proc):
+        spec = routes_spec(tmp_path, "unused", "embed", "ner")
+        with open(spec.routes_file, "w") as f:
+            f.write(spec.to_json())
+        proc.send_signal(signal.SIGHUP)
+        ner = client.context.socket(zmq.ROUTER)
+        ner.linger = 0
+        ner.connect(spec.routes[1].shards)
+        shards = {"embed": shards["embed"], "ner": ner}
+        deadline, reply = time.monotonic() + 10, {"error": {}}
+        while "error" in reply:  # until the frontend has taken up the new routes
+            assert time.monotonic() < deadline, reply
+            assert answered_by(shards, client, {"id": 1, "op": "embed", "model": "embed"})
+            client.send_multipart(protocol.pack({"id": 2, "op": "ner", "model": "ner"}))
+            if ner.poll(200):
+                request = ner.recv_multipart()
+                ner.send_multipart([*request[:-2], *protocol.pack({"id": 2})])
+            reply = protocol.unpack(client.recv_multipart())
+        body = {"id": 3, "op": "classify", "model": "toxicity", "texts": ["x"]}
+        client.send_multipart(protocol.pack(body))
+        reply = protocol.unpack(client.recv_multipart())
+        assert reply["error"]["code"] == "bad_request"
+        assert "serves embed, ner" in reply["error"]["message"]
+        assert answered_by(shards, client, {"id": 4, "op": "ner", "model": "ner"}) == "ner"
+        assert answered_by(shards, client, {"id": 5, "op": "embed", "model": "embed"}) == "embed"
+        # status and ping go to the first model of the new order
+        assert answered_by(shards, client, {"id": 6, "op": "status"}) == "embed"
+
+
+def test_a_sighup_with_an_unreadable_routes_file_keeps_the_routes(tmp_path):
+    with by_model(tmp_path, "toxicity", "embed") as (shards, client, proc):
+        with open(f"{tmp_path}/frontend-routes.json", "w") as f:
+            f.write("{not json")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        assert answered_by(shards, client, {"id": 1, "op": "embed", "model": "embed"}) == "embed"
+        body = {"id": 2, "op": "classify", "model": "toxicity"}
+        assert answered_by(shards, client, body) == "toxicity"

@@ -23,6 +23,8 @@ from numaserve.host.ledger import (
 )
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import read_topology
+from tests.harness.fake_system import Rig
+from tests.test_supervisor_states import THREE_MODELS, TWO_MODELS
 
 # Another server: registers `cpus` in the ledger at argv[1], says so, and lives on until killed.
 HOLDER = textwrap.dedent(
@@ -244,3 +246,60 @@ def test_plan_on_this_machine_plans_around_other_servers(tmp_path, holders_start
 
     assert 1 not in {cpu for i in data["instances"] for cpu in i["cpus"]}
     assert [h["cpus"] for h in data["held"]] == [[1]]
+
+
+def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds_its_cores(
+    tmp_path, holders_started
+):
+    """The supervisor on a FAKE OS (tests/harness/fake_system.py), with this real ledger: a
+    server that started after ours holds CPU 3; our entry follows the models we serve."""
+    ledger = Ledger(tmp_path)
+    rig = Rig(tmp_path, config_text=TWO_MODELS, ledger=ledger)
+    ledger.register(str(rig.config_path), held_cpus(rig.sup.plan, rig.sup.topo))
+    rig.start()
+    holders_started([3])
+
+    def ours() -> list[int]:
+        return json.loads((tmp_path / f"server-{os.getpid()}.json").read_text())["cpus"]
+
+    assert ours() == [0, 1, 2]
+    rig.config_path.write_text(THREE_MODELS)
+    rig.step(signal.SIGHUP)
+    rig.step(seconds=0.3)
+    rig.run_for(1.0)
+    assert rig.sup.reload is None
+    assert rig.sup.workers["c.main-0"].cpus == (4,)  # not CPU 3, the other server's
+    assert ours() == [0, 1, 2, 4]
+
+    b_worker = rig.pid("b.main-0")
+    rig.config_path.write_text(
+        "\n".join(line for line in THREE_MODELS.splitlines() if "name: b," not in line)
+    )
+    rig.step(signal.SIGHUP)
+    rig.os.exit(rig.os.pid_of("router-1"), 0)
+    rig.step()
+    rig.os.exit(b_worker, 0)
+    rig.run_for(1.0)
+    assert rig.sup.reload is None
+    assert ours() == [0, 1, 4]  # b's core is free for other servers again
+    ledger.release()
+
+
+def test_a_reload_aborted_before_its_models_were_added_gives_their_cores_back(tmp_path):
+    """As above, on a FAKE OS: the added model's artifact cannot be built."""
+    ledger = Ledger(tmp_path)
+    rig = Rig(tmp_path, config_text=TWO_MODELS, ledger=ledger)
+    ledger.register(str(rig.config_path), held_cpus(rig.sup.plan, rig.sup.topo))
+    rig.start()
+    rig.config_path.write_text(THREE_MODELS.replace("name: c, backend: torch", "name: c"))
+
+    rig.step(signal.SIGHUP)
+    entry = tmp_path / f"server-{os.getpid()}.json"
+    assert json.loads(entry.read_text())["cpus"] == [0, 1, 2, 3]  # held while it prepares
+    rig.os.exit(rig.os.pid_of("prepare"), 1)
+    rig.step()
+
+    assert rig.sup.reload is None
+    assert json.loads(entry.read_text())["cpus"] == [0, 1, 2]
+    assert "c.main-0" not in rig.sup.workers
+    ledger.release()

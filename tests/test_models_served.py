@@ -3,6 +3,7 @@ clients on both models at once, live affinity from the kernel. Slow (each test s
 servers): CI runs them in their own step."""
 
 import os
+import signal
 import threading
 
 import numpy as np
@@ -138,3 +139,54 @@ def test_a_reload_that_changes_one_model_keeps_the_others_instances_and_fails_no
     assert after["toxicity.main-0"] != before["toxicity.main-0"]
     assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
     assert "unchanged, kept running: embed" in two.log()
+
+
+def test_a_reload_that_removes_a_model_and_adds_another_fails_nothing_on_the_kept_one(
+    tmp_path, classifier_dir
+):
+    """Two cores: the added model takes the removed one's, once it has stopped. The kept
+    model serves throughout, from the same process."""
+    s = server_.Server(tmp_path, TWO_MODELS.format(classifier=classifier_dir))
+    try:
+        s.wait_ready()
+        before = s.instances()
+        outcomes: list[str] = []
+        running = threading.Event()
+        running.set()
+
+        def load() -> None:
+            with Client(s.endpoint, timeout=30, retries=0, model="embed") as client:
+                while running.is_set():
+                    try:
+                        client.embed("served while the other models come and go")
+                        outcomes.append("ok")
+                    except NumaserveError as e:
+                        outcomes.append(e.code)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        try:
+            s.config.write_text(s.config.read_text().replace("name: toxicity", "name: spam"))
+            s.proc.send_signal(signal.SIGHUP)
+            s.wait_for(lambda: "reload: done" in s.log(), what="reload done")
+        finally:
+            running.clear()
+            thread.join()
+
+        after = s.instances()
+        assert sorted(after) == ["embed.main-0", "spam.main-0"]
+        assert after["embed.main-0"]["pid"] == before["embed.main-0"]["pid"]
+        assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+        assert set(after["spam.main-0"]["cpus"]) == set(before["toxicity.main-0"]["cpus"])
+        live = [os.sched_getaffinity(i["pid"]) for i in after.values()]
+        assert all(live) and not set.intersection(*live)
+        with Client(s.endpoint, timeout=30, model="spam") as client:
+            assert client.classify(TEXTS[:2])
+        with (
+            Client(s.endpoint, timeout=30, model="toxicity") as client,
+            pytest.raises(BadRequest, match="serves embed, spam"),
+        ):
+            client.classify("no longer served")
+        assert "removing model(s) toxicity; adding model(s) spam" in s.log()
+    finally:
+        s.stop()

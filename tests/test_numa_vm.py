@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from numaserve.client import Client
+from numaserve.client import Client, NumaserveError
 from numaserve.host.pinning import live_affinity, read_numa_maps
 from numaserve.host.topology import read_topology
 from tests.harness.checkpoints import LABELS
@@ -198,3 +200,63 @@ def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_
     assert {i["node"] for i in plan["instances"]} == {1}
     assert len(plan["instances"]) == 2  # node 1's two cores
     assert "node 0's memory is not allowed to this process" in out.stderr
+
+
+MODELS = """
+models:
+  - {{name: kept, path: "{model}", task: classify, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+  - {{name: changed, path: "{model}", task: classify, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 2000, heartbeat_liveness: 10}}
+supervisor: {{start_timeout_s: 900}}
+placement: {{reserved_cores: 1, smt: false}}
+"""
+ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server:"""
+
+
+def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_path):
+    """Issue 18's reload on 4 physical cores: one reserved for the shards, one per model."""
+    model = os.environ["NUMASERVE_VM_MODEL"]
+    s = Server(tmp_path, MODELS.format(model=model))
+    try:
+        s.wait_ready(timeout=1200)
+        before = {name: i["pid"] for name, i in s.instances().items()}
+        outcomes: list[str] = []
+        running = threading.Event()
+        running.set()
+
+        def load() -> None:
+            with Client(s.endpoint, timeout=120, retries=0, model="kept") as client:
+                while running.is_set():
+                    try:
+                        client.classify("served while the others change")
+                        outcomes.append("ok")
+                    except NumaserveError as e:
+                        outcomes.append(e.code)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        try:
+            text = s.config.read_text().replace("server:", ADDED.format(model=model), 1)
+            text = text.replace("name: changed,", "name: changed, padding: max_length,")
+            s.config.write_text(text)
+            s.proc.send_signal(signal.SIGHUP)
+            s.wait_for(lambda: "reload: done" in s.log(), timeout=1200, what="reload done")
+        finally:
+            running.clear()
+            thread.join()
+
+        after = s.instances()
+        assert sorted(after) == ["added.main-0", "changed.main-0", "kept.main-0"]
+        assert after["kept.main-0"]["pid"] == before["kept.main-0"]
+        assert after["changed.main-0"]["pid"] != before["changed.main-0"]
+        assert len(outcomes) > 10 and set(outcomes) == {"ok"}, sorted(set(outcomes))
+        live = [live_affinity(i["pid"]) for i in after.values()]  # from the guest's /proc
+        assert all(live) and len(set().union(*live)) == sum(map(len, live))
+        with Client(s.endpoint, timeout=120, model="added") as client:
+            assert client.classify("the added model answers").label in LABELS
+    finally:
+        s.stop()

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numaserve.config import AUTO, PlacementConfig, PoolConfig, ServedModel, parse_config
-from numaserve.host.placement import PlacementError, format_plan, plan_placement
+from numaserve.host.placement import PlacementError, format_plan, plan_placement, replan
 from numaserve.host.topology import read_topology
 from tests.test_placement import topologies
 
@@ -188,3 +188,55 @@ def test_every_plan_of_several_models_shares_no_core_or_explains_why_not(topo, m
             assert placed  # every pool of every model has an instance
             if pool.instances != AUTO:
                 assert len(placed) == pool.instances
+
+
+# -- a reload that adds and removes models (replan) -----------------------------------------
+
+
+def test_a_reload_keeps_every_kept_models_instances_where_they_are(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    before = plan_placement(topo, RESERVE_2, (model("a", (1, 12)), model("b", (2, 4))))
+    models = (model("a", (1, AUTO)), model("b", (2, 4)), model("c", (1, 3)))
+    kept = {s.name: s for s in before.slots}
+
+    after = replan(before, topo, RESERVE_2, models)
+
+    assert [s for s in after.slots if s.model != "c"] == list(kept.values())
+    assert after.reserved_cpus == before.reserved_cpus
+
+
+def test_an_added_model_takes_only_whole_cores_nobody_holds(sysfs):
+    """SMT on: an added instance must not get the idle sibling of a kept instance's core."""
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    placement = PlacementConfig(reserved_cores=2, smt=False)
+    before = plan_placement(topo, placement, (model("a", (1, 10)),))
+    models = (model("a", (1, 10)), model("c", (1, AUTO)))
+
+    after = replan(before, topo, placement, models)
+
+    cores = [core for held in cores_of(topo, after).values() for core in held]
+    reserved = {c.id for c in topo.cores if set(c.cpus) & set(before.reserved_cpus)}
+    assert len(cores) == len(set(cores)) and not reserved & set(cores)
+    assert Counter(s.model for s in after.slots)["c"] == 48 - 2 - 10
+
+
+def test_a_removed_models_cores_go_to_the_added_one(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    before = plan_placement(topo, RESERVE_2, (model("a", (1, 20)), model("b", (1, AUTO))))
+    b_cores = set(cores_of(topo, before)["b"])
+
+    after = replan(before, topo, RESERVE_2, (model("a", (1, 20)), model("c", (1, AUTO))))
+
+    assert "b" not in after.models
+    assert set(cores_of(topo, after)["c"]) == b_cores
+    assert after.models == ("a", "c")
+
+
+def test_an_added_model_that_does_not_fit_says_which_and_why(sysfs):
+    topo = read_topology(sysfs("xeon8260_2socket"))
+    before = plan_placement(topo, RESERVE_2, (model("a", (1, AUTO)),))
+
+    with pytest.raises(
+        PlacementError, match=r"added model\(s\) c do not fit .* leave free: no allowed CPUs"
+    ):
+        replan(before, topo, RESERVE_2, (model("a", (1, AUTO)), model("c", (1, 1))))

@@ -2,13 +2,14 @@
 no process is started and the clock moves only when a test moves it. The same supervisor
 runs real processes in tests/test_supervisor.py (slow)."""
 
+import json
 import signal
 
 import pytest
 
 from numaserve import exitcodes
 from numaserve.supervisor.arbiter import FAST_STOP_EXIT
-from tests.harness.fake_system import Rig
+from tests.harness.fake_system import Rig, spec_of
 
 
 @pytest.fixture
@@ -463,3 +464,114 @@ def test_with_several_models_a_reload_restarts_only_the_changed_models_instances
         name: before[name] for name in ("a.main-0", "a.main-1")
     }
     assert rig.os.signals_to("a.main-0") == rig.os.signals_to("a.main-1") == []
+
+
+THREE_MODELS = TWO_MODELS.replace(
+    "supervisor:",
+    "  - {name: c, backend: torch, pools: [{name: main, max_tokens: 512, instances: 1}]}\n"
+    "supervisor:",
+)
+
+
+def test_a_reload_that_adds_a_model_starts_its_shard_and_instances_and_tells_the_frontend(
+    tmp_path,
+):
+    rig = Rig(tmp_path, config_text=TWO_MODELS)
+    rig.start()
+    kept = {name: rig.pid(name) for name in ("a.main-0", "a.main-1", "b.main-0")}
+    rig.config_path.write_text(THREE_MODELS)
+
+    rig.step(signal.SIGHUP)
+    assert rig.os.signals_to("frontend") == [signal.SIGHUP]
+    routes = spec_of(rig.sup.frontend.argv)["routes"]
+    assert [r["model"] for r in routes] == ["a", "b", "c"]
+    with open(spec_of(rig.sup.frontend.argv)["routes_file"]) as f:
+        assert json.load(f)["routes"] == routes  # what the frontend reads on SIGHUP
+    assert rig.os.pid_of("router-2") is not None  # c's shard: a number no shard had
+    assert rig.sup.workers["c.main-0"].state.value == "starting"
+    rig.step(seconds=0.3)
+    rig.run_for(1.0)
+
+    assert rig.sup.reload is None
+    assert rig.states()["c.main-0"] == "ready"
+    assert {name: rig.pid(name) for name in kept} == kept
+    assert not any(rig.os.signals_to(name) for name in kept)
+    cpus = [set(c.cpus) for c in rig.sup.workers.values()]
+    assert sum(map(len, cpus)) == len(set().union(*cpus))  # no CPU in two instances
+
+
+def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances(tmp_path):
+    rig = Rig(tmp_path, config_text=THREE_MODELS)
+    rig.start()
+    b_shard, b_worker = rig.os.pid_of("router-1"), rig.pid("b.main-0")
+    b_cpus = rig.sup.workers["b.main-0"].cpus
+    rig.config_path.write_text(THREE_MODELS.replace("name: b,", "name: d,"))
+
+    rig.step(signal.SIGHUP)
+    assert rig.os.signals_to("router-1") == [signal.SIGTERM]
+    assert rig.os.signals_to("b.main-0") == []  # it finishes what its shard sent it
+    assert rig.os.pid_of("router-3") is None  # d waits for b's cores
+    rig.os.exit(b_shard, 0)
+    rig.step()
+    assert rig.os.signals_to("b.main-0") == [signal.SIGTERM]
+    assert rig.os.signals_to("frontend") == []  # b's replies may still be on their way
+    rig.os.exit(b_worker, 0)
+    rig.step()
+    assert rig.os.signals_to("frontend") == [signal.SIGHUP]
+    assert [r["model"] for r in spec_of(rig.sup.frontend.argv)["routes"]] == ["a", "d", "c"]
+    assert rig.sup.workers["d.main-0"].cpus == b_cpus  # b's core, free again
+    rig.step(seconds=0.3)
+    rig.run_for(1.0)
+
+    assert rig.sup.reload is None
+    assert sorted(rig.sup.workers) == ["a.main-0", "a.main-1", "c.main-0", "d.main-0"]
+    assert [v.child.name for v in rig.sup.shards] == ["router-0", "router-2", "router-3"]
+
+
+def test_a_reload_that_adds_and_changes_models_rolls_the_changed_once_the_added_are_up(tmp_path):
+    rig = Rig(tmp_path, config_text=TWO_MODELS)
+    rig.start()
+    b = rig.pid("b.main-0")
+    rig.config_path.write_text(THREE_MODELS.replace("name: a,", "name: a, max_length: 128,"))
+
+    rig.step(signal.SIGHUP)
+    rig.shards[-1].quiet.add("c.main-0")  # c is still loading its model
+    rig.run_for(1.0)
+    assert rig.sup.reload.replacement is None  # a waits
+    rig.shards[-1].quiet.clear()
+    for name in ("a.main-0", "a.main-1"):
+        old = rig.pid(name)
+        rig.run_for(0.5)
+        rig.os.exit(old, 0)
+    rig.run_for(1.0)
+
+    assert rig.sup.reload is None
+    assert rig.pid("b.main-0") == b and rig.os.signals_to("b.main-0") == []
+    assert len(rig.os.signals_to("a.main-0")) == len(rig.os.signals_to("a.main-1")) == 1
+
+
+def test_a_reload_whose_added_model_does_not_fit_keeps_the_running_config(tmp_path, caplog):
+    rig = Rig(tmp_path, config_text=TWO_MODELS)
+    rig.start()
+    rig.config_path.write_text(
+        THREE_MODELS.replace("instances: 1}]}\nsuper", "instances: 9}]}\nsuper")
+    )
+
+    rig.step(signal.SIGHUP)
+
+    assert rig.sup.reload is None
+    assert "reload failed, keeping the running config: the added model(s) c do not fit" in (
+        caplog.text
+    )
+    assert rig.os.signals_to("frontend") == []
+
+
+def test_a_reload_that_would_move_a_kept_models_instances_is_refused(tmp_path, caplog):
+    rig = Rig(tmp_path, config_text=TWO_MODELS)
+    rig.start()
+    rig.config_path.write_text(TWO_MODELS.replace("instances: 2", "instances: 3"))
+
+    rig.step(signal.SIGHUP)
+
+    assert rig.sup.reload is None
+    assert "model 'a': its pools' names, instances" in caplog.text

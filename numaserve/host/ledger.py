@@ -117,6 +117,7 @@ class Ledger:
     def __init__(self, directory: Path):
         self.directory = directory
         self._entry: int | None = None  # our entry's open, locked file descriptor
+        self._config = ""  # the config our entry names
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -154,14 +155,22 @@ class Ledger:
     def register(self, config: str, cpus: tuple[int, ...]) -> Path:
         """Our entry, locked until `release` or our death. Written and locked before it takes
         its name, so no reader ever sees it unlocked or half written."""
+        self._config = config
         final = self.directory / f"server-{os.getpid()}.json"
         temporary = self.directory / f".server-{os.getpid()}.json.new"
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, json.dumps(Holder(os.getpid(), config, cpus).to_json()).encode())
         os.rename(temporary, final)
-        self._entry = fd
+        previous, self._entry = self._entry, fd
+        if previous is not None:  # an update: the replaced file's lock goes with it
+            os.close(previous)
         return final
+
+    def update(self, cpus: tuple[int, ...]) -> None:
+        """Our entry, now holding `cpus` (a reload added or removed models): replaced whole,
+        so a reader sees the old entry or the new, never neither. Under `locked`."""
+        self.register(self._config, cpus)
 
     def release(self) -> None:
         if self._entry is not None:

@@ -218,6 +218,40 @@ def plan_placement(
     return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
 
 
+def replan(
+    current: Plan, topo: CPUTopology, placement: PlacementConfig, models: tuple[ServedModel, ...]
+) -> Plan:
+    """A reload's plan for a `models:` config: the models still served keep their instances
+    where they are (they are not restarted for a neighbour's sake); the models new to the
+    config are placed on the whole cores left free, those of removed models included, with
+    no more cores reserved (their router shards share the reserved ones)."""
+    names = {m.name for m in models}
+    kept = [s for s in current.slots if s.model in names]
+    added = tuple(m for m in models if m.name not in {s.model for s in kept})
+    busy = {*current.reserved_cpus, *(cpu for s in kept for cpu in s.cpus)}
+    free = dataclasses.replace(
+        topo,
+        allowed_cpus=topo.allowed_cpus
+        - {cpu for c in topo.cores if busy & set(c.cpus) for cpu in c.cpus},
+    )
+    new: tuple[Slot, ...] = ()
+    if added:
+        try:
+            new = plan_placement(
+                free, dataclasses.replace(placement, reserved_cores=0), added
+            ).slots
+        except PlacementError as e:
+            raise PlacementError(
+                f"the added model(s) {', '.join(m.name for m in added)} do not fit in the cores "
+                f"the models kept running leave free: {e}"
+            ) from None
+    order = {m.name: i for i, m in enumerate(models)}
+    slots = sorted([*kept, *new], key=lambda s: order[s.model])  # stable: pools keep order
+    used = {cpu for s in slots for cpu in s.cpus} | set(current.reserved_cpus)
+    idle = tuple(sorted(topo.allowed_cpus - used))
+    return Plan(tuple(slots), current.reserved_cpus, idle, smt=current.smt)
+
+
 @dataclass(frozen=True)
 class _Demand:
     """One pool of one model, as the planner places it."""

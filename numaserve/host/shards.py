@@ -10,7 +10,9 @@ a reserved core of its own node where there is one.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from numaserve.config import AUTO
@@ -74,18 +76,26 @@ def plan_shards(plan: Plan, topo: CPUTopology, routers: int | str) -> tuple[Shar
 
 
 def plan_model_shards(
-    plan: Plan, topo: CPUTopology, routers: int | str
+    plan: Plan,
+    topo: CPUTopology,
+    routers: int | str,
+    numbers: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[tuple[str, Shard], ...]:
     """Each model's shards over its own instances, as (model, shard), numbered across all
-    models in config order: the numbers the server gives its router processes."""
-    per_model = [
-        (model, shard)
-        for model in plan.models
-        for shard in plan_shards(plan.for_model(model), topo, routers)
-    ]
-    return tuple(
-        (model, dataclasses.replace(shard, index=i)) for i, (model, shard) in enumerate(per_model)
-    )
+    models in config order: the numbers the server gives its router processes. `numbers`:
+    the running server's, by model, for a reload: a model that keeps its shards keeps their
+    numbers, and a model new to the server gets numbers no shard has had."""
+    numbers = numbers or {}
+    fresh = itertools.count(max((i for ns in numbers.values() for i in ns), default=-1) + 1)
+    out = []
+    for model in plan.models:
+        shards = plan_shards(plan.for_model(model), topo, routers)
+        kept = numbers.get(model, ())
+        indices = kept if len(kept) == len(shards) else [next(fresh) for _ in shards]
+        out += [
+            (model, dataclasses.replace(s, index=i)) for s, i in zip(shards, indices, strict=True)
+        ]
+    return tuple(out)
 
 
 def _home(slot: Slot) -> int:

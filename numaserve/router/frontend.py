@@ -10,13 +10,16 @@ restarted shard reconnects.
 For the models of a `models:` config, a DEALER per model, and a loop that reads each request's
 `model` and hands it to that model's shards (`status` and `ping`, which are the whole server's,
 to the first model's). A request that names no model where there are several, or one not
-served, is answered here.
+served, is answered here. A reload that adds or removes models writes the new FrontendSpec to
+`routes_file` and sends SIGHUP: the new models' sockets are bound and the removed ones' closed
+between two messages, while the others' requests flow.
 
 Run as `python -m numaserve.router.frontend --spec JSON` (a FrontendSpec, specs.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -26,6 +29,7 @@ import traceback
 import zmq
 
 from numaserve import curve, exitcodes, protocol
+from numaserve.config import ConfigError
 from numaserve.logs import Summary
 from numaserve.protocol import ErrorCode
 from numaserve.router.process import begin, context
@@ -34,7 +38,9 @@ from numaserve.specs import FrontendSpec
 log = logging.getLogger("numaserve.frontend")
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+CAUGHT = {*STOP_SIGNALS, signal.SIGHUP}  # SIGHUP: new routes in spec.routes_file
 CONTROL = "inproc://frontend-control"
+ROUTES = b"ROUTES"  # from the main thread on SIGHUP: [ROUTES, JSON [[model, endpoint], ...]]
 BATCH = 64  # messages taken from one socket before the others are looked at
 
 
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     # Blocked here, and so in the proxy's thread too, the stop signals wait for sigwait below.
     # A Python handler could not stop the proxy: it runs only when libzmq returns to Python,
     # and a signal that lands while the proxy moves messages never makes it return.
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
     ctx = context()
     clients = ctx.socket(zmq.ROUTER)
     clients.setsockopt(zmq.MAXMSGSIZE, spec.max_message_bytes)
@@ -79,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     proxy.start()
     log.info("listening on %s; shards on %s", spec.endpoint, shards)
     # SIGTERM ends the proxy (the supervisor stops the frontend after the shards have drained).
-    signal.sigwait(STOP_SIGNALS)
+    while signal.sigwait(CAUGHT) == signal.SIGHUP:
+        _reroute(spec, control)
     control.send(b"TERMINATE")
     proxy.join()
     control.close()
@@ -88,6 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     ctx.term()
     log.info("stopped")
     return exitcodes.OK
+
+
+def _reroute(spec: FrontendSpec, control: zmq.Socket) -> None:
+    """SIGHUP: a reload added or removed models; their routes are in spec.routes_file (the
+    new FrontendSpec), for the routing thread to take up between two messages."""
+    if not (spec.by_model and spec.routes_file):
+        log.info("SIGHUP: one model's proxy has no routes to change")
+        return
+    try:
+        with open(spec.routes_file) as f:
+            new = FrontendSpec.from_json(f.read())
+    except (OSError, ConfigError) as e:
+        log.error("SIGHUP: routes not changed: %s: %s", spec.routes_file, e)
+        return
+    routes = [[route.model, route.shards] for route in new.routes]
+    control.send_multipart([ROUTES, json.dumps(routes).encode()])
 
 
 def _proxy(ctx: zmq.Context, clients: zmq.Socket, shards: zmq.Socket) -> None:
@@ -118,7 +141,11 @@ def _route(ctx: zmq.Context, clients: zmq.Socket, routes: dict[str, zmq.Socket])
         while True:
             for sock, _ in poller.poll():
                 if sock is control:
-                    return
+                    command = control.recv_multipart()
+                    if command[0] != ROUTES:
+                        return  # TERMINATE
+                    _set_routes(ctx, poller, routes, json.loads(command[1]))
+                    continue
                 for _ in range(BATCH):  # what is waiting, without a poll per message
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -134,6 +161,34 @@ def _route(ctx: zmq.Context, clients: zmq.Socket, routes: dict[str, zmq.Socket])
     finally:
         for sock in (clients, control, *routes.values()):
             sock.close(linger=0)
+
+
+def _set_routes(
+    ctx: zmq.Context, poller: zmq.Poller, routes: dict[str, zmq.Socket], wanted: list
+) -> None:
+    """A socket for each model new to the server (its shards connect to it next); those of
+    the removed models closed (their shards have drained and exited). In the new order: the
+    first model's shards answer status and ping."""
+    old = dict(routes)
+    routes.clear()
+    for model, endpoint in wanted:
+        sock = old.pop(model, None)
+        if sock is None:
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as e:
+                log.error("cannot listen for model %r's shards on %s: %s", model, endpoint, e)
+                sock.close()
+                continue
+            poller.register(sock, zmq.POLLIN)
+        routes[model] = sock
+    for sock in old.values():
+        poller.unregister(sock)
+        sock.close()
+    removed = f"; removed {', '.join(old)}" if old else ""
+    log.info("routes: %s%s", ", ".join(routes), removed)
 
 
 def _hand_out(clients: zmq.Socket, routes: dict[str, zmq.Socket], frames: list[bytes]) -> None:

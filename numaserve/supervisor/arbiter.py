@@ -10,6 +10,7 @@ router shard and a Notifier, so that the tests drive the whole state machine wit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -23,8 +24,16 @@ from pathlib import Path
 from numaserve import __version__, curve, exitcodes, protocol
 from numaserve.config import Config, ConfigError, load_config
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
-from numaserve.host.placement import PlacementError, plan_placement
+from numaserve.host.ledger import (
+    LEDGER_ENV,
+    SYSTEM_DIR,
+    Ledger,
+    held_cpus,
+    ledger_dir,
+    plan_around,
+    without,
+)
+from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
 from numaserve.host.topology import CPUTopology, read_topology
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
@@ -33,7 +42,7 @@ from numaserve.monitoring.snapshot import Snapshot
 from numaserve.specs import Deployment, RouterSpec, WorkerSpec, deployment
 from numaserve.supervisor.children import Child, State, after_crash, describe_exit
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reload import Reload, unapplied_changes
+from numaserve.supervisor.reload import Reload, model_changes, unapplied_changes
 from numaserve.supervisor.router_link import RouterLink, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 
@@ -57,19 +66,21 @@ class Supervisor:
         notifier: Notifier | None = None,
         monitor: MonitoringEndpoint | None = None,
         environ: Mapping[str, str] = os.environ,
+        ledger: Ledger | None = None,
     ):
-        """`monitor`: where each turn's Snapshot goes (server.metrics); none when it is off."""
+        """`monitor`: where each turn's Snapshot goes (server.metrics); none when it is off.
+        `ledger`: the host's core ledger, where our entry is (updated when a reload adds
+        models)."""
         self.config_path, self.config, self.topo = config_path, config, topo
         self.runtime_dir = runtime_dir
         self.system = system
-        self.deployment = self._deploy(config)
+        self.connect = connect
+        self.ledger = ledger
+        self.plan = plan_placement(topo, config.placement, config.models)
+        self.deployment = self._deploy(config, self.plan)
         self.notifier = notifier or Notifier()
         self.monitor = monitor
-        routers = self.deployment.routers
-        self.shards = [
-            ShardView(self._router_child(spec, len(routers)), connect(spec.workers_endpoint))
-            for spec in routers
-        ]
+        self.shards = [self._shard(spec) for spec in self.deployment.routers]
         frontend = self.deployment.frontend
         self.frontend = Child("frontend", frontend.argv(), cpus=frontend.cpus) if frontend else None
         self.workers = {spec.name: self._worker_child(spec) for spec in self.deployment.workers}
@@ -92,13 +103,13 @@ class Supervisor:
             FORMAT_ENV: config.logging.format,
         }
 
-    def _deploy(self, config: Config) -> Deployment:
-        return deployment(
-            config,
-            plan_placement(self.topo, config.placement, config.models),
-            self.topo,
-            self.runtime_dir,
-        )
+    def _deploy(
+        self, config: Config, plan: Plan, numbers: dict[str, tuple[int, ...]] | None = None
+    ) -> Deployment:
+        return deployment(config, plan, self.topo, self.runtime_dir, numbers)
+
+    def _shard(self, spec: RouterSpec) -> ShardView:
+        return ShardView(self._router_child(spec), self.connect(spec.workers_endpoint))
 
     @staticmethod
     def _worker_child(spec: WorkerSpec) -> Child:
@@ -107,8 +118,8 @@ class Supervisor:
         )
 
     @staticmethod
-    def _router_child(spec: RouterSpec, shards: int) -> Child:
-        name = "router" if shards == 1 else f"router-{spec.shard}"
+    def _router_child(spec: RouterSpec) -> Child:
+        name = f"router-{spec.shard}" if spec.frontend else "router"
         return Child(
             name,
             spec.argv(),
@@ -316,7 +327,7 @@ class Supervisor:
         self.spawn(self.prepare)
         if self.reload and self.prepare is not None:
             log.info(
-                "reload: preparing the changed model before restarting any instance",
+                "reload: preparing the new or changed model(s) before any instance (re)starts",
                 extra={"event": "reload"},
             )
 
@@ -491,7 +502,7 @@ class Supervisor:
 
     def _kill_after(self, child: Child) -> float:
         s = self.config.supervisor
-        draining = child in self.routers
+        draining = child in self.routers or bool(self.reload and child in self.reload.draining)
         return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
 
     # -- stopping ----------------------------------------------------------------------------
@@ -554,44 +565,85 @@ class Supervisor:
             return
         try:
             config = load_config(self.config_path)
-            new = self._deploy(config)
-        except (ConfigError, PlacementError) as e:
+            by_model = bool(config.models and self.config.models)
+            removed, added = model_changes(self.config, config) if by_model else ((), ())
+            with self.ledger.locked() if self.ledger and by_model else nullcontext():
+                plan = self._replan(config) if by_model else self._plan(config)
+                # The kept models keep their shards: server.routers applies at a restart.
+                shaped = dataclasses.replace(
+                    config,
+                    server=dataclasses.replace(config.server, routers=self.config.server.routers),
+                )
+                new = self._deploy(
+                    shaped if by_model else config, plan, self.deployment.shard_numbers()
+                )
+                if self.ledger and by_model and plan != self.plan:  # ours until the reload ends
+                    both = {*held_cpus(self.plan, self.topo), *held_cpus(plan, self.topo)}
+                    self.ledger.update(tuple(sorted(both)))
+        except (ConfigError, PlacementError, OSError) as e:
             log.error("reload failed, keeping the running config: %s", e, extra={"event": "reload"})
             return
-        for change in unapplied_changes(self.deployment, new):
+        changes = unapplied_changes(self.deployment, new, by_model)
+        if by_model and config.server.routers != self.config.server.routers:
+            changes.append("server.routers changed")
+        weights = {m.name: m.weight for m in self.config.models}
+        changes += [
+            f"model {m.name!r}'s weight changed (instances stay where they are)"
+            for m in config.models
+            if m.name in weights and m.weight != weights[m.name]
+        ]
+        for change in changes:
             log.warning(
                 "reload: %s; it applies at the next restart", change, extra={"event": "reload"}
             )
         # `model:`: every instance restarts (new weights at the same path load too). `models:`:
         # only the instances whose model's settings changed; the others keep serving.
-        named = bool(config.models)
         waiting = deque(
             w.name
             for w in new.workers
             if w.name in self.workers
             and self.workers[w.name].state == State.READY
-            and (not named or self.workers[w.name].argv != w.argv())
+            and (not by_model or self.workers[w.name].argv != w.argv())
         )
         kept = sorted(
             {w.model_name for w in new.workers if w.name in self.workers}
             - {self.workers[name].model_name for name in waiting}
         )
         log.info(
-            "reload: restarting %d instance(s) one at a time%s",
+            "reload: %srestarting %d instance(s) one at a time%s",
+            "".join(
+                f"{what} model(s) {', '.join(names)}; "
+                for what, names in (("removing", removed), ("adding", added))
+                if names
+            ),
             len(waiting),
-            f"; unchanged, kept running: {', '.join(kept)}" if named and kept else "",
+            f"; unchanged, kept running: {', '.join(kept)}" if by_model and kept else "",
             extra={"event": "reload"},
         )
         self.notifier.reloading("reloading")
-        self.reload = Reload(config, new, waiting)
+        self.reload = Reload(config, plan, new, waiting, by_model, removed, added)
         before = {m.name: m.model for m in self.config.served}
         if any(m.backend == "onnxruntime" and m.model != before.get(m.name) for m in config.served):
             self._start_prepare()
 
+    def _plan(self, config: Config) -> Plan:
+        return plan_placement(self.topo, config.placement, config.models)
+
+    def _replan(self, config: Config) -> Plan:
+        """A `models:` reload's plan: the kept models' instances where they are, the added
+        ones on whole cores free of them and of other servers (the ledger, read again under
+        its lock: they may have started since we did)."""
+        holders = self.ledger.holders() if self.ledger else []
+        return replan(self.plan, without(self.topo, holders), config.placement, config.models)
+
     def _advance_reload(self, now: float) -> None:
         r = self.reload
         if self.prepare is not None:
-            return  # no instance restarts before the changed model's artifact is ready
+            return  # no process changes before the new models' artifacts are ready
+        if r.by_model and not (r.reshaped or self._reshape(r)):
+            return
+        if any(w.state == State.STARTING for w in self.workers.values() if w.model_name in r.added):
+            return  # the changed models roll once the added ones are up
         if r.replacement is None:
             if not r.waiting:
                 self.config = r.config
@@ -615,8 +667,78 @@ class Supervisor:
         ):
             self._abort_reload(f"the new {r.replacement.name} was not ready in time")
 
+    def _reshape(self, r: Reload) -> bool:
+        """Removed models out, then added models in; True once done. The removed models'
+        shards drain first (their instances finish what they hold), then their instances
+        stop; only then do the frontend's routes change and the added models start, on cores
+        the removed ones may have held."""
+        if r.removed and not (r.draining or r.stopping):
+            gone = [v for v in self.shards if v.child.model_name in r.removed]
+            self.shards = [v for v in self.shards if v not in gone]
+            for view in gone:
+                view.link.close()
+                r.draining.append(view.child)
+                self.terminate(view.child)
+            r.stopping = [w for w in self.workers.values() if w.model_name in r.removed]
+            for child in r.stopping:
+                del self.workers[child.name]
+            self.retired += [*r.draining, *r.stopping]
+        if any(c.pid is not None for c in r.draining):
+            return False
+        for child in r.stopping:
+            if child.pid is not None and child.term_sent_at is None:
+                self.terminate(child)
+        if any(c.pid is not None for c in r.stopping):
+            return False
+        self._take_up(r)
+        r.reshaped = True
+        return True
+
+    def _take_up(self, r: Reload) -> None:
+        """The new shape: the frontend's routes, the added models' shards and instances, and
+        our ledger entry."""
+        new, running = r.deployment, self.deployment
+        frontend = running.frontend
+        if self.frontend and frontend and new.frontend and new.frontend.routes != frontend.routes:
+            frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
+            with open(frontend.routes_file, "w") as f:
+                f.write(frontend.to_json())
+            self.frontend.argv = frontend.argv()  # a restart starts with them too
+            self._signal(self.frontend, signal.SIGHUP)
+        for spec in new.routers:
+            if spec.model_name in r.added:
+                self.shards.append(self._shard(spec))
+                self.spawn(self.shards[-1].child)
+        for spec in new.workers:
+            if spec.model_name in r.added:
+                self.workers[spec.name] = self._worker_child(spec)
+                self.spawn(self.workers[spec.name])
+        if r.plan != self.plan:
+            self._hold(r.plan)
+        # What runs now: the kept shards as they were started (their settings apply at a
+        # restart), the added ones, and the new instances' specs.
+        routers = [s for s in running.routers if s.model_name not in r.removed]
+        routers += [s for s in new.routers if s.model_name in r.added]
+        routers.sort(key=lambda spec: spec.shard)
+        self.plan, self.config = r.plan, r.config  # a retry compares with what runs now
+        self.deployment = Deployment(tuple(routers), frontend, new.workers)
+
+    def _hold(self, plan: Plan) -> None:
+        """Our ledger entry, holding what `plan` holds."""
+        if not self.ledger:
+            return
+        try:
+            with self.ledger.locked():
+                self.ledger.update(held_cpus(plan, self.topo))
+        except OSError as e:
+            log.error(
+                "the core ledger entry could not be updated: %s", e, extra={"event": "ledger"}
+            )
+
     def _abort_reload(self, why: str) -> None:
         r, self.reload = self.reload, None
+        if r and r.by_model and not r.reshaped and r.plan != self.plan:
+            self._hold(self.plan)  # the cores it would have added are not ours
         if self.prepare is not None:
             self.retired.append(self.prepare)  # reaped as a replaced process
             self.terminate(self.prepare)
@@ -728,7 +850,7 @@ def start(config_path: str) -> int:
         if monitor is not None:
             monitor.start()
         supervisor = Supervisor(
-            config_path, config, topo, runtime_dir, system=system, monitor=monitor
+            config_path, config, topo, runtime_dir, system=system, monitor=monitor, ledger=ledger
         )
         return supervisor.run()
 

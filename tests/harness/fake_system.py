@@ -10,11 +10,13 @@ process exits and with what code; the clock moves only when they move it. The sl
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
 from numaserve import protocol
 from numaserve.config import load_config
+from numaserve.host.ledger import Ledger
 from numaserve.host.topology import read_topology
 from numaserve.supervisor.arbiter import Supervisor
 
@@ -213,6 +215,7 @@ class Rig:
         backend="torch",
         routers: int | str = "auto",  # auto: one shard on this one-node machine
         config_text: str | None = None,  # instead of CONFIG
+        ledger: Ledger | None = None,  # a real one, in a test's directory
     ):
         self.config_path = directory / "numaserve.yaml"
         self.routers_setting = routers
@@ -221,7 +224,7 @@ class Rig:
         else:
             self.config_path.write_text(config_text)
         self.os = FakeSystem()
-        self.shards: list[FakeRouter] = []  # one per router shard, in shard order
+        self.shards: list[FakeRouter] = []  # one per router shard, in the order connected
         self.notifier = FakeNotifier()
         self.monitor = FakeMonitor()
         self.sup_config = load_config(self.config_path)
@@ -235,15 +238,17 @@ class Rig:
             notifier=self.notifier,
             monitor=self.monitor,
             environ={},
+            ledger=ledger,
         )
 
     def _connect(self, endpoint: str) -> FakeRouter:
-        """The supervisor's link to a shard (connected in shard order)."""
-        shard = len(self.shards)
-        many = len(self.sup_config.served) > 1 or (
+        """The supervisor's link to a shard: its number is in its endpoint's name."""
+        shard = int(re.search(r"workers-(\d+)\.sock$", endpoint).group(1))
+        behind_frontend = bool(self.sup_config.models) or (
             self.routers_setting != "auto" and self.routers_setting > 1
         )
-        self.shards.append(FakeRouter(self.os, f"router-{shard}" if many else "router", shard))
+        name = f"router-{shard}" if behind_frontend else "router"
+        self.shards.append(FakeRouter(self.os, name, shard))
         return self.shards[-1]
 
     @property
