@@ -123,6 +123,12 @@ class WorkerSpec(JSONSpec):
     shard: int = 0  # the router shard it serves
 
 
+def model_key(model: ModelConfig) -> str:
+    """What a result depends on, of a model's settings: a worker announces its own in READY,
+    and a router shard caches each result under the key of the instance that computed it."""
+    return json.dumps(dataclasses.asdict(model), sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Deployment:
     routers: tuple[RouterSpec, ...]  # the shards

@@ -33,7 +33,7 @@ from numaserve.host.pinning import (
 )
 from numaserve.lifecycle import die_with_parent, read_spec
 from numaserve.modelpath import ModelLoadError
-from numaserve.specs import WorkerSpec
+from numaserve.specs import WorkerSpec, model_key
 
 log = logging.getLogger("numaserve.worker")
 CONTROL = "inproc://control"
@@ -217,6 +217,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
         "pool": spec.pool,
         "pid": os.getpid(),
         "max_tokens": spec.max_tokens,
+        "model_key": model_key(spec.model),
         "load_seconds": round(load_seconds, 3),
         **report.to_json(),
         **engine.describe(),

@@ -174,3 +174,30 @@ def test_a_shard_loses_no_reply_while_its_frontend_falls_behind(make_router, tmp
         answered.add(protocol.unpack(stand_in.recv_multipart()[1:])["id"])
     stand_in.close()
     assert len(answered) == count
+
+
+def test_a_result_cached_from_a_model_no_live_instance_runs_is_never_answered(make_router):
+    """A reload rolls the instances to a changed model (a new checkpoint directory) while the
+    shard runs on: once the last instance of the old model is gone, its cached results must
+    not answer for the new one."""
+    old, new = (protocol.embedding_to_wire([v] * 4) for v in (0.25, 0.75))
+    r = make_router(instances=0, heartbeat_liveness=1)
+    r.add_worker("main-0", ready={"model_key": "checkpoint-v1"}, vector=old)
+    sock = r.client_socket()
+    send(sock, 1, "the same text, twice")
+    assert embeddings(sock) == {1: old}
+    r.workers[0].running = False  # gone: it stops heartbeating, and the router drops it
+    r.add_worker("main-1", ready={"model_key": "checkpoint-v2"}, vector=new)
+    deadline = time.monotonic() + 10
+    while len(r.router.dispatch.workers) > 1:
+        assert time.monotonic() < deadline, "main-0 was never dropped"
+        time.sleep(0.05)
+
+    send(sock, 2, "the same text, twice")
+
+    assert embeddings(sock) == {2: new}
+
+
+def embeddings(sock) -> dict:
+    body = protocol.unpack(sock.recv_multipart())
+    return {body["id"]: body["results"][0]["embedding"]}

@@ -24,12 +24,12 @@ from numaserve.modelpath import ModelLoadError
 from numaserve.protocol import ErrorCode
 from numaserve.router import status
 from numaserve.router.cache import ResultCache
-from numaserve.router.dispatch import Dispatcher, Item, Job
+from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
 from numaserve.router.handover import Handover, is_handed_over
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import begin, context
 from numaserve.router.requests import Deadlines, Pending
-from numaserve.specs import RouterSpec
+from numaserve.specs import RouterSpec, model_key
 
 log = logging.getLogger("numaserve.router")
 # A client the CurveZMQ handshake refused; its socket's disconnect follows.
@@ -114,12 +114,11 @@ class Router:
         self.server = spec.server
         self.task = spec.model.task
         self.tokenizer = tokenizer
-        self.model_key = (
-            spec.model.path,
-            spec.model.task,
-            spec.model.quantize,
-            spec.model.max_length,
-        )
+        # Results are cached under the key of the model that computed them, and looked up
+        # under those of the live instances: after a reload that changed the model, the old
+        # one's results stop answering once its last instance is gone.
+        self.model_key = model_key(spec.model)
+        self.live_keys: tuple[str, ...] = (self.model_key,)
         self.cache = ResultCache(spec.server.cache_entries)
         self.entities = Entities(tokenizer) if self.task == "ner" else None
         self.dispatch = Dispatcher(
@@ -371,7 +370,11 @@ class Router:
         pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)
         misses = []
         for i, enc in enumerate(encoded):
-            hit = self.cache.get((self.model_key, enc.ids, enc.second))
+            hit = None
+            for key in self.live_keys:
+                hit = self.cache.get((key, enc.ids, enc.second))
+                if hit is not None:
+                    break
             if hit is not None:
                 pending.results[i] = hit
             else:
@@ -555,6 +558,7 @@ class Router:
                 )
                 return
             self.changed = True
+            self._count_live_keys()
             if self.entities and body.get("labels"):
                 self.entities.labels = tuple(str(label) for label in body["labels"])
             if not known:
@@ -594,6 +598,7 @@ class Router:
         worker = self.dispatch.workers.get(job.worker)
         if worker is not None and "pass_s" in body:
             self.metrics.forward_pass(worker.name, body["pass_s"])
+        computed_by = self._key_of(worker)
         error = body.get("error")
         if error is not None:
             if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
@@ -614,7 +619,7 @@ class Router:
                 )
             return
         for item, result in zip(job.items, results, strict=True):
-            self.cache.put((self.model_key, item.ids, item.second), result)
+            self.cache.put((computed_by, item.ids, item.second), result)
             pending = item.owner
             if pending.done:
                 continue
@@ -622,6 +627,14 @@ class Router:
             pending.remaining -= 1
             if pending.remaining == 0:
                 self._complete(pending)
+
+    def _key_of(self, worker: WorkerState | None) -> str:
+        key = worker.info.get("model_key") if worker is not None else None
+        return key if isinstance(key, str) else self.model_key
+
+    def _count_live_keys(self) -> None:
+        keys = dict.fromkeys(self._key_of(w) for w in self.dispatch.workers.values())
+        self.live_keys = tuple(keys) or (self.model_key,)
 
     def _retry(self, items: list[Item], count_attempt: bool) -> None:
         self.changed = True
@@ -640,6 +653,7 @@ class Router:
     def _heartbeat(self, now: float) -> None:
         for identity in self.dispatch.silent_workers(now, self.expiry):
             worker, lost = self.dispatch.remove_worker(identity)
+            self._count_live_keys()
             if worker.stopping and not lost:  # it said BYE and finished: a graceful stop
                 log.info("instance %s stopped", worker.name)
                 continue

@@ -26,9 +26,19 @@ VECTOR = protocol.embedding_to_wire([0.5, 0.5, 0.5, 0.5])
 
 
 class StandInWorker(threading.Thread):
-    """One instance: READY, then a result `delay` seconds after each run, heartbeats between."""
+    """One instance: READY, then a result `delay` seconds after each run, heartbeats between.
+    `ready`: more of its READY (a `model_key`, as a real worker's); `vector`: its embedding."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, name: str, pool: str, delay: float):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        name: str,
+        pool: str,
+        delay: float,
+        ready: dict | None = None,
+        vector: bytes = VECTOR,
+    ):
         super().__init__(name=f"stand-in-{name}", daemon=True)
         self.ctx, self.endpoint, self.name, self.pool, self.delay = (
             ctx,
@@ -37,6 +47,7 @@ class StandInWorker(threading.Thread):
             pool,
             delay,
         )
+        self.ready, self.vector = ready or {}, vector
         self.running = True
         self.runs = 0
 
@@ -45,6 +56,7 @@ class StandInWorker(threading.Thread):
         sock.linger = 0
         sock.connect(self.endpoint)
         ready = {"type": protocol.READY, "name": self.name, "pool": self.pool, "pid": 0}
+        ready |= self.ready
         sock.send_multipart(protocol.pack(ready))
         next_beat = time.monotonic()
         due: list[tuple[float, dict]] = []  # jobs being "run": heartbeats go on meanwhile
@@ -58,7 +70,7 @@ class StandInWorker(threading.Thread):
             while due and due[0][0] <= time.monotonic():
                 _, body = due.pop(0)
                 self.runs += 1
-                results = [{"embedding": VECTOR} for _ in body["inputs"]]
+                results = [{"embedding": self.vector} for _ in body["inputs"]]
                 reply = {"type": protocol.RESULT, "job": body["job"], "results": results}
                 sock.send_multipart(protocol.pack(reply))
             if time.monotonic() >= next_beat:
@@ -89,6 +101,7 @@ class InProcessRouter:
             server=server,
             frontend=frontend,
         )
+        self.spec = spec
         self.ctx = zmq.Context()
         tokenizer = Tokenizer(spec.model.path, spec.model.max_length, memo_bytes=1 << 20)
         self.router = Router(spec, tokenizer, self.ctx)
@@ -110,6 +123,17 @@ class InProcessRouter:
         while len(self.router.dispatch.workers) < len(self.workers):
             assert time.monotonic() < deadline, "the stand-in workers never became ready"
             time.sleep(0.01)
+
+    def add_worker(self, name: str, **kw) -> StandInWorker:
+        """Another instance, started and announced (kw: StandInWorker's `ready`, `vector`)."""
+        worker = StandInWorker(self.ctx, self.spec.workers_endpoint, name, "main", 0.0, **kw)
+        self.workers.append(worker)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while worker.name not in {w.name for w in self.router.dispatch.workers.values()}:
+            assert time.monotonic() < deadline, f"{name} never became ready"
+            time.sleep(0.01)
+        return worker
 
     def client_socket(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
