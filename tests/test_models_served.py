@@ -107,32 +107,16 @@ def test_status_shows_every_models_instances_and_pools(two):
 def test_a_reload_that_changes_one_model_keeps_the_others_instances_and_fails_nothing(two):
     """Last in this module: it changes the module's server."""
     before = {name: i["pid"] for name, i in two.instances().items()}
-    outcomes: list[str] = []
-    running = threading.Event()
-    running.set()
-
-    def load(model: str) -> None:
-        with Client(two.endpoint, timeout=30, retries=0, model=model) as client:
-            call = client.embed if model == "embed" else client.classify
-            while running.is_set():
-                try:
-                    call("still served while the other model reloads")
-                    outcomes.append("ok")
-                except NumaserveError as e:
-                    outcomes.append(e.code)
-
-    threads = [threading.Thread(target=load, args=(m,)) for m in ("embed", "toxicity")]
-    for t in threads:
-        t.start()
-    try:
+    text = "still served while the other model reloads"
+    with (
+        server_.calls_meanwhile(two.endpoint, "embed", "embed", text) as embeds,
+        server_.calls_meanwhile(two.endpoint, "toxicity", "classify", text) as classes,
+    ):
         two.config.write_text(
             two.config.read_text().replace("task: classify", "task: classify, quantize: none")
         )
         two.reload_model("toxicity.main-0", before["toxicity.main-0"])
-    finally:
-        running.clear()
-        for t in threads:
-            t.join()
+    outcomes = embeds + classes
 
     after = {name: i["pid"] for name, i in two.instances().items()}
     assert after["embed.main-0"] == before["embed.main-0"]  # untouched
@@ -150,28 +134,11 @@ def test_a_reload_that_removes_a_model_and_adds_another_fails_nothing_on_the_kep
     try:
         s.wait_ready()
         before = s.instances()
-        outcomes: list[str] = []
-        running = threading.Event()
-        running.set()
-
-        def load() -> None:
-            with Client(s.endpoint, timeout=30, retries=0, model="embed") as client:
-                while running.is_set():
-                    try:
-                        client.embed("served while the other models come and go")
-                        outcomes.append("ok")
-                    except NumaserveError as e:
-                        outcomes.append(e.code)
-
-        thread = threading.Thread(target=load)
-        thread.start()
-        try:
+        text = "served while the other models come and go"
+        with server_.calls_meanwhile(s.endpoint, "embed", "embed", text) as outcomes:
             s.config.write_text(s.config.read_text().replace("name: toxicity", "name: spam"))
             s.proc.send_signal(signal.SIGHUP)
             s.wait_for(lambda: "reload: done" in s.log(), what="reload done")
-        finally:
-            running.clear()
-            thread.join()
 
         after = s.instances()
         assert sorted(after) == ["embed.main-0", "spam.main-0"]

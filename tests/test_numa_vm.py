@@ -11,17 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from numaserve.client import Client, NumaserveError
+from numaserve.client import Client
 from numaserve.host.pinning import live_affinity, read_numa_maps
 from numaserve.host.topology import read_topology
 from tests.harness.checkpoints import LABELS
 from tests.harness.console import numaserve
-from tests.harness.server import ENDPOINT, Server
+from tests.harness.server import ENDPOINT, Server, calls_meanwhile
 from tests.harness.vm_server import CONFIG
 
 pytestmark = [
@@ -224,30 +223,13 @@ def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_
     try:
         s.wait_ready(timeout=1200)
         before = {name: i["pid"] for name, i in s.instances().items()}
-        outcomes: list[str] = []
-        running = threading.Event()
-        running.set()
-
-        def load() -> None:
-            with Client(s.endpoint, timeout=120, retries=0, model="kept") as client:
-                while running.is_set():
-                    try:
-                        client.classify("served while the others change")
-                        outcomes.append("ok")
-                    except NumaserveError as e:
-                        outcomes.append(e.code)
-
-        thread = threading.Thread(target=load)
-        thread.start()
-        try:
-            text = s.config.read_text().replace("server:", ADDED.format(model=model), 1)
-            text = text.replace("name: changed,", "name: changed, padding: max_length,")
-            s.config.write_text(text)
+        text = "served while the others change"
+        with calls_meanwhile(s.endpoint, "kept", "classify", text, timeout=120) as outcomes:
+            config = s.config.read_text().replace("server:", ADDED.format(model=model), 1)
+            config = config.replace("name: changed,", "name: changed, padding: max_length,")
+            s.config.write_text(config)
             s.proc.send_signal(signal.SIGHUP)
             s.wait_for(lambda: "reload: done" in s.log(), timeout=1200, what="reload done")
-        finally:
-            running.clear()
-            thread.join()
 
         after = s.instances()
         assert sorted(after) == ["added.main-0", "changed.main-0", "kept.main-0"]

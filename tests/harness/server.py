@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,34 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 ENDPOINT = (
     "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port
 )
+
+
+@contextlib.contextmanager
+def calls_meanwhile(endpoint: str, model: str, op: str, text: str, timeout: float = 30):
+    """One client calling `op` of `model` with `text`, call after call, without retries,
+    until the block ends: yields the outcome of each call as it comes (`ok`, or the error
+    code)."""
+    outcomes: list[str] = []
+    running = threading.Event()
+    running.set()
+
+    def calls() -> None:
+        with Client(endpoint, timeout=timeout, retries=0, model=model) as client:
+            call = getattr(client, op)
+            while running.is_set():
+                try:
+                    call(text)
+                    outcomes.append("ok")
+                except NumaserveError as e:
+                    outcomes.append(e.code)
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    try:
+        yield outcomes
+    finally:
+        running.clear()
+        thread.join()
 
 
 def with_metrics(config_text: str, address: str) -> str:
