@@ -3,7 +3,6 @@ clients on both models at once, live affinity from the kernel. Slow (each test s
 servers): CI runs them in their own step."""
 
 import os
-import signal
 import threading
 
 import numpy as np
@@ -137,8 +136,7 @@ def test_a_reload_that_removes_a_model_and_adds_another_fails_nothing_on_the_kep
         text = "served while the other models come and go"
         with server_.calls_meanwhile(s.endpoint, "embed", "embed", text) as outcomes:
             s.config.write_text(s.config.read_text().replace("name: toxicity", "name: spam"))
-            s.proc.send_signal(signal.SIGHUP)
-            s.wait_for(lambda: "reload: done" in s.log(), what="reload done")
+            s.reload_logged()
 
         after = s.instances()
         assert sorted(after) == ["embed.main-0", "spam.main-0"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -228,8 +227,7 @@ def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_
             config = s.config.read_text().replace("server:", ADDED.format(model=model), 1)
             config = config.replace("name: changed,", "name: changed, padding: max_length,")
             s.config.write_text(config)
-            s.proc.send_signal(signal.SIGHUP)
-            s.wait_for(lambda: "reload: done" in s.log(), timeout=1200, what="reload done")
+            s.reload_logged(timeout=1200)
 
         after = s.instances()
         assert sorted(after) == ["added.main-0", "changed.main-0", "kept.main-0"]

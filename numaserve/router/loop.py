@@ -558,7 +558,7 @@ class Router:
                 )
                 return
             self.changed = True
-            self._count_live_keys()
+            self._find_live_keys()
             if self.entities and body.get("labels"):
                 self.entities.labels = tuple(str(label) for label in body["labels"])
             if not known:
@@ -632,7 +632,7 @@ class Router:
         key = worker.info.get("model_key") if worker is not None else None
         return key if isinstance(key, str) else self.model_key
 
-    def _count_live_keys(self) -> None:
+    def _find_live_keys(self) -> None:
         keys = dict.fromkeys(self._key_of(w) for w in self.dispatch.workers.values())
         self.live_keys = tuple(keys) or (self.model_key,)
 
@@ -653,7 +653,7 @@ class Router:
     def _heartbeat(self, now: float) -> None:
         for identity in self.dispatch.silent_workers(now, self.expiry):
             worker, lost = self.dispatch.remove_worker(identity)
-            self._count_live_keys()
+            self._find_live_keys()
             if worker.stopping and not lost:  # it said BYE and finished: a graceful stop
                 log.info("instance %s stopped", worker.name)
                 continue

@@ -569,14 +569,8 @@ class Supervisor:
             removed, added = model_changes(self.config, config) if by_model else ((), ())
             with self.ledger.locked() if self.ledger and by_model else nullcontext():
                 plan = self._replan(config) if by_model else self._plan(config)
-                # The kept models keep their shards: server.routers applies at a restart.
-                shaped = dataclasses.replace(
-                    config,
-                    server=dataclasses.replace(config.server, routers=self.config.server.routers),
-                )
-                new = self._deploy(
-                    shaped if by_model else config, plan, self.deployment.shard_numbers()
-                )
+                shaped = self._keep_shards(config) if by_model else config
+                new = self._deploy(shaped, plan, self.deployment.shard_numbers())
                 if self.ledger and by_model and plan != self.plan:  # ours until the reload ends
                     both = {*held_cpus(self.plan, self.topo), *held_cpus(plan, self.topo)}
                     self.ledger.update(tuple(sorted(both)))
@@ -635,6 +629,12 @@ class Supervisor:
         its lock: they may have started since we did)."""
         holders = self.ledger.holders() if self.ledger else []
         return replan(self.plan, without(self.topo, holders), config.placement, config.models)
+
+    def _keep_shards(self, config: Config) -> Config:
+        """`config` with the running server.routers: the kept models keep their shards (a
+        change applies at a restart)."""
+        server = dataclasses.replace(config.server, routers=self.config.server.routers)
+        return dataclasses.replace(config, server=server)
 
     def _advance_reload(self, now: float) -> None:
         r = self.reload

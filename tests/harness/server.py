@@ -166,9 +166,14 @@ class Server:
     def reload_model(self, name: str, old_pid: int) -> None:
         """SIGHUP, then wait until instance `name` runs under a new pid and the reload is done
         (with several models, only the changed ones' instances restart)."""
-        self.proc.send_signal(signal.SIGHUP)
+        self.reload_logged()
         self.wait_replaced(name, old_pid)
-        self.wait_for(lambda: "reload: done" in self.log(), what="reload done")
+
+    def reload_logged(self, timeout: float = 120) -> None:
+        """SIGHUP, then wait until the supervisor logs that the reload is done (this server's
+        first)."""
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_for(lambda: "reload: done" in self.log(), timeout=timeout, what="reload done")
 
     def router_pid(self) -> int:
         """The router's pid: the supervisor's child running numaserve.router."""
