@@ -4,6 +4,7 @@ runs real processes in tests/test_supervisor.py (slow)."""
 
 import json
 import signal
+from collections import deque
 
 import pytest
 
@@ -267,6 +268,25 @@ def test_sighup_restarts_one_slot_at_a_time_each_old_one_after_its_replacement_i
     assert rig.pid("main-1") != old["main-1"]
     assert rig.os.signals_to("main-1") == [signal.SIGTERM]
     assert rig.notifier.kinds()[-1] == "READY"  # told again once the reload is done
+
+
+def test_a_reload_is_done_only_once_the_router_shows_the_new_instances(rig):
+    """So that `numaserve status` asked after `reload: done` shows the new instances' pids."""
+    rig.start()
+    rig.step(signal.SIGHUP)
+    rig.step(seconds=0.3)  # main-0's replacement is heard
+    rig.step()
+    rig.step(seconds=0.3)  # main-1's
+    rig.router.behind = True
+    rig.run_for(1.0)
+    assert rig.sup.reload is not None
+    assert rig.sup.reload.waiting == deque() and rig.sup.reload.replacement is None
+    rig.router.behind = False
+    rig.step()
+    rig.step()
+    assert rig.sup.reload is None
+    pids = {s["name"]: s["pid"] for s in rig.router.tables[-1]["slots"]}
+    assert pids == {name: rig.pid(name) for name in ("main-0", "main-1")}
 
 
 def test_a_reload_whose_replacement_dies_is_aborted_and_the_old_instance_keeps_serving(rig):

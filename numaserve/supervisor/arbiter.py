@@ -646,6 +646,8 @@ class Supervisor:
             return  # the changed models roll once the added ones are up
         if r.replacement is None:
             if not r.waiting:
+                if not self._shards_show_final_table(r):
+                    return
                 self.config = r.config
                 self.reload = None
                 log.info("reload: done", extra={"event": "reload"})
@@ -666,6 +668,15 @@ class Supervisor:
             and now - r.replacement.started_at > self.config.supervisor.start_timeout_s
         ):
             self._abort_reload(f"the new {r.replacement.name} was not ready in time")
+
+    def _shards_show_final_table(self, r: Reload) -> bool:
+        """Whether every serving shard has answered the slot table of the reload's end, so
+        that `numaserve status` asked after `reload: done` shows the new instances."""
+        if r.final_table is None:
+            self.send_slots()
+            r.final_table = self.slots_sent
+        serving = [v for v in self.shards if v.child.state == State.READY]
+        return all(v.acked >= r.final_table for v in serving)
 
     def _reshape(self, r: Reload) -> bool:
         """Removed models out, then added models in; True once done. The removed models'

@@ -31,6 +31,7 @@ class Reload:
     stopping: list[Child] = field(default_factory=list)  # and their instances, after them
     reshaped: bool = False  # removed models stopped, added ones started
     replacement: Child | None = None  # the new instance of the slot being restarted
+    final_table: int | None = None  # the slot table sent once every slot has its new instance
 
     def spec(self, name: str) -> WorkerSpec:
         return next(w for w in self.deployment.workers if w.name == name)

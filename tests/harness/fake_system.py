@@ -126,6 +126,7 @@ class FakeRouter:
         self.system = system
         self.name, self.shard = name, shard
         self.quiet: set[str | int] = set()  # process names or pids
+        self.behind = False  # busy: answers nothing yet (the tables wait, as in its socket)
         self.tables: list[dict] = []  # every slot table the supervisor sent
         self.unanswered: list[int] = []  # sequence numbers of tables sent
 
@@ -138,6 +139,8 @@ class FakeRouter:
         """Answers to the tables received, as the router sees its workers now."""
         if self.name not in self.system.running.values():
             self.unanswered = []
+        if self.behind:
+            return []
         heard = [
             pid
             for pid, name in self.system.running.items()
