@@ -1,6 +1,7 @@
 """The load generator's arithmetic, inputs and HTTP target (the numaserve runs are in
 test_router.py)."""
 
+import json
 import socket
 
 import pytest
@@ -62,7 +63,8 @@ def test_summary_of_a_run_where_everything_failed():
 
 @pytest.fixture
 def http_server():
-    """A real HTTP server on loopback: 200 with the text echoed, 503 for texts saying "busy"."""
+    """A real HTTP server on loopback: 200 with the body echoed, 503 for texts saying "busy"
+    (the text is the body's "text", or the first of its "input")."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,8 +73,9 @@ def http_server():
         protocol_version = "HTTP/1.1"  # keep-alive, as a load generator expects
 
         def do_POST(self):
-            text = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"]
-            body = json.dumps({"text": text}).encode()
+            received = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            text = received.get("text") or received["input"][0]
+            body = json.dumps(received).encode()
             self.send_response(503 if "busy" in text else 200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -106,6 +109,11 @@ def test_an_http_server_that_is_not_there_counts_connection_errors():
         port = s.getsockname()[1]
     result = closed_loop(http_target(f"http://127.0.0.1:{port}/"), ["text"], 1, 2)
     assert result.errors == {"connection": 2}
+
+
+def test_http_target_posts_the_body_a_peer_wants(http_server):
+    with http_target(http_server, body=lambda text: {"input": [text]})() as send:
+        assert json.loads(send("one text")) == {"input": ["one text"]}
 
 
 def test_http_target_wants_an_http_url():

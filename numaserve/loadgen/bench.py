@@ -151,8 +151,15 @@ def numaserve_target(
     return connect
 
 
-def http_target(url: str, timeout: float = 10.0) -> Connect:
-    """POST `{"text": ...}` as JSON to `url` on a kept-alive connection; 200 is success."""
+def text_body(text: str) -> dict:
+    return {"text": text}
+
+
+def http_target(
+    url: str, timeout: float = 10.0, body: Callable[[str], object] = text_body
+) -> Connect:
+    """POST `body(text)` (`{"text": ...}`) as JSON to `url` on a kept-alive connection; 200 is
+    success."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"not an http:// URL: {url!r}")
@@ -163,9 +170,9 @@ def http_target(url: str, timeout: float = 10.0) -> Connect:
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
 
         def send(text: str) -> object:
-            body = json.dumps({"text": text}).encode()
+            data = json.dumps(body(text)).encode()
             try:
-                conn.request("POST", path, body, {"Content-Type": "application/json"})
+                conn.request("POST", path, data, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 data = response.read()
             except TimeoutError:
