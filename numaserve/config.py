@@ -77,9 +77,12 @@ class ServerConfig:
     max_queue_ms: int = field(default=2000, metadata=_bounds(1, 3_600_000))
     # A text may run on a larger pool's idle instance when its own pool has none idle.
     spillover: bool = True
-    # Micro-batching: up to max_batch queued texts of one pool share a forward pass; a lone
-    # text waits up to max_wait_ms for company. 1 turns it off (the lowest latency).
-    max_batch: int = field(default=1, metadata=_bounds(1, 256))
+    # Micro-batching: up to max_batch queued texts of one pool share a forward pass, of at
+    # most max_batch_tokens (texts x the longest); a lone text waits up to max_wait_ms for
+    # company. With nothing queued a text runs alone at once: no cost at low load. 1 turns it
+    # off. Why these defaults: docs/configuration.md#micro-batching.
+    max_batch: int = field(default=8, metadata=_bounds(1, 256))
+    max_batch_tokens: int = field(default=128, metadata=_bounds(1))
     max_wait_ms: int = field(default=0, metadata=_bounds(0, 1000))
     max_texts: int = field(default=64, metadata=_bounds(1, 10_000))  # texts in one request
     max_message_bytes: int = field(default=4 << 20, metadata=_bounds(1024))

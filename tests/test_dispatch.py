@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from numaserve.config import PoolConfig
-from numaserve.router.dispatch import Dispatcher, Item
+from numaserve.router.dispatch import MAX_PADDING, Dispatcher, Item
 
 SHORT, LONG = 0, 1
 
@@ -188,6 +188,30 @@ def test_micro_batch_takes_texts_of_similar_length():
     d.workers[b"long-0"].jobs = 0
     (job,) = d.schedule(now=0)
     assert [len(i.ids) for i in job.items] == [100, 105, 110]
+
+
+def test_a_micro_batch_takes_only_its_instances_share_of_the_queue():
+    """Six queued texts and two instances: the first one free takes three, not all six
+    (the other, about to be free, would idle while one batch ran six)."""
+    d = dispatcher(max_batch=8, queue_size=10)
+    for name in ("long-0", "long-1"):
+        add_worker(d, name, "long")
+        d.workers[name.encode()].jobs = 1
+    d.admit([item(d, 100) for _ in range(6)], now=0)
+    d.workers[b"long-0"].jobs = 0
+    (job,) = d.schedule(now=0)
+    assert len(job.items) == 3
+
+
+def test_a_micro_batch_leaves_out_a_text_that_would_pad_it_past_max_padding():
+    d = dispatcher(max_batch=8, queue_size=10)
+    add_worker(d, "long-0", "long")
+    d.workers[b"long-0"].jobs = 1
+    d.admit([item(d, n) for n in (100, 200, 104)], now=0)
+    d.workers[b"long-0"].jobs = 0
+    (job,) = d.schedule(now=0)
+    assert [len(i.ids) for i in job.items] == [100, 104]  # 3 x 200 > 1.25 x 404 tokens
+    assert MAX_PADDING == 1.25
 
 
 def test_micro_batch_waits_up_to_max_wait_for_company():

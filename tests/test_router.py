@@ -353,7 +353,7 @@ def test_bench_drives_a_live_server_and_reports_json(cluster, tmp_path, mode, ex
 
 STRICT = """
 model: {truncate: false, max_length: 256}
-server: {queue_size: 4, max_batch: 4, max_texts: 8, heartbeat_ms: 1000}
+server: {queue_size: 4, max_batch: 4, max_batch_tokens: 1024, max_texts: 8, heartbeat_ms: 1000}
 placement:
   pools:
     - {name: all, max_tokens: 256, instances: 1}

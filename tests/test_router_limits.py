@@ -64,7 +64,7 @@ def test_a_refused_absurd_deadline_leaves_deadlines_working(make_router, deadlin
 
 
 def test_a_request_without_a_deadline_waits_at_most_max_queue_ms(make_router):
-    r = make_router(instances=1, delay=0.3, max_queue_ms=100)
+    r = make_router(instances=1, delay=0.3, max_queue_ms=100, max_batch=1)  # one at a time
     sock = r.client_socket()
     started = time.monotonic()
     for i in range(5):

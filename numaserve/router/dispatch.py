@@ -8,7 +8,9 @@ Rules (tested in tests/test_dispatch.py):
   and a text that has waited max_queue_wait is taken out (for the router to answer overloaded);
 - a job whose instance dies is retried once on another instance, then fails;
 - micro-batching: an idle instance takes up to max_batch queued texts of similar length,
-  waiting at most max_wait for a batch to fill.
+  waiting at most max_wait for a batch to fill; no more than its share of the queue (the
+  rest is for its pool's other instances, about to be free), no more than max_batch_tokens
+  padded tokens, and no text that would pad the batch past MAX_PADDING times its tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from itertools import islice
 from typing import Protocol
 
 from numaserve.config import PoolConfig
+
+# A batch runs at (texts x its longest text) tokens: a text whose length would make that more
+# than this many times the texts' own tokens runs in another batch. Measured on MiniLM with
+# mixed lengths (docs/benchmarks.md, peers): unbounded, the padding cost more than batching
+# saved, and batches lost 25-30% of the throughput of single texts.
+MAX_PADDING = 1.25
 
 
 class Owner(Protocol):
@@ -76,12 +84,14 @@ class Dispatcher:
         max_batch: int = 1,
         max_wait: float = 0.0,
         max_queue_wait: float = float("inf"),
+        max_batch_tokens: int | None = None,
     ):
         self.pools = [PoolState(p) for p in sorted(pools, key=lambda p: p.max_tokens)]
         self.queue_size = queue_size
         self.spillover = spillover
         self.max_batch = max_batch
         self.max_wait = max_wait
+        self.max_batch_tokens = max_batch_tokens or float("inf")
         self.max_queue_wait = max_queue_wait
         self.workers: dict[bytes, WorkerState] = {}
         self.jobs: dict[int, Job] = {}
@@ -186,17 +196,27 @@ class Dispatcher:
                 continue
             if len(queue) < self.max_batch and now - queue[0].queued_at < self.max_wait:
                 continue  # let the batch fill a little longer
-            return self._batch(queue)
+            return self._batch(queue, source)
         return []
 
-    def _batch(self, queue: deque[Item]) -> list[Item]:
-        """The oldest text, plus the queued texts nearest its length (up to max_batch)."""
+    def _batch(self, queue: deque[Item], pool: int) -> list[Item]:
+        """The oldest text, plus the queued texts nearest its length: up to max_batch, up to
+        this instance's share of the queue, within max_batch_tokens and MAX_PADDING."""
         first = queue.popleft()
         if self.max_batch == 1 or not queue:
             return [first]
+        instances = sum(1 for w in self.workers.values() if w.pool == pool and not w.stopping)
+        share = -(-(len(queue) + 1) // max(1, instances))  # the queue split evenly, rounded up
         window = [i for i in islice(queue, 4 * self.max_batch) if not i.owner.done]
         window.sort(key=lambda i: abs(len(i.ids) - len(first.ids)))
-        chosen = window[: self.max_batch - 1]
+        chosen, longest, tokens = [], len(first.ids), len(first.ids)
+        for item in window[: min(self.max_batch, share) - 1]:
+            size = len(item.ids)
+            padded = (len(chosen) + 2) * max(longest, size)
+            if padded > self.max_batch_tokens or padded > MAX_PADDING * (tokens + size):
+                continue
+            chosen.append(item)
+            longest, tokens = max(longest, size), tokens + size
         picked = set(map(id, chosen))
         remaining = [i for i in queue if id(i) not in picked]
         queue.clear()

@@ -127,6 +127,7 @@ class Router:
             spillover=spec.server.spillover,
             max_batch=spec.server.max_batch,
             max_wait=spec.server.max_wait_ms / 1000,
+            max_batch_tokens=spec.server.max_batch_tokens,
             max_queue_wait=spec.server.max_queue_ms / 1000,
         )
         self.heartbeat = spec.server.heartbeat_ms / 1000
