@@ -38,23 +38,41 @@ def ladder(data: dict, out: Path) -> None:
 
 
 def peers(data: dict, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 4))
-    last = data["rounds"][-1]
-    for name, result in last.items():
-        lat = result["latencies_ms"]
-        ax.plot(
-            lat,
-            [(i + 1) / len(lat) for i in range(len(lat))],
-            label=f"{name}: {result['throughput_rps']:.0f} req/s, p99 {result['latency_ms']['p99']:.0f} ms",
-        )
-    ax.set_xscale("log")
-    ax.set_xlabel("latency, ms (log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("Same model, cores and closed-loop load: latency distribution")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    """Throughput and p99 against clients, each server's mean over the rounds, with the model
+    alone (one process a CPU, no server) as the ceiling."""
+    rounds, settings = data["rounds"], data["settings"]
+    levels = [int(c) for c in settings["clients"].split(",")]
+    traffic = settings["traffic"].split(",")
+    names = settings["systems"].split(",")
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    fig, axes = plt.subplots(2, len(traffic), figsize=(5 * len(traffic), 7), squeeze=False)
+    for column, t in enumerate(traffic):
+        top, bottom = axes[0][column], axes[1][column]
+        for name in names:
+            runs = [[r[name][t][str(c)] for r in rounds] for c in levels]
+            throughput = [mean([x["throughput_rps"] for x in run]) for run in runs]
+            top.plot(levels, throughput, "o-", label=name)
+            bottom.plot(levels, [mean([x["latency_ms"]["p99"] for x in run]) for run in runs], "o-")
+        limit = mean([r["ceiling"][t]["runs_per_s"] for r in rounds])
+        top.axhline(limit, color="grey", linestyle="--", label="the model alone")
+        tokens = rounds[0]["ceiling"][t]["tokens"]
+        top.set_title(f"{t} texts ({tokens:.0f} tokens on average)")
+        top.set_ylabel("requests/s")
+        top.set_ylim(bottom=0)
+        bottom.set_ylabel("p99 latency, ms (log scale)")
+        bottom.set_yscale("log")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(c) for c in levels])
+            ax.set_xlabel("closed-loop clients")
+            ax.grid(True, which="both", alpha=0.3)
+        top.legend(loc="lower right", fontsize="small")
+    fig.suptitle("Same model file, cores and load: each server against the model alone")
     fig.tight_layout()
-    fig.savefig(out / "peers_latency.png", dpi=110)
+    fig.savefig(out / "peers.png", dpi=110)
 
 
 def length_dispatch(data: dict, out: Path) -> None:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The peers of benchmarks/peers.py that cannot share numaserve's environment, each in a venv of
+# its own under .peers/ (infinity-emb pins click<8.2, which constraints.txt does not allow).
+# torch is pinned to the CPU build, as in constraints.txt; ONNX Runtime, tokenizers and numpy
+# to numaserve's versions where the peer lets us choose. TorchServe also needs a JDK:
+# apt-get install openjdk-17-jre-headless.
+# Run:  benchmarks/peers/install.sh    (about 5 minutes, 3 GB)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+pins() { grep -i -E "^($1)==" constraints.txt; }
+
+python3 -m venv .peers/infinity
+.peers/infinity/bin/pip install -q 'infinity-emb[server,optimum]==0.0.78' 'torch==2.13.0'
+
+python3 -m venv .peers/torchserve
+.peers/torchserve/bin/pip install -q 'torchserve==0.12.0' 'torch-model-archiver==0.12.0' \
+    'torch==2.13.0' $(pins 'onnxruntime|tokenizers|numpy')
+command -v java >/dev/null || echo "TorchServe needs Java: apt-get install openjdk-17-jre-headless"
