@@ -45,7 +45,8 @@ from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: "{model}", max_length: 256}}
-server: {{endpoint: "{endpoint}", cache_entries: 0, queue_size: 4096, routers: {routers}}}
+server: {{endpoint: "{endpoint}", cache_entries: 0, queue_size: 4096, routers: {routers},
+         max_batch: 1}}  # against the model alone at batch 1
 placement:
   reserved_cores: {reserved}
   pools: [{{name: main, max_tokens: 256, instances: {instances}}}]

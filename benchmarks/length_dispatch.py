@@ -29,7 +29,7 @@ from tests.harness.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: bundled:minilm, max_length: 256}}
-server: {{endpoint: "{endpoint}", cache_entries: 0}}
+server: {{endpoint: "{endpoint}", cache_entries: 0, max_batch: 1}}  # the layouts alone
 placement:
   reserved_cores: 0
   pools: {pools}

@@ -292,6 +292,7 @@ def router(
         endpoint=endpoint,
         cache_entries=cache_entries,
         queue_size=4096,
+        max_batch=1,  # the router's work a text, as docs/benchmarks.md gives it
         curve=keys and keys.server,
     )
     client = keys and keys.client
