@@ -19,11 +19,13 @@ models:
       pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
   - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}}
 """
+# Batch 1 in both, so that their answers can be compared bit for bit: under int8 a text's
+# result depends on the texts batched with it (docs/configuration.md#micro-batching).
 ONE_MODEL = """
 model: {{path: "{path}", task: {task}, max_length: {length}}}
-server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}}
 placement: {{pools: [{{name: main, max_tokens: {length}, instances: 1}}]}}
 """
 TEXTS = [f"text {i}: the quick brown fox jumps over {i} lazy dogs" for i in range(40)]
