@@ -69,11 +69,16 @@ OFFLINE = {
 }
 
 
+def tree(root_pid: int) -> list[psutil.Process]:
+    """The server's processes: the one we started and all its descendants."""
+    root = psutil.Process(root_pid)
+    return [root, *root.children(recursive=True)]
+
+
 def memory(root_pid: int) -> dict:
     """RSS of each process in the server's tree, and the tree's total PSS (shared pages
     such as torch's libraries counted once, split between the processes that map them)."""
-    root = psutil.Process(root_pid)
-    procs = [root, *root.children(recursive=True)]
+    procs = tree(root_pid)
     full = [p.memory_full_info() for p in procs]
     return {
         "processes": len(procs),
@@ -86,9 +91,8 @@ def memory(root_pid: int) -> dict:
 def cpu_seconds(root_pid: int) -> dict[tuple[int, str], float]:
     """CPU time (user and system) of each process in the server's tree, by (pid, what it
     runs)."""
-    root = psutil.Process(root_pid)
     seconds = {}
-    for process in [root, *root.children(recursive=True)]:
+    for process in tree(root_pid):
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             seconds[(process.pid, role(process.cmdline()))] = times.user + times.system
@@ -373,7 +377,7 @@ def measure(system, texts: list[str], clients: int, total: int) -> dict:
     return result
 
 
-def ceiling(texts: list[str], seconds: float, tmp: Path) -> dict:
+def ceiling(texts: list[str], seconds: float, isa: tuple[str, ...], tmp: Path) -> dict:
     """The model alone: numaserve's model object in one process per allowed CPU, batch 1 on
     the same texts' token ids, no server (benchmarks/instance_scaling.py's measure)."""
     ids = [e.ids for e in Tokenizer("bundled:minilm", 256).raw.encode_batch(texts[:500])]
@@ -381,7 +385,7 @@ def ceiling(texts: list[str], seconds: float, tmp: Path) -> dict:
     ids_file.write_text(json.dumps(ids))
     settings = argparse.Namespace(model="bundled:minilm", seconds=seconds)
     cpus = sorted(os.sched_getaffinity(0))
-    alone = raw(settings, cpus, ids_file, read_topology().isa)
+    alone = raw(settings, cpus, ids_file, isa)
     # each process runs the model flat out on its CPU: a run costs this much CPU time
     alone["cpu_ms_per_run"] = 1000 * len(cpus) / alone["runs_per_s"]
     return alone | {"tokens": sum(map(len, ids)) / len(ids)}
@@ -418,7 +422,8 @@ def main() -> None:
         for r in range(args.rounds):
             row = {
                 "ceiling": {
-                    t: ceiling(texts, args.seconds, Path(tmp)) for t, texts in traffic.items()
+                    t: ceiling(texts, args.seconds, topo.isa, Path(tmp))
+                    for t, texts in traffic.items()
                 }
             }
             for kind in systems:

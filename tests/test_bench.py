@@ -65,7 +65,6 @@ def test_summary_of_a_run_where_everything_failed():
 def http_server():
     """A real HTTP server on loopback: 200 with the body echoed, 503 for texts saying "busy"
     (the text is the body's "text", or the first of its "input")."""
-    import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

@@ -170,9 +170,9 @@ def http_target(
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
 
         def send(text: str) -> object:
-            data = json.dumps(body(text)).encode()
+            payload = json.dumps(body(text)).encode()
             try:
-                conn.request("POST", path, data, {"Content-Type": "application/json"})
+                conn.request("POST", path, payload, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 data = response.read()
             except TimeoutError:
