@@ -1,16 +1,20 @@
 """What the router costs: latency added to a request, and cache-hit throughput.
 
 Starts a real router (pinned to CPU 0, the reserved core) and one worker (CPU 1) with the
-default model (bundled MiniLM, int8; `--model` for another). Measures, in one run:
+default model (bundled MiniLM, int8; `--model` for another). Measures:
   in-process   tokenize + forward pass in a process pinned to CPU 1, one text at a time
   via router   the same texts through client -> router -> worker (each text once: no cache)
-  cache hits   replies/s for texts the cache holds, from a pipelined load generator
   floor        the same two ZeroMQ hops with no work at all: a bare pyzmq broker on the
                router's CPU and an echo on the worker's, the client pausing between requests
                for as long as the model computes, so that threads go idle as they do when
                serving. No router can add less than this on the machine.
+  cache hits   replies/s for texts the cache holds, from a pipelined load generator
 
-Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 300] [--seconds 5]
+This machine's speed drifts within minutes, so the first three are measured in rounds, each
+round all three back to back on its own `--texts` sentences, and what the path adds above the
+floor is taken within each round.
+
+Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 200] [--rounds 5] [--seconds 5]
           [--model bundled:minilm]
 """
 
@@ -42,9 +46,12 @@ placement:
 """
 
 
-def in_process_latencies(model: str, texts: list[str], cpu: int) -> list[float]:
-    code = f"""
-import json, os, time
+class InProcess:
+    """The model alone, in a process of its own pinned to `cpu`: tokenize and run each text
+    it is sent, and answer each text's seconds."""
+
+    CODE = """
+import json, os, sys, time
 os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.config import ModelConfig
 from numaserve.backends import load_model
@@ -52,20 +59,33 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.host.topology import read_topology
 tok = Tokenizer({model!r}, 256)
 model = load_model(ModelConfig(path={model!r}), isa=read_topology().isa, threads=1)
-texts = {texts!r}
-for t in texts[:20]:
-    model.run([list(tok.encode([t])[0].ids)])
-out = []
-for t in texts:
-    start = time.perf_counter()
-    model.run([list(tok.encode([t])[0].ids)])
-    out.append(time.perf_counter() - start)
-print(json.dumps(out))
+for line in sys.stdin:
+    out = []
+    for t in json.loads(line):
+        start = time.perf_counter()
+        model.run([list(tok.encode([t])[0].ids)])
+        out.append(time.perf_counter() - start)
+    print(json.dumps(out), flush=True)
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def __init__(self, model: str, cpu: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE.format(model=model, cpu=cpu)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def latencies(self, texts: list[str]) -> list[float]:
+        self.proc.stdin.write(json.dumps(texts) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the in-process model exited; its error is above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.kill()
 
 
 def router_latencies(cluster: Cluster, texts: list[str]) -> list[float]:
@@ -125,70 +145,89 @@ def _echo(endpoint: str, cpu: int) -> None:
         sock.send_multipart(sock.recv_multipart())
 
 
-def zmq_floor(n: int, gap: float, broker_cpu: int, echo_cpu: int, tmp: str) -> list[float]:
-    """Round trips through a bare broker and echo, `gap` seconds apart."""
-    spawn = multiprocessing.get_context("spawn")
-    front, back = f"tcp://127.0.0.1:{free_port()}", f"ipc://{tmp}/floor"
-    procs = [
-        spawn.Process(target=_broker, args=(front, back, broker_cpu), daemon=True),
-        spawn.Process(target=_echo, args=(back, echo_cpu), daemon=True),
-    ]
-    for p in procs:
-        p.start()
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(front)
-    request = protocol.pack({"id": 1, "op": "embed", "texts": ["x" * 80]})
-    out = []
-    try:
-        for i in range(n + 20):
+class Floor:
+    """A bare broker on `broker_cpu` and an echo on `echo_cpu`: two ZeroMQ hops, no work."""
+
+    def __init__(self, broker_cpu: int, echo_cpu: int, tmp: str):
+        spawn = multiprocessing.get_context("spawn")
+        front, back = f"tcp://127.0.0.1:{free_port()}", f"ipc://{tmp}/floor"
+        self.procs = [
+            spawn.Process(target=_broker, args=(front, back, broker_cpu), daemon=True),
+            spawn.Process(target=_echo, args=(back, echo_cpu), daemon=True),
+        ]
+        for p in self.procs:
+            p.start()
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(front)
+        self.request = protocol.pack({"id": 1, "op": "embed", "texts": ["x" * 80]})
+        self.latencies(20, 0.001)  # connected, and warm
+
+    def latencies(self, n: int, gap: float) -> list[float]:
+        """Round trips, `gap` seconds apart."""
+        out = []
+        for _ in range(n):
             time.sleep(gap)
             start = time.perf_counter()
-            sock.send_multipart(request)
-            if not sock.poll(5000):
+            self.sock.send_multipart(self.request)
+            if not self.sock.poll(5000):
                 raise TimeoutError("the floor's broker or echo did not answer")
-            sock.recv_multipart()
-            if i >= 20:  # after warm-up
-                out.append(time.perf_counter() - start)
-    finally:
-        sock.close()
-        for p in procs:
+            self.sock.recv_multipart()
+            out.append(time.perf_counter() - start)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+        for p in self.procs:
             p.kill()
-    return out
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--texts", type=int, default=300)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--texts", type=int, default=200, help="sentences a round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0, help="of cache hits")
     parser.add_argument("--model", default="bundled:minilm", help="model.path")
     args = parser.parse_args()
-    texts = [t for t in stdlib_sentences() if 8 <= len(t.split()) <= 14][: args.texts]
+    sentences = [t for t in stdlib_sentences() if 8 <= len(t.split()) <= 14]
+    if args.texts * args.rounds > len(sentences):
+        parser.error(f"--texts x --rounds is over the {len(sentences)} distinct sentences")
+    print(f"{args.rounds} rounds of {args.texts} stdlib sentences of 8-14 words; {args.model} int8")
+    print("round  in-process  via router  router adds  floor  above the floor   (medians, ms)")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(Path(tmp), CONFIG.format(model=args.model)).start()
+        worker_cpu = cluster.deployment.workers[0].cpus[0]
+        router_cpu = cluster.deployment.routers[0].cpus[0]
+        direct, floor = InProcess(args.model, worker_cpu), Floor(router_cpu, worker_cpu, tmp)
         try:
-            worker_cpu = cluster.deployment.workers[0].cpus[0]
-            router_cpu = cluster.deployment.routers[0].cpus[0]
-            direct = in_process_latencies(args.model, texts, worker_cpu)
-            routed = router_latencies(cluster, texts)
-            hits = cache_hit_rate(cluster, texts, args.seconds)
+            direct.latencies(sentences[-20:])  # warm-up: texts no round uses
+            for r in range(args.rounds):
+                texts = sentences[r * args.texts : (r + 1) * args.texts]
+                alone = statistics.median(direct.latencies(texts))
+                routed = statistics.median(router_latencies(cluster, texts))
+                bare = statistics.median(floor.latencies(len(texts), alone))
+                rows.append((alone, routed, bare))
+                print(
+                    f"{r + 1:>5}  {ms(alone):>10}  {ms(routed):>10}  {ms(routed - alone):>11}"
+                    f"  {ms(bare):>5}  {ms(routed - alone - bare):>15}"
+                )
+            hits = cache_hit_rate(cluster, sentences[: args.texts], args.seconds)
         finally:
+            direct.close()
+            floor.close()
             cluster.stop()
-        med_direct, med_routed = statistics.median(direct), statistics.median(routed)
-        floor = statistics.median(zmq_floor(len(texts), med_direct, router_cpu, worker_cpu, tmp))
+    above = [routed - alone - bare for alone, routed, bare in rows]
+    print(f"router on CPU {router_cpu}, worker on CPU {worker_cpu}")
     print(
-        f"{len(texts)} stdlib sentences of 8-14 words; {args.model} int8; router on CPU 0, worker on CPU {worker_cpu}"
-    )
-    print(f"median latency in-process (tokenize + model): {med_direct * 1000:.2f} ms")
-    print(f"median latency via client -> router -> worker: {med_routed * 1000:.2f} ms")
-    print(
-        f"router adds to the median: {(med_routed - med_direct) * 1000:.2f} ms ({med_routed / med_direct:.2f}x)"
-    )
-    print(
-        f"bare ZeroMQ client -> broker -> echo -> client, {med_direct * 1000:.1f} ms apart: "
-        f"{floor * 1000:.2f} ms; numaserve's path adds {(med_routed - med_direct - floor) * 1000:.2f} ms above it"
+        f"numaserve's path adds above the floor: median of the rounds {ms(statistics.median(above))}"
+        f" ms, from {ms(min(above))} to {ms(max(above))}"
     )
     print(f"cache hits: {hits:,.0f} requests/s (pipelined load generator, 128 in flight)")
 
