@@ -182,6 +182,9 @@ class Floor:
             p.kill()
 
 
+WARM_UP = 20  # texts the model alone runs before the first round
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
 
@@ -196,34 +199,34 @@ def main() -> None:
     parser.add_argument("--model", default="bundled:minilm", help="model.path")
     args = parser.parse_args()
     sentences = [t for t in stdlib_sentences() if 8 <= len(t.split()) <= 14]
+    warm_up, sentences = sentences[-WARM_UP:], sentences[:-WARM_UP]  # texts no round uses
     if args.texts * args.rounds > len(sentences):
         parser.error(f"--texts x --rounds is over the {len(sentences)} distinct sentences")
     print(f"{args.rounds} rounds of {args.texts} stdlib sentences of 8-14 words; {args.model} int8")
     print("round  in-process  via router  router adds  floor  above the floor   (medians, ms)")
-    rows = []
+    above = []  # what the path adds above the floor, a round's medians
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(Path(tmp), CONFIG.format(model=args.model)).start()
         worker_cpu = cluster.deployment.workers[0].cpus[0]
         router_cpu = cluster.deployment.routers[0].cpus[0]
         direct, floor = InProcess(args.model, worker_cpu), Floor(router_cpu, worker_cpu, tmp)
         try:
-            direct.latencies(sentences[-20:])  # warm-up: texts no round uses
+            direct.latencies(warm_up)
             for r in range(args.rounds):
                 texts = sentences[r * args.texts : (r + 1) * args.texts]
                 alone = statistics.median(direct.latencies(texts))
                 routed = statistics.median(router_latencies(cluster, texts))
                 bare = statistics.median(floor.latencies(len(texts), alone))
-                rows.append((alone, routed, bare))
+                above.append(routed - alone - bare)
                 print(
                     f"{r + 1:>5}  {ms(alone):>10}  {ms(routed):>10}  {ms(routed - alone):>11}"
-                    f"  {ms(bare):>5}  {ms(routed - alone - bare):>15}"
+                    f"  {ms(bare):>5}  {ms(above[-1]):>15}"
                 )
             hits = cache_hit_rate(cluster, sentences[: args.texts], args.seconds)
         finally:
             direct.close()
             floor.close()
             cluster.stop()
-    above = [routed - alone - bare for alone, routed, bare in rows]
     print(f"router on CPU {router_cpu}, worker on CPU {worker_cpu}")
     print(
         f"numaserve's path adds above the floor: median of the rounds {ms(statistics.median(above))}"
