@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.peers.minilm import Embedder
+from benchmarks.peers.minilm import Embedder, cosine
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
@@ -27,9 +27,7 @@ from numaserve.loadgen.corpus import stdlib_sentences
 
 
 def cosines(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
-    return np.array(
-        [x @ y / np.linalg.norm(x) / np.linalg.norm(y) for x, y in zip(a, b, strict=True)]
-    )
+    return np.array([cosine(x, y) for x, y in zip(a, b, strict=True)])
 
 
 def main() -> None:

@@ -32,7 +32,6 @@ import contextlib
 import functools
 import http.client
 import json
-import math
 import os
 import signal
 import subprocess
@@ -47,7 +46,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from instance_scaling import raw
 
-from benchmarks.peers.minilm import Embedder
+from benchmarks.peers.minilm import Embedder, cosine
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import Client
@@ -344,12 +343,6 @@ def artifact() -> Path:
     """The ONNX artifact numaserve serves with configs/default.yaml on this machine (int8)."""
     model = load_config(ROOT / "configs/default.yaml").model
     return prepare_artifact(model, read_topology().isa)[0]
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
-        sum(x * x for x in a) * sum(y * y for y in b)
-    )
 
 
 def mixed_texts(short: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ PEER_MODEL=DIR picks a saved checkpoint (default: the bundled MiniLM).
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -35,3 +36,10 @@ class Embedder:
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1)
         return torch.nn.functional.normalize(pooled, dim=-1)[0].tolist()
+
+
+def cosine(a, b) -> float:
+    """How closely two embeddings agree: what a server's are checked against the fp32 ones by."""
+    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b)
+    )
