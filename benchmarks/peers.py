@@ -380,10 +380,11 @@ def measure(system, texts: list[str], clients: int, total: int) -> dict:
 def ceiling(texts: list[str], seconds: float, isa: tuple[str, ...], tmp: Path) -> dict:
     """The model alone: numaserve's model object in one process per allowed CPU, batch 1 on
     the same texts' token ids, no server (benchmarks/instance_scaling.py's measure)."""
-    ids = [e.ids for e in Tokenizer("bundled:minilm", 256).raw.encode_batch(texts[:500])]
+    model = default_model().path
+    ids = [e.ids for e in Tokenizer(model, 256).raw.encode_batch(texts[:500])]
     ids_file = tmp / "ids.json"
     ids_file.write_text(json.dumps(ids))
-    settings = argparse.Namespace(model="bundled:minilm", seconds=seconds)
+    settings = argparse.Namespace(model=model, seconds=seconds)
     cpus = sorted(os.sched_getaffinity(0))
     alone = raw(settings, cpus, ids_file, isa)
     # each process runs the model flat out on its CPU: a run costs this much CPU time
