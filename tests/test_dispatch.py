@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from numaserve.config import PoolConfig
+from numaserve.protocol import ErrorCode
 from numaserve.router.dispatch import MAX_PADDING, Dispatcher, Item
 
 SHORT, LONG = 0, 1
@@ -116,7 +117,7 @@ def test_a_full_queue_refuses_the_request_whole():
     add_worker(d, "short-0", "short")
     d.workers[b"short-0"].jobs = 1
     assert d.admit([item(d, 10), item(d, 10)], now=0) is None
-    assert d.admit([item(d, 10)], now=0) == "overloaded"
+    assert d.admit([item(d, 10)], now=0) is ErrorCode.OVERLOADED
     assert len(d.pools[SHORT].queue) == 2
 
 
@@ -130,7 +131,7 @@ def test_idle_instances_count_as_room():
 def test_a_pool_without_instances_is_no_instance():
     d = dispatcher(spillover=False)
     add_worker(d, "long-0", "long")
-    assert d.admit([item(d, 10)], now=0) == "no_instance"
+    assert d.admit([item(d, 10)], now=0) is ErrorCode.NO_INSTANCE
 
 
 def test_texts_of_a_dead_instance_are_retried_once_elsewhere():
@@ -235,4 +236,4 @@ def test_a_stopping_instance_gets_no_work():
     d = dispatcher()
     add_worker(d, "short-0", "short")
     d.workers[b"short-0"].stopping = True
-    assert d.admit([item(d, 10)], now=0) == "no_instance"
+    assert d.admit([item(d, 10)], now=0) is ErrorCode.NO_INSTANCE

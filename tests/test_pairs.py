@@ -16,7 +16,7 @@ from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.client import AsyncClient, BadRequest, Ranked
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.router.loop import ranked
+from numaserve.router.answers import ranked
 from tests.harness.checkpoints import (
     LABELS,
     architectures,

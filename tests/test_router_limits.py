@@ -47,8 +47,8 @@ def test_answered_requests_leave_the_deadline_heap(make_router):
     for i in range(2000):
         send(sock, i, f"distinct text number {i}", deadline_ms=600_000)
     assert set(replies(sock, 2000).values()) == {"ok"}
-    assert not r.router.active
-    assert len(r.router.deadlines) <= 200  # not 2000 until their deadlines pass
+    assert not r.router.book.active
+    assert len(r.router.book.deadlines) <= 200  # not 2000 until their deadlines pass
 
 
 @pytest.mark.parametrize("deadline", [math.nan, math.inf, 1e300])
@@ -85,7 +85,7 @@ def test_a_full_queue_refuses_before_tokenizing(make_router):
         send(sock, i, f"refused {i} " + "word " * 20_000)
     got = replies(sock, 50, timeout=0.9)  # all before the running text is done
     assert set(got.values()) == {"overloaded"}
-    assert not any(text.startswith("refused") for text in r.router.tokenizer.memo)
+    assert not any(text.startswith("refused") for text in r.router.book.tokenizer.memo)
     assert replies(sock, 2) == {"running": "ok", "queued": "ok"}
 
 
@@ -115,14 +115,14 @@ def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_g
     make_router, caplog
 ):
     r = make_router(instances=1)
-    encode = r.router.tokenizer.encode
+    encode = r.router.book.tokenizer.encode
 
     def tokenizer_bug(texts):  # a stand-in for a bug no test has found yet
         if texts == ["boom"]:
             raise RuntimeError("an unforeseen bug")
         return encode(texts)
 
-    r.router.tokenizer.encode = tokenizer_bug
+    r.router.book.tokenizer.encode = tokenizer_bug
     sock = r.client_socket()
     with caplog.at_level(logging.ERROR, logger="numaserve.router"):
         for i in range(3):
@@ -166,8 +166,8 @@ def test_a_shard_loses_no_reply_while_its_frontend_falls_behind(make_router, tmp
     for i in range(count):
         stand_in.send_multipart([b"client", *protocol.pack({"id": i, "op": "ping"})])
     deadline = time.monotonic() + 30
-    while r.router.counters["requests"] < count:  # all answered, none read yet
-        assert time.monotonic() < deadline, r.router.counters
+    while r.router.book.counters["requests"] < count:  # all answered, none read yet
+        assert time.monotonic() < deadline, r.router.book.counters
         time.sleep(0.05)
     answered = set()
     while stand_in.poll(1000):

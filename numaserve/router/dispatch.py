@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Protocol
 
-from numaserve.config import PoolConfig
+from numaserve.config import PoolConfig, ServerConfig
+from numaserve.protocol import ErrorCode
 
 # A batch runs at (texts x its longest text) tokens: a text whose length would make that more
 # than this many times the texts' own tokens runs in another batch. Measured on MiniLM with
@@ -97,6 +98,19 @@ class Dispatcher:
         self.jobs: dict[int, Job] = {}
         self._next_job = 0
 
+    @classmethod
+    def for_server(cls, pools: tuple[PoolConfig, ...], server: ServerConfig) -> Dispatcher:
+        """A router shard's, with the server's queue and batching settings."""
+        return cls(
+            list(pools),
+            queue_size=server.queue_size,
+            spillover=server.spillover,
+            max_batch=server.max_batch,
+            max_wait=server.max_wait_ms / 1000,
+            max_batch_tokens=server.max_batch_tokens,
+            max_queue_wait=server.max_queue_ms / 1000,
+        )
+
     # -- pools -----------------------------------------------------------------------------
 
     def pool_index(self, name: str) -> int | None:
@@ -137,8 +151,8 @@ class Dispatcher:
         candidates = range(len(self.pools) if last is None else last + 1)
         return all(self.room(pool) <= 0 for pool in candidates)
 
-    def admit(self, items: list[Item], now: float, hold: bool = False) -> str | None:
-        """Queue all of `items`, or none: returns why not ('no_instance', 'overloaded').
+    def admit(self, items: list[Item], now: float, hold: bool = False) -> ErrorCode | None:
+        """Queue all of `items`, or none: returns why not (NO_INSTANCE or OVERLOADED).
         `hold`: queue them even where no instance is live yet (a router just started, whose
         instances are about to announce themselves)."""
         need: dict[int, int] = {}
@@ -147,9 +161,9 @@ class Dispatcher:
         for pool, count in need.items():
             live, room = self._capacity(pool)
             if not live and not hold:
-                return "no_instance"
+                return ErrorCode.NO_INSTANCE
             if count > room:
-                return "overloaded"
+                return ErrorCode.OVERLOADED
         for item in items:
             item.queued_at = now
             self.pools[item.pool].queue.append(item)

@@ -12,6 +12,7 @@ again: the peer answers it itself, with an error if it must.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import zmq
@@ -64,6 +65,23 @@ class Handover:
             if have > most and not status.get("draining"):
                 best, most = status.get("shard"), have
         return best
+
+    def take(
+        self,
+        pools: set[str],
+        peers: list[dict],
+        envelope: list[bytes],
+        request: Request,
+        deadline: float | None,
+    ) -> bool:
+        """Pass `request`, whose texts need `pools`, to the best peer by `peers` (their latest
+        status); False where none can take it."""
+        peer = self.peer_for(pools, peers)
+        if peer is None:
+            return False
+        now = time.monotonic()
+        left_ms = (deadline - now) * 1000 if deadline is not None else None
+        return self.pass_on(peer, envelope, request, left_ms, now)
 
     def pass_on(
         self, peer: int, envelope: list[bytes], request: Request, left_ms: float | None, now: float

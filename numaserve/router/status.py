@@ -3,9 +3,45 @@ a person reads it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import PinningError, live_affinity
 from numaserve.router.dispatch import Dispatcher
+
+if TYPE_CHECKING:
+    from numaserve.router.book import RequestBook
+    from numaserve.router.connections import Connections
+    from numaserve.router.metrics import RouterMetrics
+    from numaserve.specs import RouterSpec
+
+
+def shard(
+    spec: RouterSpec,
+    dispatch: Dispatcher,
+    book: RequestBook,
+    metrics: RouterMetrics,
+    connections: Connections,
+    supervisor: dict,
+) -> dict:
+    """One shard's state, as its status answer carries it; where a supervisor runs, one
+    instance entry per slot of its plan (its slot table)."""
+    return {
+        "task": spec.model.task,
+        "model_name": spec.model_name,
+        "shard": spec.shard,
+        "cpus": list(spec.cpus),
+        "model": spec.model.path,
+        "instances": instances(dispatch, supervisor.get("slots")),
+        "pools": pools(dispatch, spec.model_name),
+        "cache": book.cache.stats(),
+        "requests": {**book.counters, **connections.counts()},
+        "errors": dict(book.errors),
+        "metrics": metrics.wire(),
+        "draining": book.draining_until is not None,
+        "routed_pids": routed_pids(dispatch),
+        "supervisor": {k: v for k, v in supervisor.items() if k not in ("type", "slots", "peers")},
+    }
 
 
 def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:

@@ -1,0 +1,324 @@
+"""Every request a router shard is answering, from its receipt to its reply: no sockets.
+
+The loop (loop.py) reads messages and hands them here; the book decides what to answer and
+sends it through the `reply` it was given. Each step of a request's life (tokenized, answered
+from the cache, admitted or refused, computed, retried, failed, expired, handed to a peer
+shard, drained) is tested without a socket (tests/test_request_book.py). The pools and which
+instance is free are dispatch.py's; the requests in flight and their deadlines requests.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from numaserve import protocol
+from numaserve.backends.tokenizer import Tokenizer, TooLongError
+from numaserve.protocol import ErrorCode
+from numaserve.router.answers import Entities, finished
+from numaserve.router.cache import ResultCache
+from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
+from numaserve.router.metrics import RouterMetrics
+from numaserve.router.requests import Deadlines, Pending
+
+log = logging.getLogger("numaserve.router")
+
+OVERLOADED_MESSAGE = "the pool's queue is full; retry later"
+# An upper bound on a text's token count from its UTF-8 length, before tokenizing: no
+# tokenizer numaserve serves makes more than two tokens of a byte, plus special tokens.
+TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
+ERROR_CODES = {c.value: c for c in ErrorCode}
+
+Reply = Callable[[list[bytes], dict], None]
+
+
+class RequestBook:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        dispatch: Dispatcher,
+        cache: ResultCache,
+        metrics: RouterMetrics,
+        model_key: str,
+        reply: Reply,
+        *,
+        task: str,
+        max_queue_ms: int,
+        hold_until: float = 0.0,
+    ):
+        """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
+        (specs.model_key), the cache's key until instances announce their own. `hold_until`:
+        until then, texts queue even where no instance is live yet (a router just started,
+        whose instances are about to announce themselves)."""
+        self.tokenizer = tokenizer
+        self.dispatch = dispatch
+        self.cache = cache
+        self.metrics = metrics
+        self.reply = reply
+        self.max_queue_ms = max_queue_ms
+        self.hold_until = hold_until
+        self.entities = Entities(tokenizer) if task == "ner" else None
+        # Results are cached under the key of the model that computed them, and looked up
+        # under those of the live instances: after a reload that changed the model, the old
+        # one's results stop answering once its last instance is gone.
+        self.model_key = model_key
+        self.live_keys: tuple[str, ...] = (model_key,)
+        self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
+        self.deadlines = Deadlines()
+        self.counters = {"requests": 0, "replies_ok": 0, "handed_over": 0, "dropped_frames": 0}
+        self.errors: dict[str, int] = {}
+        self.changed = False  # something new to schedule: texts queued, or an instance freed
+        self.draining_until: float | None = None
+        # Passes a request this shard has no instance for to a peer shard; True if it did.
+        self.hand_over: Callable[[Pending], bool] | None = None
+
+    # -- receipt ---------------------------------------------------------------------------
+
+    def start(self, envelope: list[bytes], request: protocol.Request) -> None:
+        """Tokenize, answer from the cache what it holds, and queue the rest, all or none."""
+        now = time.monotonic()
+        if self._surely_refused(request):  # shed load before the costly part
+            self.error(envelope, request, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE, now)
+            return
+        try:
+            inputs = request.inputs()
+            encoded = (
+                self.tokenizer.encode_tagged(inputs)
+                if self.entities
+                else self.tokenizer.encode(inputs)
+            )
+        except TooLongError as e:
+            self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
+            return
+        deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
+        pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)
+        misses = self._from_cache(pending)
+        if not misses:
+            self.complete(pending)
+            return
+        refused = self.dispatch.admit(misses, now, hold=now < self.hold_until)
+        if refused is ErrorCode.OVERLOADED:
+            self.fail(pending, refused, OVERLOADED_MESSAGE)
+        elif refused is ErrorCode.NO_INSTANCE:
+            self.fail(pending, refused, "no ready instance can serve texts this long")
+        else:
+            pending.remaining = len(misses)
+            self.active[id(pending)] = pending
+            self.changed = True
+            if deadline is not None:
+                self.deadlines.add(pending)
+
+    def _from_cache(self, pending: Pending) -> list[Item]:
+        """Fills in the results the cache holds; returns the texts still to compute."""
+        misses = []
+        for i, enc in enumerate(pending.encoded):
+            hit = None
+            for key in self.live_keys:
+                hit = self.cache.get((key, enc.ids, enc.second))
+                if hit is not None:
+                    break
+            if hit is not None:
+                pending.results[i] = hit
+            else:
+                pool = self.dispatch.pool_for(len(enc.ids))
+                misses.append(Item(pending, i, enc.ids, pool, enc.second))
+        return misses
+
+    def _surely_refused(self, request: protocol.Request) -> bool:
+        """True when some text could not be queued whatever its token count turns out to be."""
+        if not self.dispatch.some_queue_full():
+            return False
+        for text in request.inputs():
+            size = (
+                sum(len(t.encode()) for t in text)
+                if isinstance(text, tuple)
+                else len(text.encode())
+            )
+            if self.dispatch.surely_full(TOKENS_PER_BYTE * size + SPECIAL_TOKENS):
+                return True
+        return False
+
+    # -- results ---------------------------------------------------------------------------
+
+    def on_result(self, body: dict, now: float) -> None:
+        """An instance's RESULT: its texts' results, or its error."""
+        job = self.dispatch.finish(body.get("job"), now)
+        if job is None:
+            return
+        self.changed = True
+        worker = self.dispatch.workers.get(job.worker)
+        if worker is not None and "pass_s" in body:
+            self.metrics.forward_pass(worker.name, body["pass_s"])
+        error = body.get("error")
+        results = body.get("results") or []
+        if error is not None:
+            self._job_failed(job, error)
+        elif len(results) != len(job.items):
+            for item in job.items:
+                message = "an instance returned the wrong number of results"
+                self.fail(item.owner, ErrorCode.INTERNAL, message)
+        else:
+            self._job_done(job, results, self.key_of(worker))
+
+    def _job_failed(self, job: Job, error: dict) -> None:
+        if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
+            self.retry(job.items, count_attempt=False)
+            return
+        code = ERROR_CODES.get(error.get("code"), ErrorCode.INTERNAL)
+        for item in job.items:
+            self.fail(item.owner, code, str(error.get("message")))
+
+    def _job_done(self, job: Job, results: list, computed_by: str) -> None:
+        for item, result in zip(job.items, results, strict=True):
+            self.cache.put((computed_by, item.ids, item.second), result)
+            pending = item.owner
+            if pending.done:
+                continue
+            pending.results[item.index] = result
+            pending.remaining -= 1
+            if pending.remaining == 0:
+                self.complete(pending)
+
+    def key_of(self, worker: WorkerState | None) -> str:
+        """The model key of the instance that computed a result (announced in its READY)."""
+        key = worker.info.get("model_key") if worker is not None else None
+        return key if isinstance(key, str) else self.model_key
+
+    def instances_changed(self) -> None:
+        """An instance came or went: the cache answers under the live instances' models."""
+        keys = dict.fromkeys(self.key_of(w) for w in self.dispatch.workers.values())
+        self.live_keys = tuple(keys) or (self.model_key,)
+        self.changed = True
+
+    def retry(self, items: list[Item], count_attempt: bool) -> None:
+        """Texts whose instance failed or left: queued again, or failed if they cannot be."""
+        self.changed = True
+        for item in self.dispatch.requeue(items, count_attempt):
+            if item.attempts > 1:
+                self.fail(
+                    item.owner, ErrorCode.INTERNAL, "its instance failed, and so did the retry"
+                )
+            else:
+                self.fail(item.owner, ErrorCode.NO_INSTANCE, "no instance is left to retry it on")
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def complete(self, pending: Pending) -> None:
+        request = pending.request
+        results = finished(request, pending.encoded, pending.results, self.entities)
+        self._forget(pending)
+        self.counters["replies_ok"] += 1
+        self.metrics.replied(request.op, "ok", time.monotonic() - pending.received)
+        self.reply(pending.envelope, protocol.ok_reply(request.id, results=results))
+
+    def fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
+        """Answer `pending` with an error, once; NO_INSTANCE first tries a peer shard."""
+        if pending.done:
+            return
+        if code is ErrorCode.NO_INSTANCE and self.hand_over and self.hand_over(pending):
+            self._forget(pending)
+            self.counters["handed_over"] += 1
+            return
+        self._forget(pending)
+        self.error(pending.envelope, pending.request, code, message, pending.received)
+
+    def error(
+        self,
+        envelope: list[bytes],
+        request: protocol.Request,
+        code: ErrorCode,
+        message: str,
+        received: float | None = None,
+    ) -> None:
+        self.error_reply(envelope, request.id, request.op, code, message, received)
+
+    def error_reply(
+        self,
+        envelope: list[bytes],
+        request_id: object,
+        op: object,
+        code: ErrorCode,
+        message: str,
+        received: float | None = None,
+    ) -> None:
+        """Counted by code and op; `received`: when the request was read, for those that got
+        as far as `start`, whose latency the metrics keep."""
+        self.errors[code.value] = self.errors.get(code.value, 0) + 1
+        took = None if received is None else time.monotonic() - received
+        self.metrics.replied(op, code.value, took)
+        self.reply(envelope, protocol.error_reply(request_id, code, message))
+
+    def _forget(self, pending: Pending) -> None:
+        """Forget an answered request: memory follows what is in flight, not what was."""
+        pending.done = True
+        pending.results = pending.encoded = []
+        self.active.pop(id(pending), None)
+        self.deadlines.answered(pending)
+
+    # -- the clock -------------------------------------------------------------------------
+
+    def expire(self, now: float) -> None:
+        """Answer the requests past their deadline, and the texts that waited in a queue
+        longer than server.max_queue_ms."""
+        if self.deadlines:
+            expired = self.deadlines.expired(now)
+            for pending in expired:
+                message = "the deadline passed before it could be answered"
+                self.fail(pending, ErrorCode.DEADLINE_EXCEEDED, message)
+            if expired:
+                self.dispatch.drop_done()
+        for item in self.dispatch.overdue(now):
+            if self.dispatch.servable(item.pool):
+                code, why = ErrorCode.OVERLOADED, "without reaching an instance; retry later"
+            else:  # held for instances that never announced themselves
+                code, why = ErrorCode.NO_INSTANCE, "and no instance can serve it"
+            wait = f"server.max_queue_ms={self.max_queue_ms} ms"
+            self.fail(item.owner, code, f"it waited {wait} in the queue {why}")
+
+    def drop_silent(self, now: float, expiry: float, liveness: int) -> None:
+        """Instances not heard from in `expiry` seconds are gone: their texts are retried."""
+        for identity in self.dispatch.silent_workers(now, expiry):
+            worker, lost = self.dispatch.remove_worker(identity)
+            self.instances_changed()
+            if worker.stopping and not lost:  # it said BYE and finished: a graceful stop
+                log.info("instance %s stopped", worker.name)
+                continue
+            log.warning(
+                "instance %s missed %d heartbeats: dropped; retrying its %d text(s)",
+                worker.name,
+                liveness,
+                len(lost),
+            )
+            self.retry(lost, count_attempt=True)
+
+    def fail_unservable(self, now: float) -> None:
+        """Once the start's hold is over, queued texts no live instance can take fail."""
+        if now < self.hold_until:
+            return
+        for item in self.dispatch.unservable_items():
+            message = "no ready instance is left for texts this long"
+            self.fail(item.owner, ErrorCode.NO_INSTANCE, message)
+
+    # -- draining --------------------------------------------------------------------------
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Take no new requests; those in flight have `timeout_s` to be answered."""
+        if self.draining_until is None:
+            self.draining_until = time.monotonic() + timeout_s
+            log.info(
+                "draining: %d request(s) in flight, %.0f s at most", len(self.active), timeout_s
+            )
+
+    def drain_timed_out(self, now: float) -> bool:
+        """At the drain's end, what is still in flight is answered with an error."""
+        if self.draining_until is None or now < self.draining_until:
+            return False
+        log.warning(
+            "drain timeout: %d request(s) still in flight are answered with an error",
+            len(self.active),
+        )
+        for pending in list(self.active.values()):
+            message = "the server stopped before it could answer"
+            self.fail(pending, ErrorCode.NO_INSTANCE, message)
+        return True

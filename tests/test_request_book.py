@@ -1,0 +1,241 @@
+"""A router shard's requests from receipt to reply (router/book.py), with no socket: replies
+are collected from the book's `reply` callable; instances are announced to the dispatcher as
+their READY would; the tokenizer is the bundled model's, for real."""
+
+import time
+
+import pytest
+
+from numaserve import protocol
+from numaserve.backends.tokenizer import Tokenizer
+from numaserve.config import PoolConfig
+from numaserve.protocol import ErrorCode
+from numaserve.router.book import RequestBook
+from numaserve.router.cache import ResultCache
+from numaserve.router.dispatch import Dispatcher
+from numaserve.router.metrics import RouterMetrics
+
+POOLS = [PoolConfig(name="short", max_tokens=32), PoolConfig(name="long", max_tokens=128)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer("bundled:minilm", max_length=128)
+
+
+class Shard:
+    """A book and what it answered: (envelope, reply body) in order."""
+
+    def __init__(self, tokenizer, task="embed", queue_size=4, hold_until=0.0):
+        self.replies: list[tuple[list[bytes], dict]] = []
+        self.dispatch = Dispatcher(POOLS, queue_size=queue_size, max_batch=1)
+        self.book = RequestBook(
+            tokenizer,
+            self.dispatch,
+            ResultCache(100),
+            RouterMetrics([p.name for p in POOLS]),
+            "model-a",
+            lambda envelope, body: self.replies.append((envelope, body)),
+            task=task,
+            max_queue_ms=1000,
+            hold_until=hold_until,
+        )
+
+    def instance(self, name="w0", pool="short", model_key="model-a") -> bytes:
+        identity = name.encode()
+        info = {"name": name, "pool": pool, "pid": 1, "model_key": model_key}
+        self.dispatch.worker_ready(identity, info, time.monotonic())
+        self.book.instances_changed()
+        return identity
+
+    def ask(self, *texts, op="embed", request_id=1, **fields):
+        request = protocol.Request(id=request_id, op=op, texts=tuple(texts), **fields)
+        self.book.start([b"client"], request)
+        return request
+
+    def run_jobs(self, results=None, error=None):
+        """Every job answered as an instance would, until none is left to schedule."""
+        for _ in range(100):
+            jobs = self.dispatch.schedule(time.monotonic())
+            if not jobs:
+                return
+            for job in jobs:
+                body = {"type": protocol.RESULT, "job": job.id}
+                if error is not None:
+                    body["error"] = error
+                else:
+                    body["results"] = results or [{"score": float(len(i.ids))} for i in job.items]
+                self.book.on_result(body, time.monotonic())
+        raise AssertionError("jobs kept coming")
+
+    def codes(self) -> list[str]:
+        return [body["error"]["code"] if "error" in body else "ok" for _, body in self.replies]
+
+
+def test_a_request_is_answered_once_its_instance_returns_every_result(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world")
+    assert shard.replies == [] and len(shard.book.active) == 1
+    shard.run_jobs()
+    [(envelope, body)] = shard.replies
+    assert envelope == [b"client"] and body["id"] == 1
+    assert body["results"][0]["tokens"] == 4 and body["results"][0]["truncated"] is False
+    assert not shard.book.active
+
+
+def test_a_repeated_text_is_answered_from_the_cache_without_reaching_a_pool(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world")
+    shard.run_jobs()
+    shard.ask("hello world", request_id=2)
+    assert shard.codes() == ["ok", "ok"]
+    assert all(not pool.queue for pool in shard.dispatch.pools)
+    assert shard.replies[1][1]["results"] == shard.replies[0][1]["results"]
+
+
+def test_results_are_cached_under_the_model_that_computed_them(tokenizer):
+    shard = Shard(tokenizer)
+    old = shard.instance("old", model_key="model-a")
+    shard.ask("hello world")
+    shard.run_jobs()
+    shard.dispatch.remove_worker(old)
+    shard.instance("new", model_key="model-b")  # a reload changed the model
+    shard.ask("hello world", request_id=2)
+    assert len(shard.replies) == 1, "answered from the old model's cache entry"
+    assert sum(len(pool.queue) for pool in shard.dispatch.pools) == 1
+
+
+def test_a_request_that_does_not_fit_the_queue_is_refused_whole_as_overloaded(tokenizer):
+    shard = Shard(tokenizer, queue_size=2)
+    shard.instance()
+    shard.ask("one", "two", "three", "four")  # an idle instance takes one more than the queue
+    assert shard.codes() == ["overloaded"]
+    assert all(not pool.queue for pool in shard.dispatch.pools)
+
+
+def test_texts_no_live_instance_can_take_fail_as_no_instance(tokenizer):
+    shard = Shard(tokenizer)
+    shard.ask("hello world")
+    assert shard.codes() == ["no_instance"]
+
+
+def test_a_router_just_started_holds_texts_for_instances_about_to_announce_themselves(tokenizer):
+    shard = Shard(tokenizer, hold_until=time.monotonic() + 60)
+    shard.ask("hello world")
+    assert shard.replies == [] and len(shard.book.active) == 1
+    shard.instance()
+    shard.run_jobs()
+    assert shard.codes() == ["ok"]
+
+
+def test_held_texts_fail_once_the_hold_is_over_and_no_instance_came(tokenizer):
+    shard = Shard(tokenizer, hold_until=time.monotonic() + 60)
+    shard.ask("hello world")
+    shard.book.fail_unservable(time.monotonic() + 61)
+    assert shard.codes() == ["no_instance"]
+
+
+def test_a_stopping_instance_returns_its_texts_to_the_queue_for_another(tokenizer):
+    shard = Shard(tokenizer)
+    w0 = shard.instance("w0")
+    shard.instance("w1")
+    shard.ask("hello world")
+    [job] = shard.dispatch.schedule(time.monotonic())
+    assert job.worker == w0
+    shard.dispatch.workers[w0].stopping = True  # its BYE came first
+    error = {"code": "no_instance", "message": "stopping"}
+    shard.book.on_result({"type": protocol.RESULT, "job": job.id, "error": error}, time.monotonic())
+    assert shard.replies == []
+    shard.run_jobs()
+    assert shard.codes() == ["ok"]
+
+
+def test_an_instance_error_fails_its_texts_with_that_code(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world")
+    shard.run_jobs(error={"code": "too_long", "message": "no"})
+    assert shard.codes() == ["too_long"]
+    assert shard.replies[0][1]["error"]["message"] == "no"
+
+
+def test_a_wrong_number_of_results_fails_the_request_as_internal(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world")
+    shard.run_jobs(results=[{"score": 1.0}, {"score": 2.0}])
+    assert shard.codes() == ["internal"]
+
+
+def test_a_lost_instances_texts_are_retried_once_then_fail_as_internal(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance("w0")
+    shard.instance("w1")
+    shard.ask("hello world")
+    for _ in range(2):
+        shard.dispatch.schedule(time.monotonic())
+        busy = next(w for w in shard.dispatch.workers.values() if w.jobs)
+        busy.last_seen = -100.0  # silent
+        shard.book.drop_silent(time.monotonic(), expiry=1.0, liveness=3)
+        if not shard.dispatch.workers:
+            break
+    assert shard.codes() == ["internal"]
+
+
+def test_a_request_past_its_deadline_is_answered_deadline_exceeded(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world", deadline_ms=10)
+    shard.book.expire(time.monotonic() + 1)
+    assert shard.codes() == ["deadline_exceeded"]
+    shard.run_jobs()  # its result, when it comes, answers nothing more
+    assert shard.codes() == ["deadline_exceeded"]
+
+
+def test_a_text_queued_past_max_queue_ms_is_answered_overloaded(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("first")
+    shard.dispatch.schedule(time.monotonic())  # the only instance is busy
+    shard.ask("second", request_id=2)
+    shard.dispatch.max_queue_wait = 0.0
+    shard.book.expire(time.monotonic() + 0.01)
+    assert shard.codes() == ["overloaded"]
+    assert "server.max_queue_ms=1000 ms" in shard.replies[0][1]["error"]["message"]
+
+
+def test_no_instance_goes_to_a_peer_shard_where_one_can_take_it(tokenizer):
+    shard = Shard(tokenizer)
+    taken = []
+    shard.book.hand_over = lambda pending: taken.append(pending.request.id) or True
+    shard.ask("hello world")
+    assert taken == [1] and shard.replies == []
+    assert shard.book.counters["handed_over"] == 1 and not shard.book.active
+
+
+def test_at_the_drain_timeout_what_is_in_flight_is_answered_with_an_error(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask("hello world")
+    shard.book.begin_drain(timeout_s=5.0)
+    assert not shard.book.drain_timed_out(time.monotonic())
+    assert shard.book.drain_timed_out(time.monotonic() + 6)
+    assert shard.codes() == ["no_instance"] and not shard.book.active
+
+
+def test_rerank_answers_the_best_documents_first(tokenizer):
+    shard = Shard(tokenizer, task="rerank")
+    shard.instance()
+    shard.ask("a", "a longer document here", op="rerank", query="q", top_k=1)
+    shard.run_jobs()  # each document scored by its token count
+    [(_, body)] = shard.replies
+    assert [r["index"] for r in body["results"]] == [1]
+
+
+def test_every_error_is_counted_by_its_code(tokenizer):
+    shard = Shard(tokenizer)
+    shard.ask("hello world")
+    shard.ask("hello again", request_id=2)
+    assert shard.book.errors == {ErrorCode.NO_INSTANCE.value: 2}
