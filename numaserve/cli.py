@@ -461,7 +461,7 @@ def start(config_path: str) -> None:
         raise UserError(str(e)) from None
     setup_logging(config.logging.level, config.logging.format)
     try:
-        code = run(config_path)
+        code = run(config_path, config)
     except CoresHeldError as e:
         raise HeldError(f"{config_path}: cannot place: {e}") from None
     except PlacementError as e:

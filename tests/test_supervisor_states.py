@@ -10,6 +10,8 @@ import pytest
 
 from numaserve import exitcodes
 from numaserve.supervisor.arbiter import FAST_STOP_EXIT
+from numaserve.supervisor.children import Child, State, TransitionError
+from numaserve.supervisor.reporting import Mood
 from tests.harness.fake_system import Rig, spec_of
 
 
@@ -595,3 +597,52 @@ def test_a_reload_that_would_move_a_kept_models_instances_is_refused(tmp_path, c
 
     assert rig.sup.reload is None
     assert "model 'a': its pools' names, instances" in caplog.text
+
+
+# -- the states' table and the server's mood -----------------------------------------------------
+
+
+def test_a_state_change_outside_the_table_is_refused_as_a_bug():
+    child = Child("main-0", ["worker"])
+    child.change_state(State.STARTING, now=1.0)
+    child.change_state(State.DRAINING, now=2.0)
+    with pytest.raises(TransitionError, match="main-0: draining -> ready"):
+        child.change_state(State.READY, now=3.0)
+    assert child.state is State.DRAINING
+
+
+def test_ready_notes_when_for_stable_s():
+    child = Child("main-0", ["worker"])
+    child.change_state(State.STARTING, now=1.0)
+    child.change_state(State.READY, now=2.5)
+    assert child.ready_at == 2.5
+
+
+def test_the_server_mood_follows_prepare_start_reload_and_stop(tmp_path):
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    assert rig.sup.mood is Mood.PREPARING
+    assert rig.sup.summary().startswith("preparing the model: ")
+    rig.os.exit(rig.sup.prepare.pid, 0)
+    rig.step()
+    assert rig.sup.mood is Mood.STARTING
+    rig.step(seconds=0.1)
+    rig.step(seconds=0.1)
+    assert rig.sup.mood is Mood.SERVING and rig.notifier.kinds() == ["READY"]
+    rig.step(signal.SIGHUP)  # the same model: nothing to prepare, every instance rolls
+    assert rig.sup.mood is Mood.RELOADING
+    assert rig.sup.summary().startswith("reloading: ")
+    rig.run_for(2.0)
+    assert rig.sup.reload is None and rig.sup.mood is Mood.SERVING
+    rig.step(signal.SIGTERM)
+    assert rig.sup.mood is Mood.STOPPING and rig.sup.summary().startswith("stopping: ")
+
+
+def test_an_aborted_reload_leaves_the_mood_it_found(rig):
+    rig.start()
+    rig.step(seconds=0.1)
+    assert rig.sup.mood is Mood.SERVING
+    rig.step(signal.SIGHUP)
+    rig.os.exit(rig.sup.reload.replacement.pid, exitcodes.MODEL)
+    rig.step()
+    assert rig.sup.reload is None and rig.sup.mood is Mood.SERVING

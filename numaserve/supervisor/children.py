@@ -25,6 +25,25 @@ class State(str, Enum):
     FATAL = "fatal"  # never restarted: a config or model error, or too many quick exits
 
 
+# Where each state may go (supervisord's `_assertInState`). Staying put is always allowed.
+# STOPPED -> FATAL and BACKOFF -> FATAL: the spawn itself failed. FATAL -> STOPPED: a reload
+# or a stop retires a slot that had given up.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.STOPPED: frozenset({State.STARTING, State.FATAL}),
+    State.STARTING: frozenset(
+        {State.READY, State.DRAINING, State.STOPPED, State.BACKOFF, State.FATAL}
+    ),
+    State.READY: frozenset({State.DRAINING, State.STOPPED, State.BACKOFF, State.FATAL}),
+    State.DRAINING: frozenset({State.STOPPED}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FATAL}),
+    State.FATAL: frozenset({State.STOPPED}),
+}
+
+
+class TransitionError(AssertionError):
+    """A state change the table above does not allow: a bug in the supervisor."""
+
+
 @dataclass(eq=False)
 class Child:
     """One supervised process: a router shard, the frontend, or one slot's worker."""
@@ -48,6 +67,14 @@ class Child:
     quick_exits: int = 0
     exit_code: int | None = None
     last_exit: str = ""
+
+    def change_state(self, new: State, now: float) -> None:
+        """The one way a child's state changes; READY notes when (for `stable_s`)."""
+        if new is not self.state and new not in TRANSITIONS[self.state]:
+            raise TransitionError(f"{self.name}: {self.state.value} -> {new.value}")
+        self.state = new
+        if new is State.READY:
+            self.ready_at = now
 
     def describe(self) -> dict:
         return {

@@ -1,4 +1,4 @@
-"""The supervisor's edge to the OS: processes, signals and the clock.
+"""The supervisor's edge to the OS: processes, signals, files and the clock.
 
 Everything the arbiter does to the system goes through a `System`, so that its tests drive
 the state machine with a fake one (as supervisord's do with `DummyOptions`).
@@ -87,6 +87,14 @@ class System:
             if pid == 0:
                 return exited
             exited.append((pid, os.waitstatus_to_exitcode(status)))
+
+    @staticmethod
+    def write_file(path: str, text: str) -> None:
+        """Whole or not at all: a reader (the frontend, on SIGHUP) never sees half of it."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
 
     def close(self) -> None:
         os.close(self.wake_r)

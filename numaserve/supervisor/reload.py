@@ -9,13 +9,25 @@ cores left free, with router shards of their own), while the models it keeps ser
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import signal
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from numaserve.config import Config
-from numaserve.host.placement import PlacementError, Plan
+from numaserve.config import Config, ConfigError, load_config
+from numaserve.host.ledger import held_cpus, without
+from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
 from numaserve.specs import Deployment, WorkerSpec
-from numaserve.supervisor.children import Child
+from numaserve.supervisor.children import Child, State
+from numaserve.supervisor.reporting import Mood
+
+if TYPE_CHECKING:
+    from numaserve.supervisor.arbiter import Supervisor
+
+log = logging.getLogger("numaserve.supervisor")
 
 
 @dataclass
@@ -32,9 +44,183 @@ class Reload:
     reshaped: bool = False  # removed models stopped, added ones started
     replacement: Child | None = None  # the new instance of the slot being restarted
     final_table: int | None = None  # the slot table sent once every slot has its new instance
+    resume: Mood = Mood.SERVING  # the server's mood again if the reload is aborted
 
     def spec(self, name: str) -> WorkerSpec:
         return next(w for w in self.deployment.workers if w.name == name)
+
+    def advance(self, sup: Supervisor, now: float) -> bool:
+        """One step of the reload, each turn of the loop; True once it is done."""
+        if sup.prepare is not None:
+            return False  # no process changes before the new models' artifacts are ready
+        if self.by_model and not (self.reshaped or self._reshape(sup)):
+            return False
+        if any(
+            w.state == State.STARTING for w in sup.workers.values() if w.model_name in self.added
+        ):
+            return False  # the changed models roll once the added ones are up
+        if self.replacement is None:
+            if not self.waiting:
+                return self._shards_show_final_table(sup)
+            name = self.waiting.popleft()
+            self.replacement = sup.worker_child(self.spec(name))
+            self.replacement.restarts = sup.workers[name].restarts
+            sup.spawn(self.replacement)
+        elif self.replacement.state == State.READY:
+            old = sup.workers[self.replacement.name]
+            sup.workers[old.name] = self.replacement
+            self.replacement = None
+            sup.retired.append(old)
+            sup.terminate(old)
+        elif (
+            self.replacement.state == State.STARTING
+            and now - self.replacement.started_at > sup.config.supervisor.start_timeout_s
+        ):
+            sup.abort_reload(f"the new {self.replacement.name} was not ready in time")
+        return False
+
+    def _shards_show_final_table(self, sup: Supervisor) -> bool:
+        """Whether every serving shard has answered the slot table of the reload's end, so
+        that `numaserve status` asked after `reload: done` shows the new instances."""
+        if self.final_table is None:
+            sup.send_slots()
+            self.final_table = sup.shards.sent
+        serving = [v for v in sup.shards if v.child.state == State.READY]
+        return sup.shards.all_acked(self.final_table, serving)
+
+    def _reshape(self, sup: Supervisor) -> bool:
+        """Removed models out, then added models in; True once done. The removed models'
+        shards drain first (their instances finish what they hold), then their instances
+        stop; only then do the frontend's routes change and the added models start, on cores
+        the removed ones may have held."""
+        if self.removed and not (self.draining or self.stopping):
+            for view in [v for v in sup.shards if v.child.model_name in self.removed]:
+                sup.shards.views.remove(view)
+                view.link.close()
+                self.draining.append(view.child)
+                sup.terminate(view.child)
+            self.stopping = [w for w in sup.workers.values() if w.model_name in self.removed]
+            for child in self.stopping:
+                del sup.workers[child.name]
+            sup.retired += [*self.draining, *self.stopping]
+        if any(c.pid is not None for c in self.draining):
+            return False
+        for child in self.stopping:
+            if child.pid is not None and child.term_sent_at is None:
+                sup.terminate(child)
+        if any(c.pid is not None for c in self.stopping):
+            return False
+        self._take_up(sup)
+        self.reshaped = True
+        return True
+
+    def _take_up(self, sup: Supervisor) -> None:
+        """The new shape: the frontend's routes, the added models' shards and instances, and
+        our ledger entry."""
+        new, running = self.deployment, sup.deployment
+        frontend = running.frontend
+        if sup.frontend and frontend and new.frontend and new.frontend.routes != frontend.routes:
+            frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
+            sup.system.write_file(frontend.routes_file, frontend.to_json())
+            sup.frontend.argv = frontend.argv()  # a restart starts with them too
+            sup.signal(sup.frontend, signal.SIGHUP)
+        for spec in new.routers:
+            if spec.model_name in self.added:
+                sup.spawn(sup.add_shard(spec).child)
+        for spec in new.workers:
+            if spec.model_name in self.added:
+                sup.workers[spec.name] = sup.worker_child(spec)
+                sup.spawn(sup.workers[spec.name])
+        if self.plan != sup.plan:
+            sup.hold(self.plan)
+        # What runs now: the kept shards as they were started (their settings apply at a
+        # restart), the added ones, and the new instances' specs.
+        routers = [s for s in running.routers if s.model_name not in self.removed]
+        routers += [s for s in new.routers if s.model_name in self.added]
+        routers.sort(key=lambda spec: spec.shard)
+        sup.plan, sup.config = self.plan, self.config  # a retry compares with what runs now
+        sup.deployment = Deployment(tuple(routers), frontend, new.workers)
+
+
+def plan_reload(sup: Supervisor) -> Reload | None:
+    """The reload the config file asks for now, with what it cannot apply logged; None (and
+    an error logged) where the file cannot be read or placed."""
+    current = sup.config
+    try:
+        config = load_config(sup.config_path)
+        by_model = bool(config.models and current.models)
+        removed, added = model_changes(current, config) if by_model else ((), ())
+        with sup.ledger.locked() if sup.ledger and by_model else nullcontext():
+            plan = _replan(sup, config) if by_model else _plan(sup, config)
+            shaped = _keep_shards(config, current) if by_model else config
+            new = sup.deploy(shaped, plan, sup.deployment.shard_numbers())
+            if sup.ledger and by_model and plan != sup.plan:  # ours until the reload ends
+                both = {*held_cpus(sup.plan, sup.topo), *held_cpus(plan, sup.topo)}
+                sup.ledger.update(tuple(sorted(both)))
+    except (ConfigError, PlacementError, OSError) as e:
+        log.error("reload failed, keeping the running config: %s", e, extra={"event": "reload"})
+        return None
+    for change in _unapplied(current, config, sup.deployment, new, by_model):
+        log.warning("reload: %s; it applies at the next restart", change, extra={"event": "reload"})
+    # `model:`: every instance restarts (new weights at the same path load too). `models:`:
+    # only the instances whose model's settings changed; the others keep serving.
+    waiting = deque(
+        w.name
+        for w in new.workers
+        if w.name in sup.workers
+        and sup.workers[w.name].state == State.READY
+        and (not by_model or sup.workers[w.name].argv != w.argv())
+    )
+    kept = sorted(
+        {w.model_name for w in new.workers if w.name in sup.workers}
+        - {sup.workers[name].model_name for name in waiting}
+    )
+    log.info(
+        "reload: %srestarting %d instance(s) one at a time%s",
+        "".join(
+            f"{what} model(s) {', '.join(names)}; "
+            for what, names in (("removing", removed), ("adding", added))
+            if names
+        ),
+        len(waiting),
+        f"; unchanged, kept running: {', '.join(kept)}" if by_model and kept else "",
+        extra={"event": "reload"},
+    )
+    return Reload(config, plan, new, waiting, by_model, removed, added, resume=sup.mood)
+
+
+def _unapplied(
+    current: Config, config: Config, running: Deployment, new: Deployment, by_model: bool
+) -> list[str]:
+    changes = unapplied_changes(running, new, by_model)
+    if by_model and config.server.routers != current.server.routers:
+        changes.append("server.routers changed")
+    weights = {m.name: m.weight for m in current.models}
+    changes += [
+        f"model {m.name!r}'s weight changed (instances stay where they are)"
+        for m in config.models
+        if m.name in weights and m.weight != weights[m.name]
+    ]
+    return changes
+
+
+def _plan(sup: Supervisor, config: Config) -> Plan:
+    return plan_placement(sup.topo, config.placement, config.models)
+
+
+def _replan(sup: Supervisor, config: Config) -> Plan:
+    """A `models:` reload's plan: the kept models' instances where they are, the added
+    ones on whole cores free of them and of other servers (the ledger, read again under
+    its lock: they may have started since we did)."""
+    holders = sup.ledger.holders() if sup.ledger else []
+    return replan(sup.plan, without(sup.topo, holders), config.placement, config.models)
+
+
+def _keep_shards(config: Config, running: Config) -> Config:
+    """`config` with the running server.routers: the kept models keep their shards (a
+    change applies at a restart)."""
+    server = dataclasses.replace(config.server, routers=running.server.routers)
+    return dataclasses.replace(config, server=server)
 
 
 def model_changes(current: Config, new: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -57,3 +57,63 @@ class ShardView:
         if self.status is None or now - self.heard_at > fresh_s:
             return None
         return set(self.status.get("routed_pids", ()))
+
+
+class ShardLinks:
+    """Every router shard's view, and the slot tables the supervisor sends them: numbered, so
+    that an answer says which table a shard has seen (`acked`), and a shard's answers to the
+    tables sent before its (re)start are known to be stale (`seq_floor`)."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.views: list[ShardView] = []
+        self.poll_s = poll_s
+        self.sent = 0  # the sequence number of the latest slot table sent
+        self.next_send = 0.0
+
+    def __iter__(self):
+        return iter(self.views)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, i: int) -> ShardView:
+        return self.views[i]
+
+    def of(self, child: Child) -> ShardView | None:
+        return next((v for v in self.views if v.child is child), None)
+
+    def restarted(self, view: ShardView) -> None:
+        """It is ready when *it* answers, not its predecessor."""
+        view.status = None
+        view.seq_floor = self.sent
+
+    def receive(self, now: float) -> None:
+        """Each shard's answers waiting now: its latest status, and the table it answers."""
+        for view in self.views:
+            for body in view.link.receive():
+                seq = body.get("seq") or 0
+                if body.get("type") == protocol.STATUS and seq > view.seq_floor:
+                    view.status = body["server"]
+                    view.heard_at = now
+                    view.acked = max(view.acked, seq)
+
+    def send(self, table: dict, now: float) -> None:
+        """`table` to every shard, numbered. Each shard also gets the others' latest status,
+        so that any of them can answer for the whole server."""
+        self.next_send = now + self.poll_s
+        self.sent += 1
+        table = {**table, "seq": self.sent}
+        for view in self.views:
+            peers = [v.status for v in self.views if v is not view and v.status]
+            view.link.send({**table, "peers": peers} if len(self.views) > 1 else table)
+
+    def routed_pids(self, now: float) -> dict[int, set[int] | None]:
+        """Per shard, the workers it hears from (None: no fresh word, judge nobody)."""
+        return {v.child.shard: v.routed_pids(now, 4 * self.poll_s) for v in self.views}
+
+    def all_acked(self, seq: int, views: list[ShardView] | None = None) -> bool:
+        return all(v.acked >= seq for v in (self.views if views is None else views))
+
+    def close(self) -> None:
+        for view in self.views:
+            view.link.close()

@@ -1,6 +1,8 @@
 """A supervisor on a fake OS, for testing its state machine without processes.
 
-FAKE OS, said plainly: no process is started and no signal is sent. `FakeSystem` stands in for
+FAKE OS, said plainly: no process is started and no signal is sent. Files the supervisor
+writes through its System (the frontend's routes on a reload) are written for real, in the
+test's own directory. `FakeSystem` stands in for
 supervisor/processes.py (processes, signals, the clock), `FakeRouter` for the router at the
 other end of supervisor/router_link.py, `FakeNotifier` for systemd. The tests decide when a
 process exits and with what code; the clock moves only when they move it. The slow suite
@@ -17,8 +19,10 @@ from pathlib import Path
 from numaserve import protocol
 from numaserve.config import load_config
 from numaserve.host.ledger import Ledger
+from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.supervisor.arbiter import Supervisor
+from numaserve.supervisor.processes import System
 
 MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt_off"  # 8 cores
 
@@ -92,6 +96,8 @@ class FakeSystem:
         self.running[self.next_pid] = process_name(argv)
         self.argv[self.next_pid] = argv
         return self.next_pid
+
+    write_file = staticmethod(System.write_file)  # a real file, in the test's directory
 
     def kill(self, pid: int, sig: int) -> None:
         if pid in self.running:
@@ -231,10 +237,12 @@ class Rig:
         self.notifier = FakeNotifier()
         self.monitor = FakeMonitor()
         self.sup_config = load_config(self.config_path)
+        topo = read_topology(MACHINE)
         self.sup = Supervisor(
             str(self.config_path),
             self.sup_config,
-            read_topology(MACHINE),
+            topo,
+            plan_placement(topo, self.sup_config.placement, self.sup_config.models),
             directory,
             system=self.os,
             connect=self._connect,

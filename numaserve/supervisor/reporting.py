@@ -1,0 +1,74 @@
+"""What the supervisor says of the whole server: its mood, the one line systemd shows
+(STATUS=), and the snapshot /metrics and the probes read. Pure: built from the children."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from numaserve import __version__
+from numaserve.config import Config
+from numaserve.monitoring.snapshot import Snapshot
+from numaserve.supervisor.children import Child
+from numaserve.supervisor.router_link import ShardLinks
+
+
+class Mood(str, Enum):
+    """The server as a whole; one at a time."""
+
+    PREPARING = "preparing the model"  # `numaserve prepare` runs before any instance starts
+    STARTING = "starting"  # processes start; systemd not yet told READY=1
+    SERVING = "serving"  # told READY=1
+    RELOADING = "reloading"  # a SIGHUP's config is being applied
+    STOPPING = "stopping"  # draining, then every process stops
+
+
+PREFIX = {
+    Mood.PREPARING: "preparing the model: ",
+    Mood.RELOADING: "reloading: ",
+    Mood.STOPPING: "stopping: ",
+}
+
+
+def summary(mood: Mood, workers: Iterable[Child], routers: list[Child]) -> str:
+    """'2 ready, 1 backoff; router ready': the instances by state, then the shards."""
+    counts: dict[str, int] = {}
+    for child in workers:
+        counts[child.state.value] = counts.get(child.state.value, 0) + 1
+    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    states = ", ".join(r.state.value for r in routers)
+    return f"{PREFIX.get(mood, '')}{parts}; router{'s' if len(routers) > 1 else ''} {states}"
+
+
+def snapshot(
+    now: float,
+    config: Config,
+    mood: Mood,
+    processes: list[tuple[str, Child]],
+    shards: ShardLinks,
+    supervisor_pid: int,
+) -> Snapshot:
+    """The whole server as /metrics and the probes see it. `processes`: (kind, child) of
+    the current ones (not those a reload retired, nor a replacement still starting under its
+    slot's name)."""
+    named = bool(config.models)
+    return Snapshot(
+        taken=now,
+        stopping=mood is Mood.STOPPING,
+        build=tuple(
+            {
+                "version": __version__,
+                "backend": m.backend,
+                "model": m.path,
+                "task": m.task,
+                "quantize": m.quantize,
+                **({"model_name": m.name} if named else {}),
+            }
+            for m in config.served
+        ),
+        pools=tuple((m.name, p.name) for m in config.served for p in m.pools),
+        processes=tuple({**c.describe(), "kind": kind} for kind, c in processes),
+        shards=tuple(v.status for v in shards),
+        shard_age=tuple(now - v.heard_at if v.status else None for v in shards),
+        supervisor_pid=supervisor_pid,
+    )
