@@ -86,6 +86,65 @@ def zipf_traffic(texts: list[str], draws: int, s: float = 1.0, seed: int = 0) ->
     return rng.choices(texts, weights=weights, k=draws)
 
 
+# The published recipe's steps, each a server setting over the step before.
+STEPS = [
+    (
+        "1 BERT-base, padded to 128",
+        dict(model="bert-base", quantize="none", padding="max_length"),
+    ),
+    (
+        "2 DistilBERT, padded to 128",
+        dict(model="distilbert", quantize="none", padding="max_length"),
+    ),
+    (
+        "3 DistilBERT, dynamic shapes",
+        dict(model="distilbert", quantize="none", padding="dynamic"),
+    ),
+    ("4 + int8", dict(model="distilbert", quantize="int8", padding="dynamic")),
+    (
+        "4b ONNX Runtime, fp32, dynamic",
+        dict(model="distilbert", quantize="none", padding="dynamic", backend="onnxruntime"),
+    ),
+    (
+        "4c ONNX Runtime, int8, dynamic",
+        dict(model="distilbert", quantize="int8", padding="dynamic", backend="onnxruntime"),
+    ),
+    (
+        "5 + cache, Zipf traffic",
+        dict(model="distilbert", quantize="int8", padding="dynamic", cache=1_000_000),
+    ),
+]
+
+
+def placement_step(tmp: Path, models: dict, texts: list[str], requests: int) -> dict[str, float]:
+    """Step 6: DistilBERT int8 on every core, as one instance and as one per core."""
+    throughput = {}
+    cpus = len(os.sched_getaffinity(0))
+    for name, cores, instances in (
+        ("one instance on all cores", cpus, 1),
+        ("one single-core instance per core", 1, cpus),
+    ):
+        server = start_server(
+            tmp,
+            model=models["distilbert"],
+            backend="torch",
+            quantize="int8",
+            padding="dynamic",
+            cache=0,
+            cores=cores,
+            instances=instances,
+        )
+        target = numaserve_target([server.endpoint])
+        try:
+            closed_loop(target, texts, 8, 5)
+            throughput[name] = closed_loop(target, texts, 8, requests * 3).summary()[
+                "throughput_rps"
+            ]
+        finally:
+            server.stop()
+    return throughput
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,38 +153,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     texts = stdlib_sentences()
-    steps = [
-        (
-            "1 BERT-base, padded to 128",
-            dict(model="bert-base", quantize="none", padding="max_length"),
-        ),
-        (
-            "2 DistilBERT, padded to 128",
-            dict(model="distilbert", quantize="none", padding="max_length"),
-        ),
-        (
-            "3 DistilBERT, dynamic shapes",
-            dict(model="distilbert", quantize="none", padding="dynamic"),
-        ),
-        ("4 + int8", dict(model="distilbert", quantize="int8", padding="dynamic")),
-        (
-            "4b ONNX Runtime, fp32, dynamic",
-            dict(model="distilbert", quantize="none", padding="dynamic", backend="onnxruntime"),
-        ),
-        (
-            "4c ONNX Runtime, int8, dynamic",
-            dict(model="distilbert", quantize="int8", padding="dynamic", backend="onnxruntime"),
-        ),
-        (
-            "5 + cache, Zipf traffic",
-            dict(model="distilbert", quantize="int8", padding="dynamic", cache=1_000_000),
-        ),
-    ]
     rows, memory = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["NUMASERVE_CACHE"] = f"{tmp}/cache"  # ONNX artifacts: built in this run
         models = save_models(Path(tmp))
-        for name, step in steps:
+        for name, step in STEPS:
             settings = {
                 "backend": "torch",
                 "cache": 0,
@@ -161,30 +193,7 @@ def main() -> None:
                     "hit_rate": hit_rate,
                 }
             )
-        throughput = {}
-        cpus = len(os.sched_getaffinity(0))
-        for name, cores, instances in (
-            ("one instance on all cores", cpus, 1),
-            ("one single-core instance per core", 1, cpus),
-        ):
-            server = start_server(
-                Path(tmp),
-                model=models["distilbert"],
-                backend="torch",
-                quantize="int8",
-                padding="dynamic",
-                cache=0,
-                cores=cores,
-                instances=instances,
-            )
-            target = numaserve_target([server.endpoint])
-            try:
-                closed_loop(target, texts, 8, 5)
-                throughput[name] = closed_loop(target, texts, 8, args.requests * 3).summary()[
-                    "throughput_rps"
-                ]
-            finally:
-                server.stop()
+        throughput = placement_step(Path(tmp), models, texts, args.requests)
     base = rows[0]["mean_ms"]
     print(
         f"{'step':<32}{'p50 ms':>9}{'mean ms':>9}{'speedup':>9}   (speedup: mean latency against step 1)"
@@ -198,7 +207,7 @@ def main() -> None:
         throughput["one instance on all cores"],
         throughput["one single-core instance per core"],
     )
-    print(f"\n6 placement on {cpus} cores, DistilBERT int8, 8 clients:")
+    print(f"\n6 placement on {len(os.sched_getaffinity(0))} cores, DistilBERT int8, 8 clients:")
     print(f"  one instance on all cores         {one:8.1f} requests/s")
     print(f"  one single-core instance per core {many:8.1f} requests/s   ({many / one:.2f}x)")
     print(

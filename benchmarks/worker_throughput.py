@@ -93,6 +93,19 @@ def drive_workers(model_dir: Path, layout: list[tuple[int, ...]], seconds: float
         ident, *frames = router.recv_multipart()
         if protocol.unpack(frames)["type"] == protocol.READY:
             idents.add(ident)
+    rate = count_replies(router, idents, seconds)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
+    router.close(linger=0)
+    ctx.term()
+    return rate
+
+
+def count_replies(router: zmq.Socket, idents: set[bytes], seconds: float) -> float:
+    """Replies a second, with IN_FLIGHT runs kept at each worker, counted after a one-second
+    warm-up."""
     request = {"type": protocol.RUN, "job": 0, "inputs": [sample_ids()]}
     for ident in idents:
         for _ in range(IN_FLIGHT):
@@ -111,14 +124,7 @@ def drive_workers(model_dir: Path, layout: list[tuple[int, ...]], seconds: float
             if now - start >= seconds:
                 break
         router.send_multipart([ident, *protocol.pack(request)])
-    rate = done / (time.perf_counter() - start)
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(30)
-    router.close(linger=0)
-    ctx.term()
-    return rate
+    return done / (time.perf_counter() - start)
 
 
 def main() -> None:

@@ -335,21 +335,31 @@ def _convert(hint, value, source: str, key: str, meta):
             allowed = ", ".join(str(c) for c in choices)
             raise ConfigError(f"{source}: {key}: must be one of {allowed}; got {value!r}")
         return value
-    if origin in (Union, types.UnionType):  # a type or named words, as in `int | Literal["auto"]`
-        args = typing.get_args(hint)
-        if type(None) in args:  # `X | None`: a spec's field that may be absent
-            if value is None:
-                return None
-            (hint,) = [a for a in args if a is not type(None)]
-            return _convert(hint, value, source, key, meta)
-        words = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
-        if value in words and not isinstance(value, bool):
-            return value
-        (other,) = [a for a in args if typing.get_origin(a) is not Literal]
-        if isinstance(value, bool) or not isinstance(value, other):
-            choices = " or ".join([_type_word(other)] + [repr(w) for w in words])
-            raise ConfigError(f"{source}: {key}: expected {choices}, got {_kind(value)}")
-        return _convert(other, value, source, key, meta)
+    if origin in (Union, types.UnionType):
+        return _convert_union(hint, value, source, key, meta)
+    return _convert_scalar(hint, value, source, key, meta)
+
+
+def _convert_union(hint, value, source: str, key: str, meta):
+    """A type or named words, as in `int | Literal["auto"]`, or an optional one."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # `X | None`: a spec's field that may be absent
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _convert(hint, value, source, key, meta)
+    words = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+    if value in words and not isinstance(value, bool):
+        return value
+    (other,) = [a for a in args if typing.get_origin(a) is not Literal]
+    if isinstance(value, bool) or not isinstance(value, other):
+        choices = " or ".join([_type_word(other)] + [repr(w) for w in words])
+        raise ConfigError(f"{source}: {key}: expected {choices}, got {_kind(value)}")
+    return _convert(other, value, source, key, meta)
+
+
+def _convert_scalar(hint, value, source: str, key: str, meta):
+    """bool, int, float (within the field's min and max) and str."""
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{source}: {key}: expected true or false, got {_kind(value)}")

@@ -159,12 +159,7 @@ def reply_id(value):
 
 def parse_request(body: dict, max_texts: int) -> Request:
     """Check a client request completely; every problem is a RequestError naming it."""
-    raw_id = body.get("id")
-    if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
-        raise RequestError(ErrorCode.BAD_REQUEST, "id must be an integer or a string")
-    request_id = reply_id(raw_id)
-    if request_id is None:
-        raise RequestError(ErrorCode.BAD_REQUEST, "id is a string that is not valid UTF-8")
+    request_id = _request_id(body.get("id"))
 
     def bad(message: str) -> RequestError:
         return RequestError(ErrorCode.BAD_REQUEST, message, request_id)
@@ -175,7 +170,24 @@ def parse_request(body: dict, max_texts: int) -> Request:
     op = body.get("op")
     if op not in OPS:
         raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
-    deadline = body.get("deadline_ms")
+    deadline, model = _deadline(body.get("deadline_ms"), bad), _model(body.get("model"), bad)
+    if op not in TEXT_OPS:
+        return Request(request_id, op, (), deadline, model=model)
+    texts = _texts(body.get("texts"), op, max_texts, bad)
+    query, top_k, aggregation = _task_fields(body, op, bad)
+    return Request(request_id, op, texts, deadline, query, top_k, aggregation, model)
+
+
+def _request_id(raw_id: object) -> int | str:
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
+        raise RequestError(ErrorCode.BAD_REQUEST, "id must be an integer or a string")
+    request_id = reply_id(raw_id)
+    if request_id is None:
+        raise RequestError(ErrorCode.BAD_REQUEST, "id is a string that is not valid UTF-8")
+    return request_id
+
+
+def _deadline(deadline: object, bad) -> float | None:
     if deadline is not None and (
         isinstance(deadline, bool)
         or not isinstance(deadline, (int, float))
@@ -185,16 +197,21 @@ def parse_request(body: dict, max_texts: int) -> Request:
         raise bad(
             f"deadline_ms must be a number of milliseconds above 0 and at most {MAX_DEADLINE_MS}"
         )
-    model = body.get("model")
+    return deadline
+
+
+def _model(model: object, bad) -> str | None:
     if model is not None and (
         not isinstance(model, str)
         or not 0 < len(model) <= MAX_MODEL_NAME
         or not model.isprintable()
     ):
         raise bad(f"model must be a model's name: a string of 1-{MAX_MODEL_NAME} characters")
-    if op not in TEXT_OPS:
-        return Request(request_id, op, (), deadline, model=model)
-    texts = body.get("texts")
+    return model
+
+
+def _texts(texts: object, op: str, max_texts: int, bad) -> tuple[str | tuple[str, str], ...]:
+    """A text op's texts (rerank's documents); classify's may be pairs [a, b]."""
     if isinstance(texts, str):
         texts = [texts]
     what = "documents" if op == "rerank" else "texts"
@@ -214,6 +231,11 @@ def parse_request(body: dict, max_texts: int) -> Request:
             pairs = "; pairs [a, b] are for classify" if isinstance(text, list) else ""
             _check_text(text, f"text {i}", bad, pairs)
             checked.append(text)
+    return tuple(checked)
+
+
+def _task_fields(body: dict, op: str, bad) -> tuple[str | None, int | None, str]:
+    """rerank's query and top_k, ner's aggregation: refused on the other ops."""
     query, top_k = body.get("query"), body.get("top_k")
     if op == "rerank":
         _check_text(query, "query", bad)
@@ -228,7 +250,7 @@ def parse_request(body: dict, max_texts: int) -> Request:
         raise bad(f"aggregation is for ner, not {op}")
     if aggregation not in AGGREGATIONS:
         raise bad(f"aggregation must be one of {', '.join(AGGREGATIONS)}")
-    return Request(request_id, op, tuple(checked), deadline, query, top_k, aggregation, model)
+    return query, top_k, aggregation
 
 
 def _check_text(text, name: str, bad, hint: str = "") -> None:

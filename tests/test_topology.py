@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from numaserve.config import PlacementConfig
 from numaserve.host.cpulist import parse_cpulist
+from numaserve.host.isa import INTERESTING_ISA
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import (
-    INTERESTING_ISA,
     TopologyError,
     _mems_allowed,
     cores_from_lscpu,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from numaserve.config import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
@@ -161,47 +162,10 @@ def plan_placement(
     pools = [_Demand(m, pool, several) for m in demands for pool in m.pools]
     kinds = {d: _core_types(d, topo) for d in pools}
     asked = f". The models ask for: {_asked_words(pools)}" if several else ""
+    words = _Words(machine, reserved_note, asked)
     placed: dict[_Demand, list[list[Core]]] = {}
-    fixed = [d for d in pools if d.pool.instances != AUTO]
-    # The largest instances first: less fragmentation.
-    for d in sorted(fixed, key=lambda d: -d.pool.cores_per_instance):
-        pool = d.pool
-        room = sum(free.total(kind) for kind in kinds[d])
-        placed[d] = []
-        for _ in range(pool.instances):
-            cores = free.take(pool.cores_per_instance, kinds[d])
-            if cores is None:
-                raise PlacementError(
-                    f"{d.words} asks for {pool.instances} instance(s) of "
-                    f"{pool.cores_per_instance} physical core(s), but {machine}, and {room} are "
-                    f"free for it {reserved_note} and placing {_placed_words(placed, d)}. "
-                    f"Would fit: {room // pool.cores_per_instance} instance(s) of "
-                    f"{pool.cores_per_instance} core(s){asked}"
-                )
-            placed[d].append(cores)
-
-    autos = [d for d in pools if d.pool.instances == AUTO]
-    left = free.describe()
-    if len(autos) == 1:  # fill node by node: neighbouring instances on each node
-        (d,) = autos
-        placed[d] = [
-            free.take_from(node, d.pool.cores_per_instance, kind)
-            for kind in kinds[d]
-            for node in sorted(free.by_node)
-            for _ in range(len(free.of(node, kind)) // d.pool.cores_per_instance)
-        ]
-    else:
-        placed |= _share(free, autos, kinds)
-    for d in autos:
-        if not placed[d]:
-            raise PlacementError(
-                f"{d.words} (instances: auto{_weight_words(d, autos)}) gets no instance: it "
-                f"needs {d.pool.cores_per_instance} physical core(s) on one node, but {machine}, "
-                f"and {reserved_note} and placing {_placed_words(placed, d)} the free cores are "
-                f"({left}). Would fit: fewer reserved cores, smaller fixed pools, "
-                f"{'a larger weight, ' if len(autos) > 1 else ''}or a smaller cores_per_instance"
-                f"{asked}"
-            )
+    _place_fixed([d for d in pools if d.pool.instances != AUTO], free, kinds, placed, words)
+    _place_autos([d for d in pools if d.pool.instances == AUTO], free, kinds, placed, words)
 
     slots = []
     for d in pools:
@@ -216,6 +180,73 @@ def plan_placement(
     used = {cpu for s in slots for cpu in s.cpus} | set(reserved_cpus)
     idle = tuple(sorted(topo.allowed_cpus - used))
     return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
+
+
+class _Words(NamedTuple):
+    """What a placement error says of the machine and the ask, whichever pool it is for."""
+
+    machine: str
+    reserved_note: str
+    asked: str
+
+
+def _place_fixed(
+    fixed: list[_Demand],
+    free: _FreeCores,
+    kinds: dict[_Demand, tuple[str, ...]],
+    placed: dict[_Demand, list[list[Core]]],
+    words: _Words,
+) -> None:
+    """Pools with a number of instances, the largest instances first: less fragmentation."""
+    for d in sorted(fixed, key=lambda d: -d.pool.cores_per_instance):
+        pool = d.pool
+        room = sum(free.total(kind) for kind in kinds[d])
+        placed[d] = []
+        for _ in range(pool.instances):
+            cores = free.take(pool.cores_per_instance, kinds[d])
+            if cores is None:
+                raise PlacementError(
+                    f"{d.words} asks for {pool.instances} instance(s) of "
+                    f"{pool.cores_per_instance} physical core(s), but {words.machine}, and "
+                    f"{room} are free for it {words.reserved_note} and placing "
+                    f"{_placed_words(placed, d)}. Would fit: "
+                    f"{room // pool.cores_per_instance} instance(s) of "
+                    f"{pool.cores_per_instance} core(s){words.asked}"
+                )
+            placed[d].append(cores)
+
+
+def _place_autos(
+    autos: list[_Demand],
+    free: _FreeCores,
+    kinds: dict[_Demand, tuple[str, ...]],
+    placed: dict[_Demand, list[list[Core]]],
+    words: _Words,
+) -> None:
+    """`instances: auto` pools on what the fixed ones left: one fills it node by node
+    (neighbouring instances on each node); several share it by weight."""
+    left = free.describe()
+    if len(autos) == 1:
+        (d,) = autos
+        placed[d] = [
+            free.take_from(node, d.pool.cores_per_instance, kind)
+            for kind in kinds[d]
+            for node in sorted(free.by_node)
+            for _ in range(len(free.of(node, kind)) // d.pool.cores_per_instance)
+        ]
+    else:
+        placed |= _share(free, autos, kinds)
+    for d in autos:
+        if not placed[d]:
+            raise PlacementError(
+                f"{d.words} (instances: auto{_weight_words(d, autos)}) gets no instance: it "
+                f"needs {d.pool.cores_per_instance} physical core(s) on one node, but "
+                f"{words.machine}, and {words.reserved_note} and placing "
+                f"{_placed_words(placed, d)} the free cores are ({left}). Would fit: fewer "
+                f"reserved cores, smaller fixed pools, "
+                f"{'a larger weight, ' if len(autos) > 1 else ''}or a smaller cores_per_instance"
+                f"{words.asked}"
+            )
 
 
 def replan(

@@ -26,21 +26,9 @@ from numaserve.host.cpulist import (
     parse_cpulist,
     parse_cpumask,
 )
+from numaserve.host.isa import detect_isa
 
 LIVE_SYSFS = Path("/sys")
-
-# ISA extensions that decide how fast int8/bf16 transformer kernels run.
-INTERESTING_ISA = (
-    "avx2",
-    "avx512f",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx_vnni",
-    "amx_tile",
-    "amx_int8",
-    "amx_bf16",
-)
-
 
 # Core types, fastest first. Intel hybrids name two (the kernel's cpu_core and cpu_atom PMUs);
 # ARM SoCs rank their clusters by `cpu_capacity`, and a third, middle class is MID.
@@ -138,14 +126,7 @@ def read_topology(
     """
     root = Path(sysfs_root)
     live = root.resolve() == LIVE_SYSFS
-    cpu_dir = root / "devices" / "system" / "cpu"
-    if not cpu_dir.is_dir():
-        if (root / "sys" / "devices" / "system" / "cpu").is_dir():
-            raise TopologyError(
-                f"{cpu_dir} does not exist, but {root / 'sys'} holds a sysfs tree: "
-                f"pass {root / 'sys'} (the folder that stands for /sys)"
-            )
-        raise TopologyError(f"{cpu_dir} does not exist: is {root} a sysfs tree?")
+    cpu_dir = _cpu_dir(root)
     online = _online_cpus(cpu_dir)
     if not online:
         raise TopologyError(f"{cpu_dir}: no online CPUs found")
@@ -184,16 +165,7 @@ def read_topology(
     if allowed_mems is None and live:
         allowed_mems = _mems_allowed()
     if allowed_mems is not None:
-        mems = set(allowed_mems)
-        for node in nodes:
-            barred = allowed & set(node.cpus)
-            if node.id not in mems and barred:
-                warnings.append(
-                    f"node {node.id}'s memory is not allowed to this process (allowed memory "
-                    f"nodes: {format_cpulist(mems) or 'none'}; cpuset.mems): its CPUs "
-                    f"{format_cpulist(barred)} are left out"
-                )
-                allowed -= barred
+        allowed -= _barred_by_memory(nodes, allowed, set(allowed_mems), warnings)
     return CPUTopology(
         cores=cores,
         nodes=nodes,
@@ -204,11 +176,34 @@ def read_topology(
     )
 
 
-def detect_isa() -> tuple[str, ...]:
-    import cpuinfo  # py-cpuinfo; imported late because it is slow to start
+def _cpu_dir(root: Path) -> Path:
+    """`root`'s cpu folder; a clear error for a tree that is not one, or its parent."""
+    cpu_dir = root / "devices" / "system" / "cpu"
+    if not cpu_dir.is_dir():
+        if (root / "sys" / "devices" / "system" / "cpu").is_dir():
+            raise TopologyError(
+                f"{cpu_dir} does not exist, but {root / 'sys'} holds a sysfs tree: "
+                f"pass {root / 'sys'} (the folder that stands for /sys)"
+            )
+        raise TopologyError(f"{cpu_dir} does not exist: is {root} a sysfs tree?")
+    return cpu_dir
 
-    flags = set(cpuinfo.get_cpu_info().get("flags", ()))
-    return tuple(f for f in INTERESTING_ISA if f in flags)
+
+def _barred_by_memory(
+    nodes: tuple[Node, ...], allowed: set[int], mems: set[int], warnings: list[str]
+) -> set[int]:
+    """The allowed CPUs of nodes whose memory this process may not use, each node warned of."""
+    barred_all: set[int] = set()
+    for node in nodes:
+        barred = allowed & set(node.cpus)
+        if node.id not in mems and barred:
+            warnings.append(
+                f"node {node.id}'s memory is not allowed to this process (allowed memory "
+                f"nodes: {format_cpulist(mems) or 'none'}; cpuset.mems): its CPUs "
+                f"{format_cpulist(barred)} are left out"
+            )
+            barred_all |= barred
+    return barred_all
 
 
 def _read(path: Path) -> str | None:

@@ -84,26 +84,35 @@ class Machine:
         _write(cpu_dir / "offline", format_cpulist(set(all_ids) - set(online)))
         _write(cpu_dir / "smt" / "control", self.smt_control)
         for c in self.cpus:
-            d = cpu_dir / f"cpu{c.id}"
-            d.mkdir(exist_ok=True)
-            if c.id != 0:  # the boot CPU has no online switch
-                _write(d / "online", "1" if c.online else "0")
-            if not c.online:
-                continue  # the kernel removes topology/ while a CPU is offline
-            t = d / "topology"
-            _write(t / "physical_package_id", str(c.package if self.package_ids else -1))
-            _write(t / "die_id", str(c.die))
-            _write(t / "core_id", str(c.core_id))
-            for name in ("core_cpus", "thread_siblings"):
-                self._cpuset(t, f"{name}_list", name, self.siblings(c))
-            for name in ("package_cpus", "core_siblings"):
-                self._cpuset(t, f"{name}_list", name, self.package_cpus(c))
-            if c.capacity is not None:
-                _write(d / "cpu_capacity", str(c.capacity))
+            self._write_cpu(cpu_dir, c)
         if self.intel_hybrid:
             for pmu, kind in (("cpu_core", "performance"), ("cpu_atom", "efficiency")):
                 cpus = [c.id for c in self.cpus if c.type == kind]
                 _write(root / "devices" / pmu / "cpus", format_cpulist(cpus))
+        self._write_nodes(node_dir)
+        for rel, text in self.extra.items():
+            _write(root / rel, text)
+        return root
+
+    def _write_cpu(self, cpu_dir: Path, c: Cpu) -> None:
+        d = cpu_dir / f"cpu{c.id}"
+        d.mkdir(exist_ok=True)
+        if c.id != 0:  # the boot CPU has no online switch
+            _write(d / "online", "1" if c.online else "0")
+        if not c.online:
+            return  # the kernel removes topology/ while a CPU is offline
+        t = d / "topology"
+        _write(t / "physical_package_id", str(c.package if self.package_ids else -1))
+        _write(t / "die_id", str(c.die))
+        _write(t / "core_id", str(c.core_id))
+        for name in ("core_cpus", "thread_siblings"):
+            self._cpuset(t, f"{name}_list", name, self.siblings(c))
+        for name in ("package_cpus", "core_siblings"):
+            self._cpuset(t, f"{name}_list", name, self.package_cpus(c))
+        if c.capacity is not None:
+            _write(d / "cpu_capacity", str(c.capacity))
+
+    def _write_nodes(self, node_dir: Path) -> None:
         nodes = sorted(self.node_memory_mb)
         _write(node_dir / "possible", format_cpulist(nodes))
         _write(node_dir / "online", format_cpulist(nodes))
@@ -119,9 +128,6 @@ class Machine:
                 node_dir / f"node{n}" / "meminfo",
                 f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb // 2} kB\n",
             )
-        for rel, text in self.extra.items():
-            _write(root / rel, text)
-        return root
 
 
 def _write(path: Path, text: str, end: str = "\n") -> None:
