@@ -38,6 +38,7 @@ ALLOWED = {
     "client": {"base"},
     "loadgen": {"base", "client", "loadgen"},
     "cli": {
+        "cli",
         "base",
         "host",
         "specs",

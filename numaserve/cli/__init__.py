@@ -1,0 +1,8 @@
+"""The `numaserve` command: common.py holds the group, its errors and the options commands
+share; machine.py the commands that read the machine (topology, plan), calls.py those that ask
+a running server, server.py those that run or stop one."""
+
+from numaserve.cli import calls, machine, server
+from numaserve.cli.common import main
+
+__all__ = ["calls", "machine", "main", "server"]

@@ -1,0 +1,226 @@
+"""The commands that ask a running server: embed, classify, ner, rerank, bench."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from numaserve.cli.common import (
+    UserError,
+    asked_model,
+    call_server,
+    client_keys,
+    endpoint_option,
+    json_option,
+    main,
+    model_option,
+    print_json,
+    timeout_option,
+)
+from numaserve.protocol import AGGREGATIONS, DEFAULT_AGGREGATION
+
+
+def _result_json(result) -> dict:
+    from numaserve.client import Embedding, Entities, Ranked
+
+    if isinstance(result, Entities):
+        fields = {
+            "entities": [
+                {k: v for k, v in vars(e).items() if v is not None} for e in result.entities
+            ]
+        }
+    elif isinstance(result, Embedding):
+        fields = {"embedding": [round(float(x), 7) for x in result.vector]}
+    elif isinstance(result, Ranked):
+        fields = {"index": result.index, "score": result.score}
+    else:
+        fields = {"label": result.label, "probs": list(result.probs)}
+    return {**fields, "tokens": result.tokens, "truncated": result.truncated}
+
+
+@main.command()
+@click.argument("texts", nargs=-1, required=True)
+@model_option
+@endpoint_option
+@timeout_option
+def embed(texts, endpoints, timeout: float) -> None:
+    """Print the embeddings of TEXTS as JSON, one object per text."""
+    results = call_server(endpoints, timeout, "embed", list(texts))
+    print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
+@click.argument("texts", nargs=-1, required=True)
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="Read TEXTS two by two as pairs (premise, hypothesis), for a model that takes pairs.",
+)
+@model_option
+@endpoint_option
+@timeout_option
+def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
+    """Print the label and probabilities of each of TEXTS (or each pair) as JSON."""
+    if pairs and len(texts) % 2:
+        raise click.UsageError(f"--pairs needs an even number of texts; got {len(texts)}")
+    batch = list(zip(texts[::2], texts[1::2], strict=True)) if pairs else list(texts)
+    results = call_server(endpoints, timeout, "classify", batch)
+    print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
+@click.argument("texts", nargs=-1, required=True)
+@click.option(
+    "--aggregation",
+    type=click.Choice(AGGREGATIONS),
+    default=DEFAULT_AGGREGATION,
+    show_default=True,
+    help="How tokens become entities, as transformers' token-classification pipeline does.",
+)
+@model_option
+@endpoint_option
+@timeout_option
+def ner(texts, aggregation: str, endpoints, timeout: float) -> None:
+    """Print the named entities of each of TEXTS as JSON (a server with model.task: ner)."""
+    results = call_server(endpoints, timeout, "ner", list(texts), aggregation)
+    print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
+@click.argument("query")
+@click.argument("documents", nargs=-1, required=True)
+@click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
+@model_option
+@endpoint_option
+@timeout_option
+def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> None:
+    """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, in order, or the
+    best --top-k first."""
+    results = call_server(endpoints, timeout, "rerank", query, list(documents), top_k)
+    print_json({"results": [_result_json(r) for r in results]})
+
+
+@main.command()
+@model_option
+@endpoint_option
+@click.option(
+    "--corpus",
+    type=click.Path(dir_okay=False),
+    help="Texts, one per line (default: stdlib docstring sentences).",
+)
+@click.option(
+    "--op",
+    type=click.Choice(["embed", "classify", "rerank", "ner"]),
+    default="embed",
+    show_default=True,
+)
+@click.option("--pairs", is_flag=True, help="classify: send pairs of corpus texts.")
+@click.option(
+    "--documents",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="rerank: documents a request (a corpus text as the query, and this many others).",
+)
+@click.option(
+    "--http",
+    "url",
+    metavar="URL",
+    help='Closed loop against an HTTP server instead (POST {"text": ...} as JSON), '
+    "to measure a peer with the same generator.",
+)
+@click.option("--clients", default=32, show_default=True, help="Closed loop: concurrent clients.")
+@click.option(
+    "--requests", default=1000, show_default=True, help="Closed loop: requests per client."
+)
+@click.option(
+    "--rate", type=float, help="Open loop: requests per second (instead of the closed loop)."
+)
+@click.option("--duration", type=float, default=30.0, show_default=True, help="Open loop: seconds.")
+@click.option(
+    "--timeout", default=10.0, show_default=True, help="Seconds before a request counts as failed."
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed for drawing texts from the corpus."
+)
+@json_option
+def bench(
+    endpoints,
+    corpus,
+    op,
+    pairs,
+    documents,
+    url,
+    clients,
+    requests,
+    rate,
+    duration,
+    timeout,
+    seed,
+    as_json,
+) -> None:
+    """Load a running server and report throughput, latency percentiles and errors."""
+    from numaserve.loadgen import bench as load
+
+    try:
+        texts = load.load_corpus(corpus)
+    except load.CorpusError as e:
+        raise UserError(str(e)) from None
+    if url and rate:
+        raise UserError("--http drives the closed loop only; leave out --rate")
+    if url and (pairs or op == "rerank"):
+        raise UserError("--http sends single texts; leave out --pairs and --op rerank")
+    if pairs and op != "classify":
+        raise UserError("--pairs is for --op classify")
+    draw = load.drawing(op, pairs, documents)
+    try:
+        connect = (
+            load.http_target(url, timeout)
+            if url
+            else load.numaserve_target(list(endpoints), op, timeout, client_keys(), asked_model())
+        )
+    except ValueError as e:
+        raise UserError(f"--http: {e}") from None
+    total = int(rate * duration) if rate else clients * requests
+    show = not as_json and total >= 200
+    with (
+        click.progressbar(length=total, label="requests", file=sys.stderr)
+        if show
+        else _NoBar() as bar
+    ):
+        if rate:
+            result = load.open_loop(
+                list(endpoints),
+                texts,
+                rate,
+                duration,
+                op,
+                timeout,
+                bar.update,
+                seed,
+                draw,
+                client_keys(),
+                asked_model(),
+            )
+        else:
+            label = f"POST {url}" if url else op
+            result = load.closed_loop(
+                connect, texts, clients, requests, label, bar.update, seed, draw
+            )
+    summary = result.summary()
+    if as_json:
+        print_json(summary)
+    else:
+        click.echo(load.format_result(summary))
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass

@@ -1,0 +1,175 @@
+"""The commands that run or stop a server: start, prepare, keygen, status, stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+
+import click
+
+from numaserve import exitcodes
+from numaserve.cli.common import (
+    HeldError,
+    MachineError,
+    UserError,
+    call_server,
+    config_option,
+    endpoint_option,
+    json_option,
+    main,
+    print_json,
+    read_machine,
+    timeout_option,
+)
+from numaserve.config import ConfigError, load_config
+from numaserve.host.ledger import CoresHeldError
+from numaserve.host.placement import PlacementError
+from numaserve.host.topology import TopologyError
+
+
+@main.command()
+@config_option
+def start(config_path: str) -> None:
+    """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
+    from numaserve.curve import CurveError
+    from numaserve.logs import setup_logging
+    from numaserve.monitoring.endpoint import MonitoringError
+    from numaserve.supervisor.arbiter import start as run
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    setup_logging(config.logging.level, config.logging.format)
+    try:
+        code = run(config_path, config)
+    except CoresHeldError as e:
+        raise HeldError(f"{config_path}: cannot place: {e}") from None
+    except PlacementError as e:
+        raise UserError(f"{config_path}: cannot place: {e}") from None
+    except (MonitoringError, CurveError) as e:
+        raise UserError(f"{config_path}: {e}") from None
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    except TopologyError as e:
+        raise MachineError(str(e)) from None
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option(
+    "--name",
+    default="server",
+    show_default=True,
+    help="The pair's name: NAME.key (public) and NAME.key_secret.",
+)
+def keygen(directory: str, name: str) -> None:
+    """Write a CurveZMQ key pair in DIRECTORY: for the server (server.curve.secret_key_file)
+    or for a client service (its NAME.key goes in the server's authorized_keys_dir)."""
+    from numaserve.curve import CurveError, read_public_key
+    from numaserve.curve import keygen as write_pair
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name.startswith("."):
+        raise UserError(f"--name: use letters, digits, '.', '-' or '_'; got {name!r}")
+    try:
+        public, secret = write_pair(directory, name)
+    except (CurveError, OSError) as e:
+        raise UserError(str(e)) from None
+    click.echo(f"public key: {public} ({read_public_key(public, 'key').decode()})")
+    click.echo(f"key pair:   {secret} (mode 0600: keep it secret)")
+
+
+@main.command()
+@config_option
+def prepare(config_path: str) -> None:
+    """Build or verify each model's ONNX artifact ahead of time (image builds, systemd's
+    ExecStartPre=), so that a start never waits for it and a read-only cache serves."""
+    from numaserve.backends import prepare_model
+    from numaserve.lifecycle import PARENT_ENV, die_with_parent
+    from numaserve.logs import setup_logging
+
+    if PARENT_ENV in os.environ:  # run by a supervisor: not to outlive it
+        die_with_parent()
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    setup_logging(config.logging.level, config.logging.format)
+    isa = read_machine(None, None).isa
+    for i, served in enumerate(config.served):
+        where = f"models[{i}]" if config.models else "model"
+        if served.backend != "onnxruntime":
+            click.echo(f"{where}.backend is {served.backend}: nothing to prepare")
+        elif not prepare_model(served.model, isa):
+            sys.exit(exitcodes.MODEL)  # the log says why
+
+
+@main.command()
+@endpoint_option
+@timeout_option
+@json_option
+def status(endpoints, timeout: float, as_json: bool) -> None:
+    """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
+    from numaserve.router.status import format_status
+
+    report = call_server(endpoints, timeout, "status")
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(format_status(report))
+
+
+@main.command()
+@endpoint_option
+@timeout_option
+@click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait until it has stopped."
+)
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="With --wait: seconds to wait for the stop before giving up (exit 1).",
+)
+def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
+    """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
+    from numaserve import procinfo
+
+    report = call_server(endpoints, timeout, "status")
+    supervisor = report.get("supervisor", {})
+    pid = supervisor.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        raise MachineError(
+            "the server did not say which process supervises it (not started by `numaserve start`?)"
+        )
+    reported = {k: supervisor.get(k) for k in ("boot_id", "started")}
+    if not procinfo.is_process(pid, reported):
+        raise MachineError(
+            f"the server's supervisor (pid {pid}) is not a process of this host: run "
+            "`numaserve stop` on the server's own host (nothing was signalled)"
+        )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise MachineError(f"supervisor pid {pid} is not running on this host") from None
+    except PermissionError:
+        raise MachineError(
+            f"not allowed to signal supervisor pid {pid}: run as its user or root"
+        ) from None
+    click.echo(f"sent SIGTERM to the numaserve supervisor (pid {pid}); it drains, then stops")
+    if wait:
+        deadline = time.monotonic() + stop_timeout
+        while procinfo.running(pid):
+            if time.monotonic() >= deadline:
+                raise MachineError(
+                    f"supervisor pid {pid} is still running after {stop_timeout:g} s; "
+                    "its log says what it is waiting for"
+                )
+            time.sleep(0.2)
+        click.echo("stopped")
