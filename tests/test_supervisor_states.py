@@ -9,9 +9,9 @@ from collections import deque
 import pytest
 
 from numaserve import exitcodes
-from numaserve.supervisor.arbiter import FAST_STOP_EXIT
 from numaserve.supervisor.children import Child, State, TransitionError
 from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.stop import FAST_STOP_EXIT
 from tests.harness.fake_system import Rig, spec_of
 
 

@@ -37,7 +37,7 @@ def start(config_path: str) -> None:
     from numaserve.curve import CurveError
     from numaserve.logs import setup_logging
     from numaserve.monitoring.endpoint import MonitoringError
-    from numaserve.supervisor.arbiter import start as run
+    from numaserve.supervisor.server import start as run
 
     try:
         config = load_config(config_path)

@@ -16,32 +16,30 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
-from numaserve import curve, exitcodes, protocol
+from numaserve import exitcodes, protocol
 from numaserve.config import Config
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
+from numaserve.host.ledger import Ledger
 from numaserve.host.placement import Plan
-from numaserve.host.topology import CPUTopology, read_topology
+from numaserve.host.topology import CPUTopology
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.monitoring.endpoint import MonitoringEndpoint
-from numaserve.specs import Deployment, RouterSpec, WorkerSpec, deployment
-from numaserve.supervisor import reporting
+from numaserve.specs import Deployment, RouterSpec, deployment
+from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import Child, State, after_crash, describe_exit
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reload import Reload, plan_reload
+from numaserve.supervisor.reload import Reload, begin_reload
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
+from numaserve.supervisor.stop import Stop
 
 log = logging.getLogger("numaserve.supervisor")
 POLL_ROUTER_S = 0.25
-FAST_STOP_EXIT = 128 + signal.SIGINT
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
@@ -74,22 +72,20 @@ class Supervisor:
         self.plan = plan
         self.deployment = self.deploy(config, plan)
         self.notifier = notifier or Notifier()
+        self.announcer = reporting.Announcer(self.notifier)
         self.monitor = monitor
         self.shards = ShardLinks(POLL_ROUTER_S)
         for spec in self.deployment.routers:
             self.add_shard(spec)
         frontend = self.deployment.frontend
         self.frontend = Child("frontend", frontend.argv(), cpus=frontend.cpus) if frontend else None
-        self.workers = {spec.name: self.worker_child(spec) for spec in self.deployment.workers}
+        self.workers = {spec.name: Child.for_worker(spec) for spec in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
-        self.next_watchdog = 0.0
         self.mood = Mood.STARTING
-        self.fast = False  # the stop under way kills rather than drains
         self.exit_code: int | None = None
         self.reload: Reload | None = None
-        self.last_status = ""
-        self.failure_code = 0
+        self.stop: Stop | None = None
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings: the children log as the supervisor does.
         self.child_env = {k: v for k, v in environ.items() if k not in SYSTEMD_VARS} | {
@@ -103,22 +99,9 @@ class Supervisor:
         return deployment(config, plan, self.topo, self.runtime_dir, numbers)
 
     def add_shard(self, spec: RouterSpec) -> ShardView:
-        child = Child(
-            f"router-{spec.shard}" if spec.frontend else "router",
-            spec.argv(),
-            cpus=spec.cpus,
-            nodes=spec.nodes,
-            shard=spec.shard,
-            model_name=spec.model_name,
-        )
-        self.shards.views.append(ShardView(child, self.connect(spec.workers_endpoint)))
-        return self.shards[-1]
-
-    @staticmethod
-    def worker_child(spec: WorkerSpec) -> Child:
-        return Child(
-            spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard, spec.model_name
-        )
+        view = ShardView(Child.for_shard(spec), self.connect(spec.workers_endpoint))
+        self.shards.views.append(view)
+        return view
 
     @property
     def routers(self) -> list[Child]:
@@ -129,12 +112,12 @@ class Supervisor:
     def stopping(self) -> bool:
         return self.mood is Mood.STOPPING
 
-    def _front(self) -> list[Child]:
+    def front(self) -> list[Child]:
         """The processes between the clients and the workers: the shards, and the frontend."""
         return [*self.routers, *([self.frontend] if self.frontend else [])]
 
     def all_children(self) -> list[Child]:
-        current = [*self._front(), *self.workers.values(), *self.retired]
+        current = [*self.front(), *self.workers.values(), *self.retired]
         if self.prepare:
             current.append(self.prepare)
         if self.reload and self.reload.replacement:
@@ -163,7 +146,7 @@ class Supervisor:
         )
         if any(m.backend == "onnxruntime" for m in self.config.served):
             self.mood = Mood.PREPARING
-            self._start_prepare()
+            self.start_prepare()
         else:
             self._start_all()
 
@@ -196,13 +179,13 @@ class Supervisor:
         self.begin_stop("SIGTERM")
 
     def handle_sigint(self) -> None:
-        if self.stopping:
-            self.fast_stop()
+        if self.stop is not None:
+            self.stop.kill(self)
         else:
             self.begin_stop("SIGINT (again for a fast stop)")
 
     def handle_sighup(self) -> None:
-        self.begin_reload()
+        begin_reload(self)
 
     def handle_sigchld(self) -> None:
         pass  # every turn of the loop reaps
@@ -216,7 +199,9 @@ class Supervisor:
             # then stops the children in order (router drains first).
             child.pid = self.system.spawn(child.argv, env, new_session=True)
         except OSError as e:
-            self._set(child, State.FATAL, f"fatal: {child.name} cannot be started: {e}", "fatal")
+            self.set_state(
+                child, State.FATAL, f"fatal: {child.name} cannot be started: {e}", "fatal"
+            )
             if child is self.prepare:
                 self._prepared(exitcodes.MODEL)
             return
@@ -228,7 +213,7 @@ class Supervisor:
             self.shards.restarted(view)
         where = f" on CPUs {format_cpulist(child.cpus)}" if child.cpus else ""
         nodes = f", node(s) {format_cpulist(child.nodes)}" if child.nodes else ""
-        self._set(
+        self.set_state(
             child, State.STARTING, f"spawn {child.name} pid {child.pid}{where}{nodes}", "spawn"
         )
 
@@ -259,9 +244,11 @@ class Supervisor:
             log.info("exit %s (retired): %s", child.name, child.last_exit, extra={"event": "exit"})
             return
         if self.reload and child is self.reload.replacement:
-            self.abort_reload(f"the new {child.name} {child.last_exit} before it was ready")
+            self.reload.abort(self, f"the new {child.name} {child.last_exit} before it was ready")
             return
-        expected = child.state in (State.DRAINING, State.STOPPED) or self.fast
+        expected = child.state in (State.DRAINING, State.STOPPED) or bool(
+            self.stop and self.stop.fast
+        )
         level = logging.INFO if expected and code == 0 else logging.WARNING
         log.log(
             level,
@@ -276,30 +263,12 @@ class Supervisor:
             return
         verdict = after_crash(child, code, now, self.config.supervisor)
         if verdict.state == State.FATAL:
-            self._set(child, State.FATAL, f"fatal: {child.name} {verdict.why}", "fatal")
+            self.set_state(child, State.FATAL, f"fatal: {child.name} {verdict.why}", "fatal")
         else:
             child.retry_at = now + verdict.delay
-            self._set(child, State.BACKOFF, f"backoff {child.name}: {verdict.why}", "backoff")
+            self.set_state(child, State.BACKOFF, f"backoff {child.name}: {verdict.why}", "backoff")
 
-    def _check_viable(self) -> None:
-        """With a router shard, the frontend or every worker FATAL, the server cannot serve as
-        planned: stop, and say so."""
-        if self.stopping:
-            return
-        workers = list(self.workers.values())
-        front = self._front()
-        if any(c.state == State.FATAL for c in front) or all(
-            w.state == State.FATAL for w in workers
-        ):
-            codes = {c.exit_code for c in [*front, *workers] if c.state == State.FATAL}
-            code = codes.pop() if len(codes) == 1 and codes <= exitcodes.NEVER_RESTART else 1
-            log.error(
-                "fatal: no instance can serve; stopping (exit %d)", code, extra={"event": "fatal"}
-            )
-            self.begin_stop("no instance can serve")
-            self.failure_code = code
-
-    def _set(self, child: Child, state: State, message: str, event: str) -> None:
+    def set_state(self, child: Child, state: State, message: str, event: str) -> None:
         """A state change the shards and the log hear of at once."""
         child.change_state(state, self.system.now())
         self.send_slots()
@@ -308,7 +277,7 @@ class Supervisor:
 
     # -- preparing the model -----------------------------------------------------------------
 
-    def _start_prepare(self) -> None:
+    def start_prepare(self) -> None:
         """Build or verify the model's ONNX artifact before any instance starts, so that the
         build never runs inside an instance's start timeout (nor once per instance): by
         `numaserve prepare`, in a process of its own, which leaves the supervisor small (the
@@ -328,7 +297,7 @@ class Supervisor:
             return
         if self.reload:
             if code != 0:
-                self.abort_reload(f"the changed model could not be prepared (exit {code})")
+                self.reload.abort(self, f"the changed model could not be prepared (exit {code})")
             else:
                 log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
         elif code != 0:
@@ -373,289 +342,48 @@ class Supervisor:
 
     def _notify(self, now: float) -> None:
         workers = list(self.workers.values())
-        serving = all(c.state == State.READY for c in self._front()) and any(
+        serving = all(c.state == State.READY for c in self.front()) and any(
             w.state == State.READY for w in workers
         )
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
-        status = self.summary()
         # Every shard must have our latest slot table before systemd hears READY=1, so
         # that `numaserve status` asked right after it shows what systemd was told.
         current = self.shards.all_acked(self.shards.sent)
-        if serving and settled and current and self.mood is Mood.STARTING:
+        ready = serving and settled and current and self.mood is Mood.STARTING
+        status = self.summary()
+        if ready:
             self.mood = Mood.SERVING
-            self.notifier.ready(status)
-            log.info(
-                "serving on %s: %s", self.config.server.endpoint, status, extra={"event": "serving"}
-            )
-        elif status != self.last_status:
-            self.notifier.status(status)
-        self.last_status = status
-        interval = self.notifier.watchdog_interval
-        if interval and now >= self.next_watchdog:
-            self.next_watchdog = now + interval
-            self.notifier.watchdog()
+            endpoint = self.config.server.endpoint
+            log.info("serving on %s: %s", endpoint, status, extra={"event": "serving"})
+        self.announcer.turn(now, status, ready)
 
     # -- timers ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        routed = self.shards.routed_pids(now)
-        self._front_ready(routed)
-        for child in [
-            *self.workers.values(),
-            *([self.reload.replacement] if self.reload and self.reload.replacement else []),
-        ]:
-            heard = routed.get(child.shard)
-            if child.state == State.STARTING:
-                self._check_started(child, now, heard)
-            elif child.state == State.READY and heard is not None and not self.stopping:
-                self._check_heard(child, now, heard)
-        for child in self.all_children():
-            self._timers(child, now)
-        self._check_viable()  # after any exit, and a spawn that failed
-        if self.reload and self.reload.advance(self, now):
-            self._reloaded()
-        if self.stopping:
-            self._advance_stop()
+        liveness.check(self, now)
+        code = liveness.cannot_serve(self)
+        if code is not None:
+            self.begin_stop(
+                "no instance can serve", code
+            )  # after any exit, and a spawn that failed
+        if self.reload:
+            self.reload.advance(self, now)
+        if self.stop is not None:
+            self.exit_code = self.stop.advance(self)
         self._notify(now)
-
-    def _front_ready(self, routed: dict[int, set[int] | None]) -> None:
-        """A shard is READY once it answers; the frontend once any shard does: the shards
-        start after it, and it has no socket of its own to the supervisor; a frontend that
-        cannot listen exits first."""
-        endpoint = self.config.server.endpoint
-        for router in self.routers:
-            if router.state == State.STARTING and routed[router.shard] is not None:
-                self._set(
-                    router, State.READY, f"ready {router.name}, clients on {endpoint}", "ready"
-                )
-        frontend = self.frontend
-        answered = any(pids is not None for pids in routed.values())
-        if frontend and frontend.state == State.STARTING and answered:
-            self._set(frontend, State.READY, f"ready frontend, clients on {endpoint}", "ready")
-
-    def _timers(self, child: Child, now: float) -> None:
-        """SIGKILL for one that did not stop in time; the restart of one in BACKOFF."""
-        if (
-            child.term_sent_at is not None
-            and child.pid is not None
-            and now - child.term_sent_at > self._kill_after(child)
-        ):
-            log.warning("%s did not stop in time: SIGKILL", child.name, extra={"event": "kill"})
-            self.signal(child, signal.SIGKILL)
-            child.term_sent_at = float("inf")  # once
-        if child.state == State.BACKOFF and now >= child.retry_at and not self.stopping:
-            child.restarts += 1
-            log.info(
-                "restart %s (restart %d)", child.name, child.restarts, extra={"event": "restart"}
-            )
-            self.spawn(child)
-
-    def _check_started(self, child: Child, now: float, routed: set[int] | None) -> None:
-        """STARTING -> READY once the router hears it; killed after start_timeout_s."""
-        timeout = self.config.supervisor.start_timeout_s
-        if routed is not None and child.pid in routed:
-            message = f"ready {child.name} pid {child.pid} in {now - child.started_at:.1f} s"
-            self._set(child, State.READY, message, "ready")
-        elif now - child.started_at > timeout and child.term_sent_at is None:
-            log.warning(
-                "%s not ready after %.0f s: killing it",
-                child.name,
-                timeout,
-                extra={"event": "timeout"},
-            )
-            child.term_sent_at = now
-            self.signal(child, signal.SIGKILL)
-
-    def _check_heard(self, child: Child, now: float, routed: set[int]) -> None:
-        """A READY instance the router stops hearing (hung, or stopped) gets SIGTERM, then
-        SIGKILL; its exit then restarts it."""
-        server = self.config.server
-        silence_limit = 2 * server.heartbeat_ms * server.heartbeat_liveness / 1000 + 1
-        if child.pid in routed:
-            child.unrouted_since = None
-        elif child.unrouted_since is None:
-            child.unrouted_since = now
-        elif now - child.unrouted_since > silence_limit and child.term_sent_at is None:
-            log.warning(
-                "%s stopped heartbeating: SIGTERM, then SIGKILL",
-                child.name,
-                extra={"event": "hung"},
-            )
-            child.term_sent_at = now
-            self.signal(child, signal.SIGTERM)
-
-    def _kill_after(self, child: Child) -> float:
-        s = self.config.supervisor
-        draining = child in self.routers or bool(self.reload and child in self.reload.draining)
-        return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def begin_stop(self, why: str) -> None:
+    def begin_stop(self, why: str, code: int = 0) -> None:
+        """`code`: the exit code once stopped, where the stop is a failure."""
         if self.stopping:
             return
         if self.reload:
-            self.abort_reload("stopping")
+            self.reload.abort(self, "stopping")
         self.mood = Mood.STOPPING
-        self.failure_code = 0
-        if self.prepare:
-            self.terminate(self.prepare)
-        log.info(
-            "drain: %s: the router shards finish requests in flight (%.0f s at most), then the "
-            "workers stop",
-            why,
-            self.config.supervisor.drain_timeout_s,
-            extra={"event": "drain"},
-        )
-        self.notifier.stopping("draining")
-        for router in self.routers:
-            if router.pid is not None:
-                self.terminate(router)
-            elif router.state != State.FATAL:
-                router.change_state(State.STOPPED, self.system.now())
-
-    def _advance_stop(self) -> None:
-        if any(router.pid is not None for router in self.routers):
-            return  # still draining; the frontend carries their last replies
-        live = [c for c in self.all_children() if c.pid is not None]
-        for child in live:
-            if child.term_sent_at is None:
-                self.terminate(child)
-        if not live:
-            for child in self.all_children():
-                if child.state != State.FATAL:
-                    child.change_state(State.STOPPED, self.system.now())
-            log.info("stopped", extra={"event": "stopped"})
-            self.exit_code = FAST_STOP_EXIT if self.fast else self.failure_code
-
-    def fast_stop(self) -> None:
-        log.warning(
-            "fast stop: killing every process now; requests in flight are lost",
-            extra={"event": "fast-stop"},
-        )
-        self.fast = True
-        for child in self.all_children():
-            child.term_sent_at = float("inf")
-            self.signal(child, signal.SIGKILL)
-
-    # -- reloading (reload.py) ---------------------------------------------------------------
-
-    def begin_reload(self) -> None:
-        if self.stopping:
-            return
-        if self.reload or self.prepare:
-            what = "reload" if self.reload else "preparing the model"
-            log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
-            return
-        self.reload = plan_reload(self)
-        if self.reload is None:
-            return
-        self.mood = Mood.RELOADING
-        self.notifier.reloading("reloading")
-        before = {m.name: m.model for m in self.config.served}
-        if any(
-            m.backend == "onnxruntime" and m.model != before.get(m.name)
-            for m in self.reload.config.served
-        ):
-            self._start_prepare()
-
-    def _reloaded(self) -> None:
-        self.config = self.reload.config
-        self.reload = None
-        log.info("reload: done", extra={"event": "reload"})
-        self.mood = Mood.STARTING  # READY=1 again for systemd, once it serves
-
-    def hold(self, plan: Plan) -> None:
-        """Our ledger entry, holding what `plan` holds."""
-        if not self.ledger:
-            return
-        try:
-            with self.ledger.locked():
-                self.ledger.update(held_cpus(plan, self.topo))
-        except OSError as e:
-            log.error(
-                "the core ledger entry could not be updated: %s", e, extra={"event": "ledger"}
-            )
-
-    def abort_reload(self, why: str) -> None:
-        r, self.reload = self.reload, None
-        if r:
-            self.mood = r.resume
-        if r and r.by_model and not r.reshaped and r.plan != self.plan:
-            self.hold(self.plan)  # the cores it would have added are not ours
-        if self.prepare is not None:
-            self.retired.append(self.prepare)  # reaped as a replaced process
-            self.terminate(self.prepare)
-            self.prepare = None
-        if r and r.replacement and r.replacement.pid is not None:
-            self.retired.append(r.replacement)
-            self.terminate(r.replacement)
-        log.error(
-            "reload aborted (%s); the running instances keep serving",
-            why,
-            extra={"event": "reload"},
-        )
+        self.stop = Stop(code)
+        self.stop.begin(self, why)
 
     def close(self) -> None:
         self.shards.close()
         self.notifier.close()
-
-
-def start(config_path: str, config: Config) -> int:
-    """`numaserve start`: plan once, supervise, return the exit code. `config`: read from
-    `config_path` by the caller (a reload reads the file again). Raises PlacementError,
-    CurveError or MonitoringError for a config that cannot run here (before anything
-    starts)."""
-    topo = read_topology()
-    for warning in topo.warnings:
-        log.warning("topology: %s", warning)
-    if config.server.curve:  # fail here: a shard or frontend would only exit with it
-        curve.server_keys(
-            config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
-        )
-    directory = ledger_dir()
-    if directory is None:
-        log.warning(
-            "no core ledger: neither $%s, %s nor $XDG_RUNTIME_DIR/numaserve is writable, so "
-            "other numaserve servers on this host cannot see this one's CPUs, nor it theirs",
-            LEDGER_ENV,
-            SYSTEM_DIR,
-        )
-    ledger = Ledger(directory) if directory else None
-    with ExitStack() as cleanup:  # undone in reverse: the ledger's entry goes last
-        with ledger.locked() if ledger else nullcontext():
-            # Planned here, with the CLI's clear message if it does not fit.
-            topo, plan, holders = plan_around(ledger, topo, config.placement, config.models)
-            if ledger:
-                ledger.register(os.path.abspath(config_path), held_cpus(plan, topo))
-                cleanup.callback(ledger.release)
-        for holder in holders:
-            log.info(
-                "planned around another server: %s", holder.describe(), extra={"event": "ledger"}
-            )
-        monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
-        if monitor is not None:
-            cleanup.callback(monitor.close)
-        runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
-        cleanup.callback(_remove, runtime_dir)
-        system = System()
-        cleanup.callback(system.close)
-        if monitor is not None:
-            monitor.start()
-        supervisor = Supervisor(
-            config_path,
-            config,
-            topo,
-            plan,
-            runtime_dir,
-            system=system,
-            monitor=monitor,
-            ledger=ledger,
-        )
-        return supervisor.run()
-
-
-def _remove(runtime_dir: Path) -> None:
-    for path in runtime_dir.glob("*"):
-        path.unlink(missing_ok=True)
-    runtime_dir.rmdir()

@@ -14,6 +14,7 @@ from enum import Enum
 
 from numaserve import exitcodes
 from numaserve.config import DEFAULT_MODEL, SupervisorConfig
+from numaserve.specs import RouterSpec, WorkerSpec
 
 
 class State(str, Enum):
@@ -67,6 +68,23 @@ class Child:
     quick_exits: int = 0
     exit_code: int | None = None
     last_exit: str = ""
+
+    @classmethod
+    def for_worker(cls, spec: WorkerSpec) -> Child:
+        return cls(
+            spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard, spec.model_name
+        )
+
+    @classmethod
+    def for_shard(cls, spec: RouterSpec) -> Child:
+        return cls(
+            f"router-{spec.shard}" if spec.frontend else "router",
+            spec.argv(),
+            cpus=spec.cpus,
+            nodes=spec.nodes,
+            shard=spec.shard,
+            model_name=spec.model_name,
+        )
 
     def change_state(self, new: State, now: float) -> None:
         """The one way a child's state changes; READY notes when (for `stable_s`)."""

@@ -49,21 +49,23 @@ class Reload:
     def spec(self, name: str) -> WorkerSpec:
         return next(w for w in self.deployment.workers if w.name == name)
 
-    def advance(self, sup: Supervisor, now: float) -> bool:
-        """One step of the reload, each turn of the loop; True once it is done."""
+    def advance(self, sup: Supervisor, now: float) -> None:
+        """One step of the reload, each turn of the loop."""
         if sup.prepare is not None:
-            return False  # no process changes before the new models' artifacts are ready
+            return  # no process changes before the new models' artifacts are ready
         if self.by_model and not (self.reshaped or self._reshape(sup)):
-            return False
+            return
         if any(
             w.state == State.STARTING for w in sup.workers.values() if w.model_name in self.added
         ):
-            return False  # the changed models roll once the added ones are up
+            return  # the changed models roll once the added ones are up
         if self.replacement is None:
             if not self.waiting:
-                return self._shards_show_final_table(sup)
+                if self._shards_show_final_table(sup):
+                    self._done(sup)
+                return
             name = self.waiting.popleft()
-            self.replacement = sup.worker_child(self.spec(name))
+            self.replacement = Child.for_worker(self.spec(name))
             self.replacement.restarts = sup.workers[name].restarts
             sup.spawn(self.replacement)
         elif self.replacement.state == State.READY:
@@ -76,8 +78,32 @@ class Reload:
             self.replacement.state == State.STARTING
             and now - self.replacement.started_at > sup.config.supervisor.start_timeout_s
         ):
-            sup.abort_reload(f"the new {self.replacement.name} was not ready in time")
-        return False
+            self.abort(sup, f"the new {self.replacement.name} was not ready in time")
+
+    def _done(self, sup: Supervisor) -> None:
+        sup.config = self.config
+        sup.reload = None
+        log.info("reload: done", extra={"event": "reload"})
+        sup.mood = Mood.STARTING  # READY=1 again for systemd, once it serves
+
+    def abort(self, sup: Supervisor, why: str) -> None:
+        """Back to what runs: the replacement starting and the model being prepared stop."""
+        sup.reload = None
+        sup.mood = self.resume
+        if self.by_model and not self.reshaped and self.plan != sup.plan:
+            _hold(sup, sup.plan)  # the cores it would have added are not ours
+        if sup.prepare is not None:
+            sup.retired.append(sup.prepare)  # reaped as a replaced process
+            sup.terminate(sup.prepare)
+            sup.prepare = None
+        if self.replacement and self.replacement.pid is not None:
+            sup.retired.append(self.replacement)
+            sup.terminate(self.replacement)
+        log.error(
+            "reload aborted (%s); the running instances keep serving",
+            why,
+            extra={"event": "reload"},
+        )
 
     def _shards_show_final_table(self, sup: Supervisor) -> bool:
         """Whether every serving shard has answered the slot table of the reload's end, so
@@ -129,10 +155,10 @@ class Reload:
                 sup.spawn(sup.add_shard(spec).child)
         for spec in new.workers:
             if spec.model_name in self.added:
-                sup.workers[spec.name] = sup.worker_child(spec)
+                sup.workers[spec.name] = Child.for_worker(spec)
                 sup.spawn(sup.workers[spec.name])
         if self.plan != sup.plan:
-            sup.hold(self.plan)
+            _hold(sup, self.plan)
         # What runs now: the kept shards as they were started (their settings apply at a
         # restart), the added ones, and the new instances' specs.
         routers = [s for s in running.routers if s.model_name not in self.removed]
@@ -140,6 +166,36 @@ class Reload:
         routers.sort(key=lambda spec: spec.shard)
         sup.plan, sup.config = self.plan, self.config  # a retry compares with what runs now
         sup.deployment = Deployment(tuple(routers), frontend, new.workers)
+
+
+def begin_reload(sup: Supervisor) -> None:
+    """SIGHUP: the config file read again and its reload begun, unless one is under way."""
+    if sup.stopping:
+        return
+    if sup.reload or sup.prepare:
+        what = "reload" if sup.reload else "preparing the model"
+        log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
+        return
+    sup.reload = plan_reload(sup)
+    if sup.reload is None:
+        return
+    sup.mood = Mood.RELOADING
+    sup.notifier.reloading("reloading")
+    before = {m.name: m.model for m in sup.config.served}
+    new = sup.reload.config.served
+    if any(m.backend == "onnxruntime" and m.model != before.get(m.name) for m in new):
+        sup.start_prepare()
+
+
+def _hold(sup: Supervisor, plan: Plan) -> None:
+    """Our ledger entry, holding what `plan` holds."""
+    if not sup.ledger:
+        return
+    try:
+        with sup.ledger.locked():
+            sup.ledger.update(held_cpus(plan, sup.topo))
+    except OSError as e:
+        log.error("the core ledger entry could not be updated: %s", e, extra={"event": "ledger"})
 
 
 def plan_reload(sup: Supervisor) -> Reload | None:

@@ -1,5 +1,5 @@
 """What the supervisor says of the whole server: its mood, the one line systemd shows
-(STATUS=), and the snapshot /metrics and the probes read. Pure: built from the children."""
+(STATUS=) and when it tells systemd, and the snapshot /metrics and the probes read."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from numaserve.config import Config
 from numaserve.monitoring.snapshot import Snapshot
 from numaserve.supervisor.children import Child
 from numaserve.supervisor.router_link import ShardLinks
+from numaserve.supervisor.sdnotify import Notifier
 
 
 class Mood(str, Enum):
@@ -72,3 +73,24 @@ def snapshot(
         shard_age=tuple(now - v.heard_at if v.status else None for v in shards),
         supervisor_pid=supervisor_pid,
     )
+
+
+class Announcer:
+    """What systemd hears each turn: READY=1 when the server comes to serve, STATUS= when the
+    summary line changes, and the watchdog's keep-alive in time."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.last_status = ""
+        self.next_watchdog = 0.0
+
+    def turn(self, now: float, status: str, ready: bool) -> None:
+        if ready:
+            self.notifier.ready(status)
+        elif status != self.last_status:
+            self.notifier.status(status)
+        self.last_status = status
+        interval = self.notifier.watchdog_interval
+        if interval and now >= self.next_watchdog:
+            self.next_watchdog = now + interval
+            self.notifier.watchdog()

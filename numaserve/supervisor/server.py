@@ -1,0 +1,81 @@
+"""`numaserve start`: what surrounds the supervisor's loop. The plan, made once around the
+cores other servers hold, and our entry in the host's core ledger; the metrics endpoint; the
+routers' private runtime directory; all undone in reverse when the loop ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+
+from numaserve import curve
+from numaserve.config import Config
+from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
+from numaserve.host.topology import read_topology
+from numaserve.monitoring.endpoint import MonitoringEndpoint
+from numaserve.supervisor.arbiter import Supervisor
+from numaserve.supervisor.processes import System
+
+log = logging.getLogger("numaserve.supervisor")
+
+
+def start(config_path: str, config: Config) -> int:
+    """`numaserve start`: plan once, supervise, return the exit code. `config`: read from
+    `config_path` by the caller (a reload reads the file again). Raises PlacementError,
+    CurveError or MonitoringError for a config that cannot run here (before anything
+    starts)."""
+    topo = read_topology()
+    for warning in topo.warnings:
+        log.warning("topology: %s", warning)
+    if config.server.curve:  # fail here: a shard or frontend would only exit with it
+        curve.server_keys(
+            config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
+        )
+    directory = ledger_dir()
+    if directory is None:
+        log.warning(
+            "no core ledger: neither $%s, %s nor $XDG_RUNTIME_DIR/numaserve is writable, so "
+            "other numaserve servers on this host cannot see this one's CPUs, nor it theirs",
+            LEDGER_ENV,
+            SYSTEM_DIR,
+        )
+    ledger = Ledger(directory) if directory else None
+    with ExitStack() as cleanup:  # undone in reverse: the ledger's entry goes last
+        with ledger.locked() if ledger else nullcontext():
+            # Planned here, with the CLI's clear message if it does not fit.
+            topo, plan, holders = plan_around(ledger, topo, config.placement, config.models)
+            if ledger:
+                ledger.register(os.path.abspath(config_path), held_cpus(plan, topo))
+                cleanup.callback(ledger.release)
+        for holder in holders:
+            log.info(
+                "planned around another server: %s", holder.describe(), extra={"event": "ledger"}
+            )
+        monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
+        if monitor is not None:
+            cleanup.callback(monitor.close)
+        runtime_dir = Path(tempfile.mkdtemp(prefix="numaserve-"))  # the routers' private sockets
+        cleanup.callback(_remove, runtime_dir)
+        system = System()
+        cleanup.callback(system.close)
+        if monitor is not None:
+            monitor.start()
+        supervisor = Supervisor(
+            config_path,
+            config,
+            topo,
+            plan,
+            runtime_dir,
+            system=system,
+            monitor=monitor,
+            ledger=ledger,
+        )
+        return supervisor.run()
+
+
+def _remove(runtime_dir: Path) -> None:
+    for path in runtime_dir.glob("*"):
+        path.unlink(missing_ok=True)
+    runtime_dir.rmdir()
