@@ -70,3 +70,15 @@ def test_the_status_table_names_each_instances_model_and_each_pools():
     assert lines[1].split()[:3] == ["toxicity.main-0", "toxicity", "main"]
     assert "pools: toxicity.main (<= 64 tokens): 0 queued, 1 ready, embed.main" in "\n".join(lines)
     assert any(line.startswith("router shard 1 of embed (CPUs 1)") for line in lines)
+
+
+def test_a_supervised_shard_shows_the_affinity_the_supervisor_read_not_its_own_proc_read():
+    from numaserve.config import PoolConfig
+    from numaserve.router.dispatch import Dispatcher
+    from numaserve.router.status import instances
+
+    gone = 2**22 + 7  # no such process: a /proc read would find nothing
+    slot = {"name": "main-0", "pool": "main", "pid": gone, "cpus": [3], "live_cpus": [3]}
+    dispatch = Dispatcher([PoolConfig(name="main", max_tokens=64)], queue_size=1)
+    [entry] = instances(dispatch, [slot])
+    assert (entry["live_cpus"], entry["affinity_ok"]) == ([3], True)

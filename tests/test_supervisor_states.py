@@ -646,3 +646,16 @@ def test_an_aborted_reload_leaves_the_mood_it_found(rig):
     rig.os.exit(rig.sup.reload.replacement.pid, exitcodes.MODEL)
     rig.step()
     assert rig.sup.reload is None and rig.sup.mood is Mood.SERVING
+
+
+def test_the_slot_table_carries_each_instances_live_affinity_so_no_shard_reads_proc(rig):
+    rig.start()
+    rig.step(seconds=0.3)
+    slots = {s["name"]: s for s in rig.router.tables[-1]["slots"]}
+    assert {name: s["live_cpus"] for name, s in slots.items()} == {
+        name: s["cpus"] for name, s in slots.items()
+    }
+    rig.exit("main-0", 1)
+    rig.step()
+    slots = {s["name"]: s for s in rig.router.tables[-1]["slots"]}
+    assert slots["main-0"]["live_cpus"] is None  # gone: nothing to read

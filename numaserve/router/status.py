@@ -45,9 +45,11 @@ def shard(
 
 
 def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
-    """One entry per slot of the supervisor's plan (`slots`), or, with no supervisor, per
-    instance the router knows; each with what the router sees of it and its live affinity."""
+    """One entry per slot of the supervisor's plan (`slots`, each with its live affinity as the
+    supervisor read it), or, with no supervisor, per instance the router knows; each with what
+    the router sees of it and its live affinity."""
     live = {w.info.get("pid"): w for w in dispatch.workers.values()}
+    supervised = slots is not None
     if slots is None:
         slots = [
             {
@@ -63,7 +65,9 @@ def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
     entries = []
     for slot in sorted(slots, key=lambda s: s["name"]):
         worker = live.get(slot.get("pid"))
-        live_cpus = _live_affinity(slot.get("pid"))
+        # The supervisor reads it (its slot table's live_cpus), off this loop; a router run
+        # without one reads it itself, for a status request.
+        live_cpus = slot.get("live_cpus") if supervised else _live_affinity(slot.get("pid"))
         entries.append(
             {
                 **slot,

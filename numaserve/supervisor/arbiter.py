@@ -315,14 +315,18 @@ class Supervisor:
 
     def send_slots(self) -> None:
         """Our slot table to every shard, for `numaserve status`: on a timer, and on every
-        change of state, so that status never lags what systemd was told."""
+        change of state, so that status never lags what systemd was told. Each slot's live
+        affinity is read here, so that no shard reads /proc in its request loop."""
         table = {
             "type": protocol.SUPERVISOR,
             "pid": self.system.pid(),
             # so that `numaserve stop` signals this process and no other
             **self.system.identity(),
             "state": self.summary(),
-            "slots": [c.describe() for c in self.workers.values()],
+            "slots": [
+                {**c.describe(), "live_cpus": self.system.affinity(c.pid) if c.pid else None}
+                for c in self.workers.values()
+            ],
         }
         self.shards.send(table, self.system.now())
 

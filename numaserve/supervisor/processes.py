@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from numaserve import procinfo
+from numaserve.host.pinning import PinningError, live_affinity
 
 
 class System:
@@ -87,6 +88,14 @@ class System:
             if pid == 0:
                 return exited
             exited.append((pid, os.waitstatus_to_exitcode(status)))
+
+    @staticmethod
+    def affinity(pid: int) -> list[int] | None:
+        """The CPUs the kernel lets `pid` run on now; None for one that is gone."""
+        try:
+            return list(live_affinity(pid))
+        except (OSError, PinningError):
+            return None
 
     @staticmethod
     def write_file(path: str, text: str) -> None:

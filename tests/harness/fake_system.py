@@ -99,6 +99,12 @@ class FakeSystem:
 
     write_file = staticmethod(System.write_file)  # a real file, in the test's directory
 
+    def affinity(self, pid: int) -> list[int] | None:
+        """Where the process was placed: its spec's CPUs (a fake kernel keeps every pin)."""
+        if pid not in self.running or "--spec" not in self.argv[pid]:
+            return None
+        return spec_of(self.argv[pid]).get("cpus")
+
     def kill(self, pid: int, sig: int) -> None:
         if pid in self.running:
             self.sent.append((self.running[pid], sig))
