@@ -26,6 +26,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.config import ModelConfig
+from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
 from numaserve.specs import WorkerSpec
 
@@ -77,11 +78,7 @@ def drive_workers(model_dir: Path, layout: list[tuple[int, ...]], seconds: float
     log = open(os.environ.get("NUMASERVE_BENCH_LOG", os.devnull), "a")  # noqa: SIM115
     for i, cpus in enumerate(layout):
         spec = WorkerSpec(
-            name=f"bench-{i}",
-            pool="bench",
-            cpus=cpus,
-            nodes=(0,),
-            threads=len(cpus),
+            slot=Slot(name=f"bench-{i}", pool="bench", cpus=cpus, nodes=(0,), threads=len(cpus)),
             router=endpoint,
             max_tokens=TOKENS,
             isa=tuple(isa),

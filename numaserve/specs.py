@@ -25,7 +25,7 @@ from numaserve.config import (
     ServerConfig,
     from_mapping,
 )
-from numaserve.host.placement import Plan
+from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
 
@@ -107,15 +107,10 @@ class WorkerSpec(JSONSpec):
 
     module = "numaserve.worker"
 
-    name: str
-    pool: str
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
-    threads: int
+    slot: Slot  # the plan's own record: its name, pool, CPUs, nodes, threads and model's name
     router: str  # the router's worker endpoint
     max_tokens: int  # the pool's length band: warm-up covers up to here
     model: ModelConfig = field(default_factory=ModelConfig)
-    model_name: str = DEFAULT_MODEL
     isa: tuple[str, ...] = ()
     heartbeat_ms: int = 500
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
@@ -203,15 +198,10 @@ def deployment(
     router_of = {name: routers[shard.index] for _, shard in shards for name in shard.slots}
     workers = tuple(
         WorkerSpec(
-            name=slot.name,
-            pool=slot.pool,
-            cpus=slot.cpus,
-            nodes=slot.nodes,
-            threads=slot.threads,
+            slot=slot,
             router=router_of[slot.name].workers_endpoint,
             max_tokens=next(p for p in served[slot.model].pools if p.name == slot.pool).max_tokens,
             model=served[slot.model].model,
-            model_name=slot.model,
             isa=topo.isa,
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,

@@ -213,8 +213,8 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     ready = {
         "type": protocol.READY,
-        "name": spec.name,
-        "pool": spec.pool,
+        "name": spec.slot.name,
+        "pool": spec.slot.pool,
         "pid": os.getpid(),
         "max_tokens": spec.max_tokens,
         "model_key": model_key(spec.model),
@@ -222,7 +222,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
         **report.to_json(),
         **engine.describe(),
     }
-    instance = f"{spec.name}/{os.getpid()}".encode()
+    instance = f"{spec.slot.name}/{os.getpid()}".encode()
     jobs = ctx.socket(zmq.DEALER)
     jobs.linger = 1000
     jobs.setsockopt(zmq.ROUTING_ID, instance)
@@ -301,17 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = read_spec(WorkerSpec, "numaserve.worker", argv, log)
     if spec is None:
         return exitcodes.MODEL
-    log.name = f"numaserve.worker.{spec.name}"
+    log.name = f"numaserve.worker.{spec.slot.name}"
     die_with_parent()
     try:
-        method, cpus, nodes = pin_current_process(spec.cpus, spec.nodes)
+        method, cpus, nodes = pin_current_process(spec.slot.cpus, spec.slot.nodes)
     except PinningError as e:
-        where = f"CPUs {format_cpulist(spec.cpus)}, node(s) {format_cpulist(spec.nodes)}"
+        where = f"CPUs {format_cpulist(spec.slot.cpus)}, node(s) {format_cpulist(spec.slot.nodes)}"
         log.error("cannot pin to %s: %s", where, e)
         return exitcodes.PINNING
     if spec.use_numactl:
         restart_under_numactl(method, cpus, nodes, spec.argv(), log)
-    threads, warnings = thread_settings(spec.threads, os.environ)
+    threads, warnings = thread_settings(spec.slot.threads, os.environ)
     for warning in warnings:
         log.warning("%s", warning)
     report = PinReport(cpus, nodes, method, threads)

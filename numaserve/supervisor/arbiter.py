@@ -79,7 +79,7 @@ class Supervisor:
             self.add_shard(spec)
         frontend = self.deployment.frontend
         self.frontend = Child("frontend", frontend.argv(), cpus=frontend.cpus) if frontend else None
-        self.workers = {spec.name: Child.for_worker(spec) for spec in self.deployment.workers}
+        self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
         self.mood = Mood.STARTING

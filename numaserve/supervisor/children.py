@@ -71,9 +71,8 @@ class Child:
 
     @classmethod
     def for_worker(cls, spec: WorkerSpec) -> Child:
-        return cls(
-            spec.name, spec.argv(), spec.pool, spec.cpus, spec.nodes, spec.shard, spec.model_name
-        )
+        slot = spec.slot
+        return cls(slot.name, spec.argv(), slot.pool, slot.cpus, slot.nodes, spec.shard, slot.model)
 
     @classmethod
     def for_shard(cls, spec: RouterSpec) -> Child:

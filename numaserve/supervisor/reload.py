@@ -47,7 +47,7 @@ class Reload:
     resume: Mood = Mood.SERVING  # the server's mood again if the reload is aborted
 
     def spec(self, name: str) -> WorkerSpec:
-        return next(w for w in self.deployment.workers if w.name == name)
+        return next(w for w in self.deployment.workers if w.slot.name == name)
 
     def advance(self, sup: Supervisor, now: float) -> None:
         """One step of the reload, each turn of the loop."""
@@ -154,9 +154,9 @@ class Reload:
             if spec.model_name in self.added:
                 sup.spawn(sup.add_shard(spec).child)
         for spec in new.workers:
-            if spec.model_name in self.added:
-                sup.workers[spec.name] = Child.for_worker(spec)
-                sup.spawn(sup.workers[spec.name])
+            if spec.slot.model in self.added:
+                sup.workers[spec.slot.name] = Child.for_worker(spec)
+                sup.spawn(sup.workers[spec.slot.name])
         if self.plan != sup.plan:
             _hold(sup, self.plan)
         # What runs now: the kept shards as they were started (their settings apply at a
@@ -221,14 +221,14 @@ def plan_reload(sup: Supervisor) -> Reload | None:
     # `model:`: every instance restarts (new weights at the same path load too). `models:`:
     # only the instances whose model's settings changed; the others keep serving.
     waiting = deque(
-        w.name
+        w.slot.name
         for w in new.workers
-        if w.name in sup.workers
-        and sup.workers[w.name].state == State.READY
-        and (not by_model or sup.workers[w.name].argv != w.argv())
+        if w.slot.name in sup.workers
+        and sup.workers[w.slot.name].state == State.READY
+        and (not by_model or sup.workers[w.slot.name].argv != w.argv())
     )
     kept = sorted(
-        {w.model_name for w in new.workers if w.name in sup.workers}
+        {w.slot.model for w in new.workers if w.slot.name in sup.workers}
         - {sup.workers[name].model_name for name in waiting}
     )
     log.info(
@@ -320,7 +320,7 @@ def unapplied_changes(current: Deployment, new: Deployment, by_model: bool = Fal
 
     if routers(new) != routers(current) or frontend(new) != frontend(current):
         changes.append("router and server settings changed")
-    names = {w.name for w in new.workers}
-    if not by_model and names != {w.name for w in current.workers}:
+    names = {w.slot.name for w in new.workers}
+    if not by_model and names != {w.slot.name for w in current.workers}:
         changes.append("the placement changed")
     return changes

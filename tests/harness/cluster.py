@@ -46,13 +46,13 @@ class Cluster:
         (router,) = self.deployment.routers  # one shard: this harness has no frontend
         self.router = self._spawn("router", router.argv())
         for spec in self.deployment.workers:
-            self.start_worker(spec.name)
+            self.start_worker(spec.slot.name)
         if wait:
             self.wait_ready(len(self.deployment.workers))
         return self
 
     def start_worker(self, name: str) -> subprocess.Popen:
-        spec = next(s for s in self.deployment.workers if s.name == name)
+        spec = next(s for s in self.deployment.workers if s.slot.name == name)
         self.workers[name] = self._spawn(name, spec.argv())
         return self.workers[name]
 

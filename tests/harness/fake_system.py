@@ -56,7 +56,7 @@ def process_name(argv: list[str]) -> str:
         return "frontend"
     if "workers_endpoint" in spec:
         return f"router-{spec['shard']}" if spec.get("frontend") else "router"
-    return spec["name"]
+    return spec["slot"]["name"]
 
 
 class FakeSystem:
@@ -103,7 +103,8 @@ class FakeSystem:
         """Where the process was placed: its spec's CPUs (a fake kernel keeps every pin)."""
         if pid not in self.running or "--spec" not in self.argv[pid]:
             return None
-        return spec_of(self.argv[pid]).get("cpus")
+        spec = spec_of(self.argv[pid])
+        return (spec.get("slot") or spec).get("cpus")
 
     def kill(self, pid: int, sig: int) -> None:
         if pid in self.running:

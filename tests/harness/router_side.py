@@ -14,6 +14,7 @@ from pathlib import Path
 import zmq
 
 from numaserve import protocol
+from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
 from numaserve.specs import WorkerSpec
 
@@ -66,13 +67,9 @@ class RouterSide:
         self.ctx.term()
 
 
-def worker_spec(router: RouterSide, **overrides) -> WorkerSpec:
+def worker_spec(router: RouterSide, cpus: tuple[int, ...] = (1,), **overrides) -> WorkerSpec:
     spec = WorkerSpec(
-        name="main-0",
-        pool="main",
-        cpus=(1,),
-        nodes=(0,),
-        threads=1,
+        slot=Slot(name="main-0", pool="main", cpus=cpus, nodes=(0,), threads=len(cpus)),
         router=router.endpoint,
         max_tokens=64,
         isa=ISA,
