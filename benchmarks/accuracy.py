@@ -10,7 +10,7 @@ standard library a sentence documents, saved with save_pretrained, then loaded t
 numaserve at fp32 and at int8, on both backends. Reported: argmax agreement with torch fp32 on
 every sentence, and each one's accuracy on the held-out half.
 
-Run:  .venv/bin/python benchmarks/accuracy.py [--epochs 3]
+Run:  .venv/bin/python -m benchmarks.accuracy [--epochs 3]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
 from numaserve.backends.tokenizer import Tokenizer

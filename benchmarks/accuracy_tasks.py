@@ -16,7 +16,7 @@ through numaserve's own code at fp32 and int8 on both backends:
           entity code (aggregation simple): entity F1 of each variant against torch fp32, and
           against the rule.
 
-Run:  .venv/bin/python benchmarks/accuracy_tasks.py [--json FILE]
+Run:  .venv/bin/python -m benchmarks.accuracy_tasks [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import json
 import random
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.accuracy import AREA_OF, VARIANTS
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer

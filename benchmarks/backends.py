@@ -8,7 +8,7 @@ each variant's speed against torch int8. The models: the bundled MiniLM-L6 (the 
 model, real weights) and random weights in transformers' DistilBertConfig() and BertConfig()
 shapes (speed depends on the shape, not the weights).
 
-Run:  .venv/bin/python benchmarks/backends.py [--texts 300] [--rounds 3] [--cpu 1]
+Run:  .venv/bin/python -m benchmarks.backends [--texts 300] [--rounds 3] [--cpu 1]
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 VARIANTS = (("torch", "none"), ("torch", "int8"), ("onnxruntime", "none"), ("onnxruntime", "int8"))
 
 

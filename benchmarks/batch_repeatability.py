@@ -6,19 +6,16 @@ that tensor holds every text of the batch: a text's result then depends slightly
 companions. This measures how much (batched against alone), and whether it costs accuracy
 (each against fp32).
 
-Run:  .venv/bin/python benchmarks/batch_repeatability.py [--texts 400] [--batch 8]
+Run:  .venv/bin/python -m benchmarks.batch_repeatability [--texts 400] [--batch 8]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.peers.minilm import Embedder, cosine
+from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig

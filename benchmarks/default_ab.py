@@ -8,7 +8,7 @@ stdlib sentences, after a warm-up). The worktree's code is run by putting it fir
 PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
 throughput and p50 latency: on a noisy VM only ratios within one run mean anything.
 
-Run:  .venv/bin/python benchmarks/default_ab.py --old REV [--rounds 3] [--clients 8]
+Run:  .venv/bin/python -m benchmarks.default_ab --old REV [--rounds 3] [--clients 8]
           [--requests 300] [--cache-off] [--json FILE]
 """
 
@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.host.topology import read_topology
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

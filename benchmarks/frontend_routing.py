@@ -8,7 +8,7 @@ Each request is what the client library sends for one embed text: `{"id", "op", 
 "texts"}`. For each mode: requests/s, and the frontend's CPU time per request (utime + stime
 from /proc over the measured window, divided by the requests answered in it).
 
-Run:  .venv/bin/python benchmarks/frontend_routing.py [--seconds 3] [--rounds 3]
+Run:  .venv/bin/python -m benchmarks.frontend_routing [--seconds 3] [--rounds 3]
           [--inflight 256] [--json FILE]
 """
 
@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,12 +26,10 @@ from pathlib import Path
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from numaserve import protocol
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.specs import FrontendSpec, Route
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 MODELS = ("toxicity", "embed")
 TEXT = "the quick brown fox jumps over the lazy dog, and then some more words"

@@ -7,7 +7,7 @@ This runs the model alone on one CPU, back to back and with a pause after every 
 variants alternating in rounds, and reports CPU per pass (process time, so the pause itself
 does not count) and passes per second of wall time.
 
-Run:  .venv/bin/python benchmarks/idle_gaps.py [--model bundled:minilm] [--cpu 1]
+Run:  .venv/bin/python -m benchmarks.idle_gaps [--model bundled:minilm] [--cpu 1]
           [--gaps 0,0.3,1] [--rounds 3] [--seconds 4] [--words 40]
 """
 
@@ -16,11 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig

@@ -18,7 +18,7 @@ window says how: instances busy less than their whole core are waiting for work 
 load, the hops), instances busy all the time but slower per request are doing more per request
 or running on slower cores.
 
-Run:  .venv/bin/python benchmarks/instance_scaling.py [--instances 14] [--seconds 10]
+Run:  .venv/bin/python -m benchmarks.instance_scaling [--instances 14] [--seconds 10]
           [--words 40] [--reserved 1] [--routers auto] [--model bundled:minilm] [--json FILE]
 """
 
@@ -35,13 +35,11 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from router_capacity import run_load
-
+from benchmarks.router_capacity import run_load
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.corpus import stdlib_sentences
-from tests.harness.server import ENDPOINT, Server
+from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: "{model}", max_length: 256}}

@@ -10,7 +10,7 @@ the MiniLM fine-tunes accuracy_tasks.py trains (about 7 minutes on 2 cores). Lay
 are picked by module path as BERT-like checkpoints name them (`bert.encoder.layer.N.output.dense`);
 a group that picks no layer of the model is reported as skipped.
 
-Run:  .venv/bin/python benchmarks/int8_layers.py [--backend onnxruntime|torch]
+Run:  .venv/bin/python -m benchmarks.int8_layers [--backend onnxruntime|torch]
           [--rerank DIR] [--ner DIR] [--json FILE]
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.accuracy_tasks import (
     NER_EPOCHS,
     RERANK_EPOCHS,

@@ -13,7 +13,7 @@ docstring sentences (numaserve/corpus.py), tokenized with the bundled MiniLM tok
 (bert-base-uncased's vocabulary). Steps 1-5 run one instance on one core and report the median
 latency of one client sending requests back to back; step 6 reports throughput under 8 clients.
 
-Run:  .venv/bin/python benchmarks/ladder.py [--requests 40] [--json out.json]
+Run:  .venv/bin/python -m benchmarks.ladder [--requests 40] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,19 +22,17 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.client import Client
 from numaserve.loadgen.bench import closed_loop, numaserve_target
 from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.modelpath import resolve_model_path
-from tests.harness.server import ENDPOINT, Server
+from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: "{model}", backend: {backend}, quantize: {quantize}, padding: {padding}, max_length: 128}}

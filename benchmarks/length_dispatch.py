@@ -8,7 +8,7 @@ layouts get exactly the same offered load):
 Reports p50/p99 of the short requests (what length-aware dispatch is for) and of the long,
 at each short-text rate given (a sweep shows where the layouts part).
 
-Run:  .venv/bin/python benchmarks/length_dispatch.py [--short-rate 60 100 140] [--long-rate 6]
+Run:  .venv/bin/python -m benchmarks.length_dispatch [--short-rate 60 100 140] [--long-rate 6]
           [--duration 30] [--json out.json]
 """
 
@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.loadgen.bench import open_loop
 from numaserve.loadgen.corpus import stdlib_sentences
-from tests.harness.server import ENDPOINT, Server
+from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """
 model: {{path: bundled:minilm, max_length: 256}}

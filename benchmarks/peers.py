@@ -7,10 +7,10 @@
   infinity         infinity-emb 0.0.78, its optimum (ONNX Runtime) engine and dynamic batching,
                    on numaserve's own ONNX artifact (the same int8 model file)
   torchserve       TorchServe 0.12 with its CPU launcher (one numactl-pinned worker per core),
-                   ONNX Runtime on the same artifact (benchmarks/peers/torchserve_handler.py)
+                   ONNX Runtime on the same artifact (benchmarks/peer_apps/torchserve_handler.py)
   fastapi          the published "serve BERT with FastAPI on CPU" setup: gunicorn + uvicorn
-                   workers = cores, torch int8, one thread (benchmarks/peers/fastapi_app.py)
-  ray              Ray Serve, one replica per core, torch int8 (benchmarks/peers/ray_app.py)
+                   workers = cores, torch int8, one thread (benchmarks/peer_apps/fastapi_app.py)
+  ray              Ray Serve, one replica per core, torch int8 (benchmarks/peer_apps/ray_app.py)
 
 Each server is checked against the fp32 model computed in-process (cosine of its embeddings),
 so that all are seen to do the same work, then driven by `numaserve bench`'s closed loop (HTTP
@@ -19,10 +19,10 @@ of them). Each round also runs the ceiling: the model alone, one process per CPU
 the same texts, no server. Every server runs on every allowed CPU; so do the load generator
 and the ceiling, one after the other.
 
-Run:  .venv/bin/python benchmarks/peers.py [--clients 1,8,32,128] [--requests 2000] [--rounds 2]
+Run:  .venv/bin/python -m benchmarks.peers [--clients 1,8,32,128] [--requests 2000] [--rounds 2]
           [--systems numaserve,infinity,...] [--traffic short,mixed] [--json out.json]
 Needs the bench extra (pip install -c constraints.txt -e '.[bench]') for fastapi and ray, and
-benchmarks/peers/install.sh for infinity and torchserve (their own environments, .peers/).
+benchmarks/peer_apps/install.sh for infinity and torchserve (their own environments, .peers/).
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from instance_scaling import raw
-
-from benchmarks.peers.minilm import Embedder, cosine
+from benchmarks.instance_scaling import raw
+from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import Client
@@ -55,11 +53,11 @@ from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
 from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.modelpath import resolve_model_path
-from tests.harness.cluster import free_port
-from tests.harness.server import ENDPOINT, Server
+from numaserve.testing.cluster import free_port
+from numaserve.testing.server import ENDPOINT, Server
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ROOT / ".peers"  # the peers' own environments: benchmarks/peers/install.sh
+PEERS = ROOT / ".peers"  # the peers' own environments: benchmarks/peer_apps/install.sh
 # No peer phones home from the benchmark (infinity-emb ships posthog; the hub is not there).
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
@@ -220,7 +218,7 @@ class FastAPIPeer(HttpPeer):
             "--worker-class=uvicorn.workers.UvicornWorker",
             f"--bind=127.0.0.1:{port}",
             "--timeout=120",
-            "benchmarks.peers.fastapi_app:app",
+            "benchmarks.peer_apps.fastapi_app:app",
         ]
 
 
@@ -228,7 +226,7 @@ class RayPeer(HttpPeer):
     name = "ray"
 
     def argv(self, port: int, directory: Path) -> list[str]:
-        return [sys.executable, "-m", "benchmarks.peers.ray_app", f"--port={port}"]
+        return [sys.executable, "-m", "benchmarks.peer_apps.ray_app", f"--port={port}"]
 
 
 class InfinityPeer(HttpPeer):
@@ -281,7 +279,7 @@ class InfinityPeer(HttpPeer):
 class TorchServePeer(HttpPeer):
     """TorchServe with its CPU launcher: one worker per core, each started by PyTorch's
     `run_cpu` under numactl on its own core, running numaserve's ONNX artifact with
-    benchmarks/peers/torchserve_handler.py. Loopback only, token auth and per-model
+    benchmarks/peer_apps/torchserve_handler.py. Loopback only, token auth and per-model
     dependency installs off, a queue deep enough for 128 clients, asynchronous logging."""
 
     name = "torchserve"
@@ -295,7 +293,7 @@ class TorchServePeer(HttpPeer):
                 str(PEERS / "torchserve/bin/torch-model-archiver"),
                 "--model-name=minilm",
                 "--version=1.0",
-                f"--handler={ROOT / 'benchmarks/peers/torchserve_handler.py'}",
+                f"--handler={ROOT / 'benchmarks/peer_apps/torchserve_handler.py'}",
                 f"--extra-files={artifact()},{model_dir() / 'tokenizer.json'}",
                 f"--export-path={store}",
             ],

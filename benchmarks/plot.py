@@ -1,6 +1,6 @@
 """Draw the report's plots (docs/img/*.png) from the benchmarks' --json results.
 
-Run:  .venv/bin/python benchmarks/plot.py [--results benchmarks/results] [--out docs/img]
+Run:  .venv/bin/python -m benchmarks.plot [--results benchmarks/results] [--out docs/img]
 Reads whichever of ladder.json, peers.json and length_dispatch.json are there.
 """
 

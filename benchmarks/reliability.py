@@ -13,7 +13,7 @@ each phase and their ratio, every reply's code, requests never answered, p50/p99
 `ok` and `overloaded` replies, the slowest reply of any kind, and the router's RSS.
 The load runs in processes of its own (--procs), so the client's GIL is not the bottleneck.
 
-Run:  .venv/bin/python benchmarks/reliability.py [--seconds 20] [--clients 50] [--depth 64]
+Run:  .venv/bin/python -m benchmarks.reliability [--seconds 20] [--clients 50] [--depth 64]
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.client import Client, NumaserveError
-from tests.harness.raw_load import Outcomes, RawLoad
-from tests.harness.server import ENDPOINT, Server
+from numaserve.testing.load import Outcomes, RawLoad
+from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """
 server: {endpoint: "@ENDPOINT@", cache_entries: 0}

@@ -22,7 +22,7 @@ router's (or the frontend's) as `server.curve` sets it, the load generators' as 
 library sets it, and the floor's echo too, so that what CurveZMQ itself costs and what it
 costs through numaserve are measured the same way.
 
-Run:  .venv/bin/python benchmarks/router_capacity.py [--seconds 5] [--inflight 256]
+Run:  .venv/bin/python -m benchmarks.router_capacity [--seconds 5] [--inflight 256]
           [--workers 8] [--routers 1] [--clients 1] [--model bundled:minilm] [--curve]
           [--json FILE]
 """
@@ -45,14 +45,13 @@ import msgpack
 import psutil
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.config import CurveConfig, ModelConfig, PoolConfig, ServerConfig
 from numaserve.curve import ClientKeys, keygen, read_key_pair
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.specs import FrontendSpec, RouterSpec
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ERROR = msgpack.packb("status") + msgpack.packb("error")  # in an error reply's body

@@ -14,7 +14,7 @@ This machine's speed drifts within minutes, so the first three are measured in r
 round all three back to back on its own `--texts` sentences, and what the path adds above the
 floor is taken within each round.
 
-Run:  .venv/bin/python benchmarks/router_overhead.py [--texts 200] [--rounds 5] [--seconds 5]
+Run:  .venv/bin/python -m benchmarks.router_overhead [--texts 200] [--rounds 5] [--seconds 5]
           [--model bundled:minilm]
 """
 
@@ -33,10 +33,9 @@ from pathlib import Path
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.loadgen.corpus import stdlib_sentences
-from tests.harness.cluster import Cluster, free_port  # the router and one worker, no supervisor
+from numaserve.testing.cluster import Cluster, free_port  # the router and one worker, no supervisor
 
 CONFIG = """
 model: {{path: "{model}"}}
@@ -207,7 +206,7 @@ def main() -> None:
     above = []  # what the path adds above the floor, a round's medians
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(Path(tmp), CONFIG.format(model=args.model)).start()
-        worker_cpu = cluster.deployment.workers[0].cpus[0]
+        worker_cpu = cluster.deployment.workers[0].slot.cpus[0]
         router_cpu = cluster.deployment.routers[0].cpus[0]
         direct, floor = InProcess(args.model, worker_cpu), Floor(router_cpu, worker_cpu, tmp)
         try:

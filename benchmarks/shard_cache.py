@@ -8,7 +8,7 @@ each with the full `cache_entries` (what numaserve does: N times the memory), an
 1/N of it (the same memory as one router). Hit rates depend only on the stream and the caches'
 policy, so this measures them without sockets.
 
-Run:  .venv/bin/python benchmarks/shard_cache.py [--keys 1000000] [--requests 3000000]
+Run:  .venv/bin/python -m benchmarks.shard_cache [--keys 1000000] [--requests 3000000]
           [--capacity 100000] [--zipf 1.0] [--shards 1 2 4 8] [--json FILE]
 """
 
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve.router.cache import ResultCache
 
 

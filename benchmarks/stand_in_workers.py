@@ -5,7 +5,7 @@ They stand in for the model so that a benchmark measures the router alone. All o
 one process and one poll loop (on the load's CPU), each on a DEALER socket of its own, so the
 router sees `count` distinct instances.
 
-Run:  python benchmarks/stand_in_workers.py --endpoint ipc://... --count 8 [--delay 0] [--cpu 1]
+Run:  python -m benchmarks.stand_in_workers --endpoint ipc://... --count 8 [--delay 0] [--cpu 1]
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import heapq
 import os
-import sys
 import time
-from pathlib import Path
 
 import msgpack
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 
 VECTOR = b"\x00\x00\x00?" * 4  # four float32 0.5s, little-endian

@@ -7,7 +7,7 @@ dynamic shapes, inputs of 12 tokens. Measured, each for --seconds:
   2x1        two single-core workers, one per core
   1x2        one worker with two cores and two threads
 
-Run:  .venv/bin/python benchmarks/worker_throughput.py [--seconds 10] [--json out.json]
+Run:  .venv/bin/python -m benchmarks.worker_throughput [--seconds 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numaserve import protocol
 from numaserve.config import ModelConfig
 from numaserve.host.placement import Slot

@@ -37,6 +37,7 @@ ALLOWED = {
     "supervisor": {"base", "host", "specs", "monitoring", "supervisor"},
     "client": {"base"},
     "loadgen": {"base", "client", "loadgen"},
+    "testing": {"base", "host", "specs", "client", "testing"},
     "cli": {
         "cli",
         "base",

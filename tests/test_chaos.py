@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from numaserve import protocol
 from numaserve.client import Client
+from numaserve.testing.load import RawLoad
 from tests.harness import server as server_
 from tests.harness.processes import still_running
-from tests.harness.raw_load import RawLoad
 
 pytestmark = pytest.mark.slow
 

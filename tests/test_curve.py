@@ -16,7 +16,7 @@ from numaserve import protocol
 from numaserve.client import AsyncClient, Client, ClientKeys, Timeout
 from numaserve.config import ConfigError, parse_config
 from numaserve.curve import CurveError, keygen, read_key_pair, read_public_key
-from tests.harness.cluster import Cluster
+from numaserve.testing.cluster import Cluster
 from tests.harness.console import numaserve
 from tests.harness.server import Server
 

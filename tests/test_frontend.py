@@ -14,7 +14,7 @@ import zmq
 
 from numaserve import protocol
 from numaserve.specs import FrontendSpec, Route
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 from numaserve.config import PoolConfig, ServerConfig
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.specs import RouterSpec
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 
 def test_a_router_whose_supervisor_is_already_gone_exits_instead_of_serving(tmp_path):

@@ -16,12 +16,12 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import AsyncClient, Entities, Entity
 from numaserve.config import ModelConfig
 from numaserve.router.entities import entities
+from numaserve.testing.cluster import Cluster
 from tests.harness.checkpoints import (
     architectures,
     save_byte_level_bpe_tokenizer,
     save_tiny_model,
 )
-from tests.harness.cluster import Cluster
 from tests.harness.console import numaserve
 
 TEXTS = [

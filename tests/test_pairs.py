@@ -17,13 +17,13 @@ from numaserve.client import AsyncClient, BadRequest, Ranked
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.router.answers import ranked
+from numaserve.testing.cluster import Cluster
 from tests.harness.checkpoints import (
     LABELS,
     architectures,
     save_tiny_cross_encoder,
     save_tiny_model,
 )
-from tests.harness.cluster import Cluster
 from tests.harness.console import numaserve
 
 PAIRS = [

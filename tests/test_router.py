@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from numaserve import protocol
 from numaserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, Overloaded, TooLong
-from tests.harness.cluster import Cluster
+from numaserve.testing.cluster import Cluster
 from tests.harness.waiting import eventually
 
 LENGTH_POOLS = """

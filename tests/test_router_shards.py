@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from numaserve.testing.load import RawLoad
 from tests.harness import server as server_
-from tests.harness.raw_load import RawLoad
 from tests.test_supervisor import Load
 
 pytestmark = pytest.mark.slow

@@ -22,9 +22,9 @@ import pytest
 
 from numaserve.client import Client
 from numaserve.host.pinning import read_numa_maps
+from numaserve.testing.load import RawLoad
 from tests.harness.http import http_get
 from tests.harness.processes import still_running
-from tests.harness.raw_load import RawLoad
 from tests.harness.vm_server import CONFIG
 from tests.harness.waiting import eventually
 

@@ -1,27 +1,15 @@
-"""`numaserve start` run as an operator runs it, for end-to-end tests and benchmarks."""
+"""The end-to-end tests' real server: numaserve.testing's, and a client that calls while
+something happens to it (`calls_meanwhile`)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
-import psutil
+from numaserve.client import Client, NumaserveError
+from numaserve.testing.server import ENDPOINT, Server
 
-from numaserve.client import Client, ClientKeys, NumaserveError
-from numaserve.host.ledger import LEDGER_ENV
-from tests.harness.cluster import free_port
-
-DEFAULT_METRICS = "127.0.0.1:9464"
-ENDPOINT = (
-    "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port
-)
+__all__ = ["ENDPOINT", "Server", "calls_meanwhile"]
 
 
 @contextlib.contextmanager
@@ -50,153 +38,3 @@ def calls_meanwhile(endpoint: str, model: str, op: str, text: str, timeout: floa
     finally:
         running.clear()
         thread.join()
-
-
-def with_metrics(config_text: str, address: str) -> str:
-    """`config_text` with server.metrics on `address`, a free port, so that servers started
-    side by side (or beside a real exporter on the default port) never collide: the shipped
-    configs' default is replaced, and where the config names no metrics, the address goes
-    after `endpoint: "@ENDPOINT@"` (in a flow mapping or a block)."""
-    if DEFAULT_METRICS in config_text:
-        return config_text.replace(DEFAULT_METRICS, address)
-    if "metrics:" in config_text:
-        return config_text
-    line = next((li for li in config_text.splitlines() if ENDPOINT in li), None)
-    if line is None:
-        raise ValueError(f"the config names neither {ENDPOINT} nor server.metrics")
-    if "{" in line.split(ENDPOINT)[0]:
-        entry = f'{ENDPOINT}", metrics: "{address}"'
-    else:
-        indent = line[: len(line) - len(line.lstrip())]
-        entry = f'{ENDPOINT}"\n{indent}metrics: "{address}"'
-    return config_text.replace(f'{ENDPOINT}"', entry, 1)
-
-
-class Server:
-    def __init__(
-        self,
-        directory: Path,
-        config_text: str,
-        env=None,
-        name: str = "numaserve",
-        prefix: tuple[str, ...] = (),
-        curve: ClientKeys | None = None,
-    ):
-        """`prefix`: a command to run `numaserve start` under (strace, say); `curve`: the keys
-        its clients use, where the config has server.curve. Each server has a core ledger of
-        its own, so that servers a test runs side by side never see each other's CPUs,
-        unless `env` names one for them to share (NUMASERVE_LEDGER)."""
-        self.curve = curve
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.metrics = f"127.0.0.1:{free_port()}"
-        self.config = directory / f"{name}.yaml"
-        self.config.write_text(
-            with_metrics(config_text, self.metrics).replace(ENDPOINT, self.endpoint)
-        )
-        self.log_path = directory / f"{name}.log"
-        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
-        self.proc = subprocess.Popen(
-            [*prefix, exe, "start", "--config", str(self.config)],
-            stdout=self.log_path.open("w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, LEDGER_ENV: str(directory / f"{name}.ledger"), **(env or {})},
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def status(self) -> dict:
-        with Client(self.endpoint, timeout=2, retries=0, curve=self.curve) as c:
-            return c.status()
-
-    def instances(self) -> dict:
-        return {i["name"]: i for i in self.status()["instances"]}
-
-    def wait_for(self, check, timeout: float = 120, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                result = check()
-                if result:
-                    return result
-            except NumaserveError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"server exited {self.proc.returncode} waiting for {what}:\n{self.log()[-3000:]}"
-                )
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
-
-    def wait_ready(self, timeout: float = 120) -> dict:
-        def ready():
-            inst = self.instances()
-            return (
-                inst
-                if inst and all(i["state"] == "ready" and i["routed"] for i in inst.values())
-                else None
-            )
-
-        return self.wait_for(ready, timeout, what="every instance ready")
-
-    def wait_replaced(self, name: str, old_pid: int) -> dict:
-        """Wait until instance `name` is ready and routed again under a new pid."""
-        return self.wait_for(
-            lambda: (
-                (i := self.instances()[name])["pid"] not in (None, old_pid)
-                and i["state"] == "ready"
-                and i["routed"]
-                and i
-            ),
-            what=f"{name} replaced",
-        )
-
-    def reload(self) -> None:
-        """SIGHUP, then wait until every instance routed is a new one and the reload is done."""
-        old = {i["pid"] for i in self.instances().values()}
-        self.proc.send_signal(signal.SIGHUP)
-        self.wait_for(
-            lambda: (
-                not old & {i["pid"] for i in self.instances().values() if i["routed"]}
-                and "reload: done" in self.log()
-            ),
-            what="reload done",
-        )
-
-    def reload_model(self, name: str, old_pid: int) -> None:
-        """SIGHUP, then wait until instance `name` runs under a new pid and the reload is done
-        (with several models, only the changed ones' instances restart)."""
-        self.reload_logged()
-        self.wait_replaced(name, old_pid)
-
-    def reload_logged(self, timeout: float = 120) -> None:
-        """SIGHUP, then wait until the supervisor logs that the reload is done (this server's
-        first)."""
-        self.proc.send_signal(signal.SIGHUP)
-        self.wait_for(lambda: "reload: done" in self.log(), timeout=timeout, what="reload done")
-
-    def router_pid(self) -> int:
-        """The router's pid: the supervisor's child running numaserve.router."""
-        out = subprocess.check_output(["pgrep", "-f", "-P", str(self.proc.pid), "numaserve.router"])
-        return int(out.split()[0])
-
-    def shard_pid(self, shard: int) -> int:
-        """The supervisor's child running router shard `shard` (its spec is on its command line)."""
-        for child in psutil.Process(self.proc.pid).children():
-            argv = child.cmdline()
-            if "numaserve.router" in argv and json.loads(argv[-1])["shard"] == shard:
-                return child.pid
-        raise AssertionError(f"no router shard {shard} under {self.proc.pid}")
-
-    def pids(self) -> list[int]:
-        status = self.status()
-        return [status["supervisor"]["pid"], *(i["pid"] for i in status["instances"] if i["pid"])]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -20,7 +20,7 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import PoolConfig, ServerConfig
 from numaserve.router.loop import Router
 from numaserve.specs import RouterSpec
-from tests.harness.cluster import free_port
+from numaserve.testing.cluster import free_port
 
 VECTOR = protocol.embedding_to_wire([0.5, 0.5, 0.5, 0.5])
 

@@ -1,6 +1,6 @@
 """Peer 2: Ray Serve, one replica per core, each with one CPU and one torch thread.
 
-Run:  python -m benchmarks.peers.ray_app --port 8000 [--replicas 2]
+Run:  python -m benchmarks.peer_apps.ray_app --port 8000 [--replicas 2]
 Serves POST /embed until SIGTERM.
 """
 
@@ -20,7 +20,7 @@ from starlette.requests import Request
 class EmbedDeployment:
     def __init__(self) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
-        from benchmarks.peers.minilm import Embedder
+        from benchmarks.peer_apps.minilm import Embedder
 
         self.embedder = Embedder()
 

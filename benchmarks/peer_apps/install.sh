@@ -4,7 +4,7 @@
 # torch is pinned to the CPU build, as in constraints.txt; ONNX Runtime, tokenizers and numpy
 # to numaserve's versions where the peer lets us choose. TorchServe also needs a JDK:
 # apt-get install openjdk-17-jre-headless.
-# Run:  benchmarks/peers/install.sh    (about 5 minutes, 3 GB)
+# Run:  benchmarks/peer_apps/install.sh    (about 5 minutes, 3 GB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pins() { grep -i -E "^($1)==" constraints.txt; }

@@ -2,7 +2,7 @@
 
 Each client keeps `depth` requests in flight (pipelined) with distinct texts, and records
 for each request how it ended: `ok`, an error code, or nothing at all. The chaos suite
-(tests/test_chaos.py) and the overload benchmark (benchmarks/overload.py) both use it.
+(tests/test_chaos.py) and the overload benchmark (benchmarks/reliability.py) both use it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 workers, one model per worker (workers = cores).
 
 Run:  OMP_NUM_THREADS=1 gunicorn -w 2 -k uvicorn.workers.UvicornWorker \
-          --bind 127.0.0.1:8000 benchmarks.peers.fastapi_app:app
+          --bind 127.0.0.1:8000 benchmarks.peer_apps.fastapi_app:app
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from benchmarks.peers.minilm import Embedder
+from benchmarks.peer_apps.minilm import Embedder
 
 embedder = Embedder()
 app = FastAPI()

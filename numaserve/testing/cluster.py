@@ -1,8 +1,9 @@
-"""A real numaserve (router + pinned workers) started from a config, for end-to-end tests.
+"""A real numaserve (router + pinned workers) started from a config, for end-to-end tests and
+benchmarks.
 
 The router and the workers are started directly, without the supervisor, from the same
 Deployment `numaserve start` uses: the router's tests then see the router alone (no restarts
-behind their back). Real processes, real sockets, real pinning. tests/harness/server.py runs the
+behind their back). Real processes, real sockets, real pinning. server.py runs the
 whole `numaserve start` instead.
 """
 

@@ -1,0 +1,9 @@
+"""Run numaserve for real from tests and benchmarks, ours and yours, on this machine:
+
+- `server.Server`: `numaserve start` on a config, as an operator runs it, on a free port, until
+  it serves; its status, reloads and stop;
+- `cluster.Cluster`: a router shard and its workers from a config, without a supervisor;
+- `load.RawLoad`: open- and closed-loop load over raw ZeroMQ, every outcome counted.
+
+Nothing here is used by a running server; it imports no model runtime.
+"""
