@@ -162,6 +162,11 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """One shape whichever form a file was written in: `models` holds every model served,
+    a `model:` config's one as the model named `default` with `placement.pools` for its pools;
+    `named` says whether requests name their model. Outside this module, only those two are
+    read: never `model` nor `placement.pools`."""
+
     model: ModelConfig = ModelConfig()
     # Several models side by side, each with its own pools; instead of `model`.
     models: tuple[ServedModel, ...] = ()
@@ -170,17 +175,17 @@ class Config:
     supervisor: SupervisorConfig = SupervisorConfig()
     logging: LoggingConfig = LoggingConfig()
     source: str = field(default="<defaults>", metadata={"internal": True})
+    # Requests name their model, and its instances' names carry it (a `models:` config). A
+    # `model:` config's one model is asked for by no name, and a reload restarts every
+    # instance of it, so that new weights at the same path load too.
+    named: bool = field(default=False, metadata={"internal": True})
 
-    @property
-    def served(self) -> tuple[ServedModel, ...]:
-        """Every model served: those of `models:`, or the one `model:`, named `default`."""
-        if self.models:
-            return self.models
-        return (
-            ServedModel(
+    def __post_init__(self) -> None:
+        if not self.models:  # the one model of a `model:` config
+            served = ServedModel(
                 name=DEFAULT_MODEL, pools=self.placement.pools, **_model_fields(self.model)
-            ),
-        )
+            )
+            object.__setattr__(self, "models", (served,))
 
 
 def _model_fields(model: ModelConfig) -> dict:
@@ -219,7 +224,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
                 why = None
             models.append(served)
             declared.append(why)
-        config = dataclasses.replace(config, models=tuple(models))
+        config = dataclasses.replace(config, models=tuple(models), named=True)
         _check_server(config, source)
         for i, (served, why) in enumerate(zip(config.models, declared, strict=True)):
             _check_model(served, served.pools, f"models[{i}]", f"models[{i}].pools", source, why)
@@ -229,7 +234,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         model, declared = _with_checkpoint_max_length(
             config.model, config.placement.pools, "model", source
         )
-        config = dataclasses.replace(config, model=model)
+        config = dataclasses.replace(config, model=model, models=())  # the new model's
     _check_server(config, source)
     _check_model(config.model, config.placement.pools, "model", "placement.pools", source, declared)
     return config
@@ -247,7 +252,7 @@ def _check_models_form(config: Config, data: dict, source: str) -> None:
             f"{source}: placement.pools: with `models:`, each model has its own pools "
             "(models[].pools); placement keeps reserved_cores and smt only"
         )
-    if not config.models:
+    if not data["models"]:  # config.models would hold the default model
         raise ConfigError(f"{source}: models: at least one model is required")
     names = [m.name for m in config.models]
     _check_names(names, "models", "requests name it, and it names instances", source)

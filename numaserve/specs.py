@@ -152,8 +152,8 @@ def deployment(
     hand requests to each other. `numbers`: the running server's shard numbers, by model,
     for a reload (host/shards.plan_model_shards)."""
     node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
-    served = {m.name: m for m in config.served}
-    named = bool(config.models)  # requests name their model: a frontend routes by it
+    served = {m.name: m for m in config.models}
+    named = config.named  # requests name their model: a frontend routes by it
     shards = [
         (served[name], shard)
         for name, shard in plan_model_shards(plan, topo, config.server.routers, numbers)

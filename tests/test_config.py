@@ -184,7 +184,7 @@ placement: {reserved_cores: 1}
 
 
 def test_models_each_have_a_name_their_own_pools_and_a_weight():
-    toxicity, embed = parse_config(MODELS).served
+    toxicity, embed = parse_config(MODELS).models
     assert (toxicity.name, toxicity.task, toxicity.max_length, toxicity.weight) == (
         "toxicity",
         "classify",
@@ -200,17 +200,37 @@ def test_models_each_have_a_name_their_own_pools_and_a_weight():
 
 
 def test_a_models_unset_max_length_is_its_own_checkpoints():
-    embed = parse_config(MODELS).served[1]
+    embed = parse_config(MODELS).models[1]
     assert embed.max_length == 256  # bundled:minilm's max_seq_length
     assert embed.model.max_length == 256
 
 
 def test_a_model_config_is_one_model_named_default():
     config = parse_config(GOOD)
-    (served,) = config.served
+    (served,) = config.models
     assert served.name == "default" and served.weight == 1
     assert served.pools == config.placement.pools
     assert served.model == config.model
+    assert not config.named  # requests name no model
+
+
+def test_a_models_config_is_named():
+    assert parse_config(MODELS).named
+
+
+def test_the_one_model_takes_the_checkpoints_max_length_as_model_does(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a saved model's, as far as the config reads
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
+    config = parse_config(
+        f"model: {{path: {tmp_path}}}\nplacement: {{pools: [{{name: main, max_tokens: 128}}]}}"
+    )
+    (served,) = config.models
+    assert served.max_length == config.model.max_length == 128  # not the default, 256
+
+
+def test_an_empty_models_list_is_refused():
+    with pytest.raises(ConfigError, match="models: at least one model is required"):
+        parse_config("models: []")
 
 
 def test_model_and_models_together_are_an_error():

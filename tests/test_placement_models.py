@@ -132,10 +132,11 @@ def test_one_model_plans_exactly_as_a_model_config_does(sysfs):
         "[{name: short, max_tokens: 64, instances: 4}, {name: long, max_tokens: 128}]}"
     )
 
-    as_config = plan_placement(topo, single.placement, single.models)
+    as_config = plan_placement(topo, single.placement, single.models, single.named)
     as_before = plan_placement(topo, single.placement)
 
-    assert single.models == () and as_config == as_before
+    assert [m.name for m in single.models] == ["default"] and not single.named
+    assert as_config == as_before
     assert [s.name for s in as_before.slots][:5] == [*(f"short-{i}" for i in range(4)), "long-0"]
     assert {s.model for s in as_before.slots} == {"default"}
 

@@ -71,7 +71,9 @@ def plan(
         click.echo(f"warning: {warning}", err=True)
     ledger = None if sysfs_root else _ledger()  # other servers run on this machine only
     try:
-        topo, result, holders = plan_around(ledger, topo, config.placement, config.models)
+        topo, result, holders = plan_around(
+            ledger, topo, config.placement, config.models, config.named
+        )
         shards = plan_model_shards(result, topo, config.server.routers)
     except PlacementError as e:
         raise UserError(f"{config_path}: cannot place: {e}") from None

@@ -101,8 +101,8 @@ def prepare(config_path: str) -> None:
         raise UserError(str(e)) from None
     setup_logging(config.logging.level, config.logging.format)
     isa = read_machine(None, None).isa
-    for i, served in enumerate(config.served):
-        where = f"models[{i}]" if config.models else "model"
+    for i, served in enumerate(config.models):
+        where = f"models[{i}]" if config.named else "model"
         if served.backend != "onnxruntime":
             click.echo(f"{where}.backend is {served.backend}: nothing to prepare")
         elif not prepare_model(served.model, isa):

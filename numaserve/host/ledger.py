@@ -94,6 +94,7 @@ def plan_around(
     topo: CPUTopology,
     placement: PlacementConfig,
     models: tuple[ServedModel, ...] = (),
+    named: bool | None = None,
 ) -> tuple[CPUTopology, Plan, list[Holder]]:
     """The plan on what the other servers leave, and the topology it was made on (a reload
     plans on the same). A plan that would fit on the whole machine, but not in what is left,
@@ -101,11 +102,11 @@ def plan_around(
     holders = ledger.holders() if ledger else []
     free = without(topo, holders)
     try:
-        return free, plan_placement(free, placement, models), holders
+        return free, plan_placement(free, placement, models, named), holders
     except PlacementError as e:
         if not holders:
             raise
-        plan_placement(topo, placement, models)  # raises, with what this machine could ever hold
+        plan_placement(topo, placement, models, named)  # raises, with what it could ever hold
         who = "; ".join(h.describe() for h in holders)
         raise CoresHeldError(
             f"{e}. Other numaserve servers on this host hold CPUs (ledger {ledger.directory}): "

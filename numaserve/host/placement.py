@@ -130,13 +130,16 @@ class _FreeCores:
 
 
 def plan_placement(
-    topo: CPUTopology, placement: PlacementConfig, models: tuple[ServedModel, ...] = ()
+    topo: CPUTopology,
+    placement: PlacementConfig,
+    models: tuple[ServedModel, ...] = (),
+    named: bool | None = None,
 ) -> Plan:
-    """One plan over every model's pools (`models`, a `models:` config's, whose instances'
-    names carry their model's; none: the one model of `placement.pools`), so that no core is
-    in two instances of any model."""
+    """One plan over every model's pools (none: the one model of `placement.pools`), so that
+    no core is in two instances of any model. `named` (a `models:` config's, Config.named;
+    by default, whether `models` were given): each instance's name carries its model's."""
     demands = models or (ServedModel(name=DEFAULT_MODEL, pools=placement.pools),)
-    several = bool(models)
+    several = bool(models) if named is None else named
     usable = [c for c in topo.cores if any(cpu in topo.allowed_cpus for cpu in c.cpus)]
     if not usable:
         raise PlacementError(

@@ -144,7 +144,7 @@ class Supervisor:
             self.config_path,
             extra={"event": "start"},
         )
-        if any(m.backend == "onnxruntime" for m in self.config.served):
+        if any(m.backend == "onnxruntime" for m in self.config.models):
             self.mood = Mood.PREPARING
             self.start_prepare()
         else:

@@ -181,8 +181,8 @@ def begin_reload(sup: Supervisor) -> None:
         return
     sup.mood = Mood.RELOADING
     sup.notifier.reloading("reloading")
-    before = {m.name: m.model for m in sup.config.served}
-    new = sup.reload.config.served
+    before = {m.name: m.model for m in sup.config.models}
+    new = sup.reload.config.models
     if any(m.backend == "onnxruntime" and m.model != before.get(m.name) for m in new):
         sup.start_prepare()
 
@@ -204,7 +204,7 @@ def plan_reload(sup: Supervisor) -> Reload | None:
     current = sup.config
     try:
         config = load_config(sup.config_path)
-        by_model = bool(config.models and current.models)
+        by_model = config.named and current.named
         removed, added = model_changes(current, config) if by_model else ((), ())
         with sup.ledger.locked() if sup.ledger and by_model else nullcontext():
             plan = _replan(sup, config) if by_model else _plan(sup, config)
@@ -251,17 +251,18 @@ def _unapplied(
     changes = unapplied_changes(running, new, by_model)
     if by_model and config.server.routers != current.server.routers:
         changes.append("server.routers changed")
-    weights = {m.name: m.weight for m in current.models}
-    changes += [
-        f"model {m.name!r}'s weight changed (instances stay where they are)"
-        for m in config.models
-        if m.name in weights and m.weight != weights[m.name]
-    ]
+    if by_model:
+        weights = {m.name: m.weight for m in current.models}
+        changes += [
+            f"model {m.name!r}'s weight changed (instances stay where they are)"
+            for m in config.models
+            if m.name in weights and m.weight != weights[m.name]
+        ]
     return changes
 
 
 def _plan(sup: Supervisor, config: Config) -> Plan:
-    return plan_placement(sup.topo, config.placement, config.models)
+    return plan_placement(sup.topo, config.placement, config.models, config.named)
 
 
 def _replan(sup: Supervisor, config: Config) -> Plan:

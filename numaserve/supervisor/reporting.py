@@ -52,7 +52,7 @@ def snapshot(
     """The whole server as /metrics and the probes see it. `processes`: (kind, child) of
     the current ones (not those a reload retired, nor a replacement still starting under its
     slot's name)."""
-    named = bool(config.models)
+    named = config.named
     return Snapshot(
         taken=now,
         stopping=mood is Mood.STOPPING,
@@ -65,9 +65,9 @@ def snapshot(
                 "quantize": m.quantize,
                 **({"model_name": m.name} if named else {}),
             }
-            for m in config.served
+            for m in config.models
         ),
-        pools=tuple((m.name, p.name) for m in config.served for p in m.pools),
+        pools=tuple((m.name, p.name) for m in config.models for p in m.pools),
         processes=tuple({**c.describe(), "kind": kind} for kind, c in processes),
         shards=tuple(v.status for v in shards),
         shard_age=tuple(now - v.heard_at if v.status else None for v in shards),

@@ -45,7 +45,9 @@ def start(config_path: str, config: Config) -> int:
     with ExitStack() as cleanup:  # undone in reverse: the ledger's entry goes last
         with ledger.locked() if ledger else nullcontext():
             # Planned here, with the CLI's clear message if it does not fit.
-            topo, plan, holders = plan_around(ledger, topo, config.placement, config.models)
+            topo, plan, holders = plan_around(
+                ledger, topo, config.placement, config.models, config.named
+            )
             if ledger:
                 ledger.register(os.path.abspath(config_path), held_cpus(plan, topo))
                 cleanup.callback(ledger.release)

@@ -249,7 +249,9 @@ class Rig:
             str(self.config_path),
             self.sup_config,
             topo,
-            plan_placement(topo, self.sup_config.placement, self.sup_config.models),
+            plan_placement(
+                topo, self.sup_config.placement, self.sup_config.models, self.sup_config.named
+            ),
             directory,
             system=self.os,
             connect=self._connect,
@@ -262,7 +264,7 @@ class Rig:
     def _connect(self, endpoint: str) -> FakeRouter:
         """The supervisor's link to a shard: its number is in its endpoint's name."""
         shard = int(re.search(r"workers-(\d+)\.sock$", endpoint).group(1))
-        behind_frontend = bool(self.sup_config.models) or (
+        behind_frontend = self.sup_config.named or (
             self.routers_setting != "auto" and self.routers_setting > 1
         )
         name = f"router-{shard}" if behind_frontend else "router"
