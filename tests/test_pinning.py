@@ -123,3 +123,13 @@ def test_numactl_command_binds_cpus_and_memory():
 def test_pinning_error_is_raised_in_process_for_an_empty_node_list():
     with pytest.raises(PinningError, match="no NUMA node"):
         pin_current_process(sorted(__import__("os").sched_getaffinity(0)), [])
+
+
+def test_affinity_if_alive_is_none_for_a_process_that_is_gone_or_no_pid():
+    import os
+
+    from numaserve.host.pinning import affinity_if_alive, live_affinity
+
+    assert affinity_if_alive(os.getpid()) == live_affinity(os.getpid())
+    assert affinity_if_alive(2**22 + 7) is None  # no such process
+    assert affinity_if_alive(None) is None and affinity_if_alive(True) is None

@@ -107,6 +107,16 @@ def live_affinity(pid: int | str = "self") -> tuple[int, ...]:
     raise PinningError(f"/proc/{pid}/status has no Cpus_allowed_list")
 
 
+def affinity_if_alive(pid: object) -> tuple[int, ...] | None:
+    """`live_affinity(pid)`, or None for a process that is gone (or what is not a pid)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    try:
+        return live_affinity(pid)
+    except (OSError, PinningError):
+        return None
+
+
 def thread_settings(threads: int, environ: MutableMapping[str, str]) -> tuple[int, list[str]]:
     """Set OMP/MKL thread counts for the slot, keeping (and warning about) any the user set."""
     warnings = []

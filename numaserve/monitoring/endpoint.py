@@ -19,7 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from numaserve.host.numastat import read_numastat
-from numaserve.host.pinning import PinningError, live_affinity
+from numaserve.host.pinning import affinity_if_alive
 from numaserve.monitoring import health
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Snapshot
@@ -49,12 +49,9 @@ def read_os(snapshot: Snapshot) -> Readings:
         except (psutil.Error, OSError):
             continue  # exited since the snapshot
     for process in snapshot.instances():
-        pid = process.get("pid")
-        if pid:
-            try:
-                affinity[pid] = frozenset(live_affinity(pid))
-            except (OSError, PinningError):
-                continue
+        cpus = affinity_if_alive(process.get("pid"))
+        if cpus is not None:
+            affinity[process["pid"]] = frozenset(cpus)
     return Readings(rss=rss, affinity=affinity, numastat=read_numastat())
 
 

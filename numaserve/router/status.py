@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.pinning import PinningError, live_affinity
+from numaserve.host.pinning import affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
 
 if TYPE_CHECKING:
@@ -173,12 +173,8 @@ def _sums(counters) -> dict:
 
 def _live_affinity(pid) -> list[int] | None:
     """The CPUs the kernel lets `pid` run on now (the router shares the workers' host)."""
-    if not isinstance(pid, int):
-        return None
-    try:
-        return list(live_affinity(pid))
-    except (OSError, PinningError):
-        return None
+    cpus = affinity_if_alive(pid)
+    return None if cpus is None else list(cpus)
 
 
 def format_status(report: dict) -> str:

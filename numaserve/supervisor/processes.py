@@ -15,7 +15,7 @@ import time
 from collections import deque
 
 from numaserve import procinfo
-from numaserve.host.pinning import PinningError, live_affinity
+from numaserve.host.pinning import affinity_if_alive
 
 
 class System:
@@ -92,10 +92,8 @@ class System:
     @staticmethod
     def affinity(pid: int) -> list[int] | None:
         """The CPUs the kernel lets `pid` run on now; None for one that is gone."""
-        try:
-            return list(live_affinity(pid))
-        except (OSError, PinningError):
-            return None
+        cpus = affinity_if_alive(pid)
+        return None if cpus is None else list(cpus)
 
     @staticmethod
     def write_file(path: str, text: str) -> None:
