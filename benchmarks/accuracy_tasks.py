@@ -40,7 +40,7 @@ from numaserve.config import ModelConfig
 from numaserve.host.topology import read_topology
 from numaserve.loadgen.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
-from numaserve.router.entities import entities
+from numaserve.tasks.entities import entities
 
 NER_LABELS = ("O", "B-CODE", "I-CODE", "B-NUM", "I-NUM")
 CANDIDATES = 10

@@ -31,15 +31,22 @@ import itertools
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
 from numaserve import protocol
 from numaserve.curve import ClientKeys  # re-exported: `from numaserve.client import ClientKeys`
 from numaserve.protocol import ErrorCode
+from numaserve.tasks import TASKS
+
+# The results each task returns, importable from here: `from numaserve.client import Embedding`.
+from numaserve.tasks.classify import Classification as Classification
+from numaserve.tasks.embed import Embedding as Embedding
+from numaserve.tasks.ner import DEFAULT_AGGREGATION
+from numaserve.tasks.ner import Entities as Entities
+from numaserve.tasks.ner import Entity as Entity
+from numaserve.tasks.rerank import Ranked
 
 
 class NumaserveError(Exception):
@@ -87,46 +94,6 @@ ERRORS = {
     for cls in (BadRequest, TooLong, Overloaded, DeadlineExceeded, NoInstance, InternalError)
 }
 MOVE_ON = (Overloaded, NoInstance)  # worth trying on another endpoint
-
-
-@dataclass(frozen=True)
-class Embedding:
-    vector: np.ndarray  # float32; unit length where the model normalises (bundled:minilm does)
-    tokens: int
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class Classification:
-    label: str
-    probs: tuple[float, ...]  # in the model's label order
-    tokens: int
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class Ranked:
-    index: int  # the document's place in the request
-    score: float  # the cross-encoder's score for (query, document)
-    tokens: int  # of the pair, special tokens included
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class Entity:
-    label: str  # the entity type ("PER"); with aggregation "none", the token's label ("B-PER")
-    score: float
-    start: int  # character span in the text: text[start:end]
-    end: int
-    text: str
-    index: int | None = None  # aggregation "none": the token's place among the text's tokens
-
-
-@dataclass(frozen=True)
-class Entities:
-    entities: list[Entity]
-    tokens: int
-    truncated: bool
 
 
 Texts = str | tuple[str, str] | Sequence[str | tuple[str, str]]  # one text or pair, or a list
@@ -217,19 +184,7 @@ def _batch(texts: Texts) -> tuple[list, bool]:
 
 
 def _results(op: str, body: dict, single: bool):
-    items = []
-    for r in body["results"]:
-        if op == "embed":
-            items.append(
-                Embedding(protocol.embedding_from_wire(r["embedding"]), r["tokens"], r["truncated"])
-            )
-        elif op == "rerank":
-            items.append(Ranked(r["index"], r["score"], r["tokens"], r["truncated"]))
-        elif op == "ner":
-            found = [Entity(**e) for e in r["entities"]]
-            items.append(Entities(found, r["tokens"], r["truncated"]))
-        else:
-            items.append(Classification(r["label"], tuple(r["probs"]), r["tokens"], r["truncated"]))
+    items = [TASKS[op].from_wire(result) for result in body["results"]]
     return items[0] if single else items
 
 
@@ -271,7 +226,7 @@ class Client(_Calls):
     def ner(
         self,
         texts: str | Sequence[str],
-        aggregation: str = protocol.DEFAULT_AGGREGATION,
+        aggregation: str = DEFAULT_AGGREGATION,
         deadline_ms: float | None = None,
     ):
         """The named entities of a string (an Entities), or of each of a list. `aggregation`:
@@ -362,7 +317,7 @@ class AsyncClient(_Calls):
     async def ner(
         self,
         texts: str | Sequence[str],
-        aggregation: str = protocol.DEFAULT_AGGREGATION,
+        aggregation: str = DEFAULT_AGGREGATION,
         deadline_ms: float | None = None,
     ):
         batch, single = _batch(texts)

@@ -19,6 +19,7 @@ from typing import Literal, TypeVar, Union
 import yaml
 
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
+from numaserve.tasks import NAMES
 
 AUTO = "auto"
 DEFAULT_MODEL = "default"  # the name of the one model of a `model:` config
@@ -43,7 +44,7 @@ class ModelConfig:
     path: str = "bundled:minilm"
     # rerank: a cross-encoder's score for each (query, document) pair. ner: a token
     # classifier's entities.
-    task: Literal["embed", "classify", "rerank", "ner"] = "embed"
+    task: Literal[NAMES] = "embed"  # numaserve/tasks
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     backend: Literal["torch", "onnxruntime"] = "onnxruntime"
     quantize: Literal["int8", "none"] = "int8"

@@ -48,7 +48,7 @@ class Engine:
         from numaserve.backends import load_model  # imports the backend: after pinning
 
         self.model = load_model(spec.model, spec.isa, report.threads)
-        self.task = spec.model.task
+        self.task = self.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))
 
     def warm_up(self, longest: int) -> None:
@@ -94,23 +94,12 @@ class Engine:
         except Exception as e:
             log.exception("forward pass failed")
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
-        if self.task == "classify":
-            results = [{"label": r.label, "probs": list(r.probs)} for r in outputs]
-        elif self.task == "rerank":
-            results = [{"score": score} for score in outputs]
-        elif self.task == "ner":  # each token's probabilities, row by row, as float32
-            results = [{"scores": protocol.embedding_to_wire(s.ravel())} for s in outputs]
-        else:
-            results = [{"embedding": protocol.embedding_to_wire(v)} for v in outputs]
+        results = [self.task.to_wire(output) for output in outputs]
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:
-        info: dict = {"task": self.task, "max_length": self.model.config.max_length}
-        if self.task in ("classify", "ner"):
-            info["labels"] = list(self.model.labels)
-        elif self.task == "embed":
-            info["dim"] = self.model.dim
-        return info
+        info = {"task": self.task.name, "max_length": self.model.config.max_length}
+        return info | self.model.head.describe()
 
 
 def _job_error(job, code: protocol.ErrorCode, message: str) -> dict:

@@ -20,6 +20,8 @@ BASE = {
     "config",
     "modelpath",
     "protocol",
+    "requests",
+    "tasks",
     "exitcodes",
     "logs",
     "procinfo",

@@ -10,12 +10,13 @@ import warnings
 
 import pytest
 
-from numaserve import protocol
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import AsyncClient, Entities, Entity
 from numaserve.config import ModelConfig
-from numaserve.router.entities import entities
+from numaserve.requests import RequestError, parse_request
+from numaserve.tasks.entities import entities
+from numaserve.tasks.ner import AGGREGATIONS
 from numaserve.testing.cluster import Cluster
 from tests.harness.checkpoints import (
     architectures,
@@ -29,7 +30,7 @@ TEXTS = [
     "unaffable John's e-mail: x@y.org, 1234 [MASK] café naïve",  # subwords, [UNK], accents
     "Paris",
 ]
-STRATEGIES = protocol.AGGREGATIONS
+STRATEGIES = AGGREGATIONS
 
 
 def pipeline_entities(path, text: str, strategy: str) -> list[tuple]:
@@ -110,8 +111,8 @@ def test_aggregation_none_answers_each_token_with_its_index(tmp_path):
     ],
 )
 def test_a_wrong_aggregation_is_a_bad_request(body, message):
-    with pytest.raises(protocol.RequestError, match=message):
-        protocol.parse_request({"id": 1, **body}, max_texts=8)
+    with pytest.raises(RequestError, match=message):
+        parse_request({"id": 1, **body}, max_texts=8)
 
 
 # -- through a real router, workers, client and CLI -------------------------------------------

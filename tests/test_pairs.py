@@ -16,7 +16,8 @@ from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.client import AsyncClient, BadRequest, Ranked
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.router.answers import ranked
+from numaserve.requests import Request, RequestError, parse_request
+from numaserve.tasks.rerank import ranked
 from numaserve.testing.cluster import Cluster
 from tests.harness.checkpoints import (
     LABELS,
@@ -81,12 +82,12 @@ def test_pairs_and_single_texts_mix_in_one_request():
 # -- the protocol ---------------------------------------------------------------------------
 
 
-def parse(body: dict) -> protocol.Request:
-    return protocol.parse_request({"id": 1, **body}, max_texts=64)
+def parse(body: dict) -> Request:
+    return parse_request({"id": 1, **body}, max_texts=64)
 
 
 def bad_request(body: dict) -> str:
-    with pytest.raises(protocol.RequestError) as e:
+    with pytest.raises(RequestError) as e:
         parse(body)
     assert e.value.code is protocol.ErrorCode.BAD_REQUEST
     return e.value.message
@@ -118,7 +119,7 @@ def test_embed_takes_no_pairs():
 
 def test_rerank_scores_each_document_for_the_query():
     request = parse({"op": "rerank", "query": "q", "texts": ["d1", "d2"], "top_k": 1})
-    assert request.inputs() == [("q", "d1"), ("q", "d2")] and request.top_k == 1
+    assert request.inputs() == [("q", "d1"), ("q", "d2")] and request.options["top_k"] == 1
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.backends.pooling import MODES, Pooling
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ConfigError, ModelConfig, parse_config
 from numaserve.modelpath import ModelLoadError
+from numaserve.tasks.pooling import MODES, Pooling
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.test_architectures import TEXTS
 from tests.test_architectures import served as served_as

@@ -10,6 +10,7 @@ from numaserve import protocol
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import PoolConfig
 from numaserve.protocol import ErrorCode
+from numaserve.requests import Request
 from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher
@@ -48,8 +49,8 @@ class Shard:
         self.book.instances_changed()
         return identity
 
-    def ask(self, *texts, op="embed", request_id=1, **fields):
-        request = protocol.Request(id=request_id, op=op, texts=tuple(texts), **fields)
+    def ask(self, *texts, op="embed", request_id=1, deadline_ms=None, **options):
+        request = Request(request_id, op, tuple(texts), deadline_ms, options=options)
         self.book.start([b"client"], request)
         return request
 

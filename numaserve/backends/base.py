@@ -1,7 +1,7 @@
 """One copy of the model in one worker: the part every backend shares.
 
 A backend (torch.py, onnx.py) supplies only the forward pass: the model's shape facts, the
-input checks, padding, and the pooling or softmax after it are here.
+input checks and padding are here, and what follows the pass is the task's head (tasks/).
 """
 
 from __future__ import annotations
@@ -13,46 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
+from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.tasks import TASKS
+from numaserve.tasks.base import Task
 
 
-@dataclass(frozen=True)
-class ClassifyResult:
-    label: str
-    probs: tuple[float, ...]
-
-
-# What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
-# activation its config names (Sigmoid unless it says otherwise).
-RERANK_ACTIVATIONS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Identity": lambda x: x}
-HEAD_TASKS = ("classify", "rerank")  # the tasks that read a sequence-classification head
-LOGIT_TASKS = (*HEAD_TASKS, "ner")  # the tasks whose model answers logits (ner: per token)
-
-
-def uses_token_types(task: str, type_vocab_size: int) -> bool:
+def uses_token_types(task: Task, type_vocab_size: int) -> bool:
     """Whether the model is fed token_type_ids: where it has segment embeddings to tell a
-    pair's two texts apart (BERT, ALBERT, ELECTRA) and a task that takes pairs."""
-    return task in HEAD_TASKS and type_vocab_size >= 2
-
-
-def rerank_activation(directory: str | Path, path: str) -> str:
-    """The name of the activation sentence-transformers applies to this cross-encoder's
-    logit (config_sentence_transformers.json, or config.json's `sentence_transformers` in
-    older saves); refused where numaserve does not have it."""
-    root = Path(directory)
-    saved = root / "config_sentence_transformers.json"
-    settings = read_json(saved) if saved.is_file() else {}
-    if "activation_fn" not in settings:
-        settings = read_json(root / "config.json").get("sentence_transformers") or {}
-    name = str(settings.get("activation_fn") or "Sigmoid").rsplit(".", 1)[-1]
-    if name not in RERANK_ACTIVATIONS:
-        known = ", ".join(RERANK_ACTIVATIONS)
-        raise ModelLoadError(
-            f"{path}: its cross-encoder activation is {name}; numaserve applies {known}"
-        )
-    return name
+    pair's two texts apart (BERT, ALBERT, ELECTRA) and its task reads pairs."""
+    return task.reads_pairs and type_vocab_size >= 2
 
 
 # Where int8 dot products accumulate straight into int32, activations may use all 8 bits; older
@@ -65,7 +35,6 @@ def full_range_int8(isa: tuple[str, ...]) -> bool:
     return bool(INT32_ACCUMULATING_ISA & set(isa))
 
 
-MULTI_LABEL = "multi_label_classification"
 # Models whose position ids start after the padding id (fairseq's RoBERTa and its kin): of
 # their max_position_embeddings (514), the first pad_token_id + 1 are never used, so 512 tokens
 # fit, not 514.
@@ -99,8 +68,6 @@ class ModelFacts:
     max_positions: int | None = None  # the most tokens it takes; None: the checkpoint does not say
     pad_id: int = 0
     id2label: Mapping[int, str] = field(default_factory=dict)
-    # transformers' `problem_type`: "multi_label_classification" scores each label on its own
-    # (sigmoid); anything else is one label of many (softmax).
     problem_type: str | None = None
     type_vocab_size: int = 0  # segment embeddings: 2 where a pair's texts are told apart
 
@@ -132,10 +99,10 @@ class ModelFacts:
 
 
 class Model:
-    """A loaded model that maps batches of token ids to embeddings or class probabilities.
+    """A loaded model that maps batches of token ids to its task's results.
 
     The backends share everything but the forward pass: the model's shape facts, the input
-    checks, padding, and the pooling or softmax after it."""
+    checks, padding, and the task's head after it."""
 
     def __init__(self, config: ModelConfig, facts: ModelFacts, width: int) -> None:
         """width: the output's features, the hidden size (embed) or the classes (classify)."""
@@ -143,23 +110,15 @@ class Model:
         self.config = config
         self.pad_id = facts.pad_id
         self.vocab_size = facts.vocab_size
-        self.token_types = uses_token_types(config.task, facts.type_vocab_size)
-        if config.task in ("classify", "ner"):
-            self.labels = tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
-            self.multi_label = facts.problem_type == MULTI_LABEL
-        elif config.task == "rerank":
-            if width != 1:
-                raise ModelLoadError(
-                    f"{config.path} has {width} labels; a reranker (a cross-encoder) has one "
-                    "score: serve this model with task: classify"
-                )
-            self.labels = ()
-            directory = resolve_model_path(config.path)
-            self.activation = RERANK_ACTIVATIONS[rerank_activation(directory, config.path)]
-        else:
-            self.labels = ()
-            self.pooling = Pooling.read(resolve_model_path(config.path))
-            self.dim = width * len(self.pooling.modes)
+        self.task = TASKS[config.task]
+        self.token_types = uses_token_types(self.task, facts.type_vocab_size)
+        directory = resolve_model_path(config.path)
+        self.head = self.task.head(facts, width, directory, config.path)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The model's labels in output order (classify, ner); () for the other tasks."""
+        return self.head.labels
 
     def check_ids(self, ids: list[int]) -> str | None:
         """Why these token ids cannot run, or None."""
@@ -195,25 +154,7 @@ class Model:
         raise NotImplementedError
 
     def run(self, batch: list[list[int]], segments: list[int] | None = None) -> list:
-        """One forward pass: a float32 vector per input, pooled as the model says (embed), a
-        ClassifyResult, a score (rerank), or each token's probabilities (ner). `segments`: for
-        each input, where the second text of a pair begins (0: a single text)."""
+        """One forward pass: a result per input, as the task's head makes it (tasks/).
+        `segments`: for each input, where the second text of a pair begins (0: a single text)."""
         ids, mask, types = self._arrays(batch, segments)
-        out = self.forward(ids, mask, types)
-        if self.config.task == "rerank":
-            return [float(x) for x in self.activation(out[:, 0])]
-        if self.config.task == "ner":  # each token's softmax, the padding cut off
-            exp = np.exp(out - out.max(axis=-1, keepdims=True))
-            probs = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
-            return [probs[row, : len(seq)] for row, seq in enumerate(batch)]
-        if self.config.task == "classify":
-            if self.multi_label:  # each label's own probability; `label` is the likeliest
-                probs = 1 / (1 + np.exp(-out))
-            else:
-                exp = np.exp(out - out.max(axis=-1, keepdims=True))
-                probs = exp / exp.sum(axis=-1, keepdims=True)
-            return [
-                ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p))
-                for p in probs
-            ]
-        return list(self.pooling(out, mask))
+        return self.head(self.forward(ids, mask, types), mask, batch)

@@ -9,9 +9,9 @@ import numpy as np
 
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
-from numaserve.backends.pooling import Pooling
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.tasks import TASKS
 
 
 def model_directory(config: ModelConfig) -> Path:
@@ -31,8 +31,7 @@ def prepare_artifact(config: ModelConfig, isa: tuple[str, ...] = ()) -> tuple[Pa
     directory = model_directory(config)
     facts = ModelFacts.read(directory)
     facts.check(config)  # before a build that can take minutes
-    if config.task == "embed":
-        Pooling.read(directory)  # refuses a module numaserve cannot run
+    TASKS[config.task].check_checkpoint(directory, config.path)
     return ensure_artifact(directory, config, full_range_int8(isa)), facts
 
 

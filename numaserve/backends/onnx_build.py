@@ -32,11 +32,12 @@ import warnings
 from pathlib import Path
 
 from numaserve import exitcodes
-from numaserve.backends.base import LOGIT_TASKS, ModelFacts, uses_token_types
+from numaserve.backends.base import ModelFacts, uses_token_types
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.config import ModelConfig
 from numaserve.lifecycle import die_with_parent
 from numaserve.modelpath import ModelLoadError
+from numaserve.tasks import TASKS
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the build steps change, so old artifacts are not reused
@@ -80,7 +81,7 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
         "torch": importlib.metadata.version("torch"),
         "onnxruntime": importlib.metadata.version("onnxruntime"),
     }
-    if uses_token_types(config.task, ModelFacts.read(model_dir).type_vocab_size):
+    if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
         options["token_type_ids"] = True  # an input of the graph (the key of others is as it was)
     if config.quantize == "int8" and config.keep_fp32:
         options["keep_fp32"] = sorted(config.keep_fp32)
@@ -203,9 +204,9 @@ def build(model, config: ModelConfig, full_range: bool, destination: Path) -> No
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
 
-    output = "logits" if config.task in LOGIT_TASKS else "last_hidden_state"
+    output = "logits" if TASKS[config.task].output.logits else "last_hidden_state"
     inputs = ["input_ids", "attention_mask"]
-    if uses_token_types(config.task, getattr(model.config, "type_vocab_size", 0) or 0):
+    if uses_token_types(TASKS[config.task], getattr(model.config, "type_vocab_size", 0) or 0):
         inputs.append("token_type_ids")  # a pair's second text has type 1
 
     class Outputs(torch.nn.Module):  # one tensor out, named for what the task reads

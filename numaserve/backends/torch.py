@@ -10,8 +10,6 @@ import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
 from numaserve.backends.base import (
-    HEAD_TASKS,
-    LOGIT_TASKS,
     Model,
     ModelFacts,
     full_range_int8,
@@ -20,6 +18,8 @@ from numaserve.backends.base import (
 from numaserve.backends.precision import kept_in_fp32
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.tasks import TASKS
+from numaserve.tasks.base import Output
 
 
 def configure_threads(threads: int) -> None:
@@ -81,13 +81,11 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     directory = resolve_model_path(config.path)
-    loader = (
-        AutoModelForTokenClassification
-        if config.task == "ner"
-        else AutoModelForSequenceClassification
-        if config.task in HEAD_TASKS
-        else AutoModel
-    )
+    loader = {
+        Output.HIDDEN_STATE: AutoModel,
+        Output.SEQUENCE_LOGITS: AutoModelForSequenceClassification,
+        Output.TOKEN_LOGITS: AutoModelForTokenClassification,
+    }[TASKS[config.task].output]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -119,7 +117,7 @@ class TorchModel(Model):
                 problem_type=hf.problem_type,
                 type_vocab_size=getattr(hf, "type_vocab_size", 0) or 0,
             ),
-            width=hf.num_labels if config.task in LOGIT_TASKS else hf.hidden_size,
+            width=hf.num_labels if TASKS[config.task].output.logits else hf.hidden_size,
         )
         if config.quantize == "int8":
             model = quantize_int8(model, full_range_int8(isa), config.keep_fp32)
@@ -131,5 +129,5 @@ class TorchModel(Model):
             inputs["token_type_ids"] = torch.from_numpy(types)
         with torch.inference_mode():
             out = self.module(**inputs)
-            result = out.logits if self.config.task in LOGIT_TASKS else out.last_hidden_state
+            result = out.logits if self.task.output.logits else out.last_hidden_state
             return result.float().numpy()

@@ -18,7 +18,8 @@ from numaserve.cli.common import (
     print_json,
     timeout_option,
 )
-from numaserve.protocol import AGGREGATIONS, DEFAULT_AGGREGATION
+from numaserve.tasks import NAMES, TASKS
+from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
 def _result_json(result) -> dict:
@@ -111,7 +112,7 @@ def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> No
 )
 @click.option(
     "--op",
-    type=click.Choice(["embed", "classify", "rerank", "ner"]),
+    type=click.Choice(NAMES),
     default="embed",
     show_default=True,
 )
@@ -171,8 +172,9 @@ def bench(
         raise UserError("--http drives the closed loop only; leave out --rate")
     if url and (pairs or op == "rerank"):
         raise UserError("--http sends single texts; leave out --pairs and --op rerank")
-    if pairs and op != "classify":
-        raise UserError("--pairs is for --op classify")
+    if pairs and not TASKS[op].takes_pairs:
+        takers = " or ".join(f"--op {name}" for name, task in TASKS.items() if task.takes_pairs)
+        raise UserError(f"--pairs is for {takers}")
     draw = load.drawing(op, pairs, documents)
     try:
         connect = (

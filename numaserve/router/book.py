@@ -16,11 +16,12 @@ from collections.abc import Callable
 from numaserve import protocol
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.protocol import ErrorCode
-from numaserve.router.answers import Entities, finished
+from numaserve.requests import Request
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.requests import Deadlines, Pending
+from numaserve.tasks import TASKS
 
 log = logging.getLogger("numaserve.router")
 
@@ -58,7 +59,8 @@ class RequestBook:
         self.reply = reply
         self.max_queue_ms = max_queue_ms
         self.hold_until = hold_until
-        self.entities = Entities(tokenizer) if task == "ner" else None
+        self.tagged = TASKS[task].needs_tokens
+        self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
         # Results are cached under the key of the model that computed them, and looked up
         # under those of the live instances: after a reload that changed the model, the old
         # one's results stop answering once its last instance is gone.
@@ -75,7 +77,7 @@ class RequestBook:
 
     # -- receipt ---------------------------------------------------------------------------
 
-    def start(self, envelope: list[bytes], request: protocol.Request) -> None:
+    def start(self, envelope: list[bytes], request: Request) -> None:
         """Tokenize, answer from the cache what it holds, and queue the rest, all or none."""
         now = time.monotonic()
         if self._surely_refused(request):  # shed load before the costly part
@@ -85,7 +87,7 @@ class RequestBook:
             inputs = request.inputs()
             encoded = (
                 self.tokenizer.encode_tagged(inputs)
-                if self.entities
+                if self.tagged
                 else self.tokenizer.encode(inputs)
             )
         except TooLongError as e:
@@ -125,7 +127,7 @@ class RequestBook:
                 misses.append(Item(pending, i, enc.ids, pool, enc.second))
         return misses
 
-    def _surely_refused(self, request: protocol.Request) -> bool:
+    def _surely_refused(self, request: Request) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
         if not self.dispatch.some_queue_full():
             return False
@@ -206,7 +208,11 @@ class RequestBook:
 
     def complete(self, pending: Pending) -> None:
         request = pending.request
-        results = finished(request, pending.encoded, pending.results, self.entities)
+        results = [
+            {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
+            for result, enc in zip(pending.results, pending.encoded, strict=True)
+        ]
+        results = self.answers.finish(request, pending.encoded, results)
         self._forget(pending)
         self.counters["replies_ok"] += 1
         self.metrics.replied(request.op, "ok", time.monotonic() - pending.received)
@@ -226,7 +232,7 @@ class RequestBook:
     def error(
         self,
         envelope: list[bytes],
-        request: protocol.Request,
+        request: Request,
         code: ErrorCode,
         message: str,
         received: float | None = None,

@@ -34,6 +34,7 @@ from numaserve.logs import Summary
 from numaserve.protocol import ErrorCode
 from numaserve.router.process import begin, context
 from numaserve.specs import FrontendSpec
+from numaserve.tasks import TASKS
 
 log = logging.getLogger("numaserve.frontend")
 
@@ -198,7 +199,7 @@ def _hand_out(clients: zmq.Socket, routes: dict[str, zmq.Socket], frames: list[b
     first = next(iter(routes))
     if isinstance(model, str) and model in routes:
         _pass(clients, routes, model, frames, body)
-    elif model is None and (body.get("op") not in protocol.TEXT_OPS or len(routes) == 1):
+    elif model is None and (body.get("op") not in TASKS or len(routes) == 1):
         _pass(clients, routes, first, frames, body)  # status, ping, the only model
     elif model is None:
         message = f"this server serves several models ({', '.join(routes)}): name one in `model`"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import zmq
 
 from numaserve import protocol
-from numaserve.protocol import Request
+from numaserve.requests import Request
 
 PREFIX = b"handover/"  # the routing id of a shard's connection to a peer: b"handover/<shard>"
 

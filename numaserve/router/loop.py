@@ -21,6 +21,7 @@ from numaserve import curve, exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.modelpath import ModelLoadError
 from numaserve.protocol import ErrorCode
+from numaserve.requests import Request, RequestError, parse_request
 from numaserve.router import status
 from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
@@ -232,8 +233,8 @@ class Router:
             return
         book.counters["requests"] += 1
         try:
-            request = protocol.parse_request(body, self.server.max_texts)
-        except protocol.RequestError as e:
+            request = parse_request(body, self.server.max_texts)
+        except RequestError as e:
             book.error_reply(envelope, e.request_id, body.get("op"), e.code, e.message)
             return
         if request.op in ("ping", "status"):
@@ -247,7 +248,7 @@ class Router:
         else:
             book.error(envelope, request, *refusal)
 
-    def _refusal(self, request: protocol.Request) -> tuple[ErrorCode, str] | None:
+    def _refusal(self, request: Request) -> tuple[ErrorCode, str] | None:
         """Why this shard answers a model request with an error before reading its texts."""
         if self.book.draining_until is not None:
             return ErrorCode.NO_INSTANCE, "the server is stopping; send it elsewhere"
@@ -325,9 +326,7 @@ class Router:
             )
             return
         self.book.instances_changed()
-        entities = self.book.entities
-        if entities and body.get("labels"):
-            entities.labels = tuple(str(label) for label in body["labels"])
+        self.book.answers.learn(body)
         if not known:
             cpus, pid = body.get("cpus"), body.get("pid")
             log.info(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from numaserve.tasks import TASKS
+
 # Upper bounds, in seconds: a cache hit answers in tens of microseconds, a long text's pass
 # on one core takes tens of milliseconds, a queue at its limit seconds.
 LATENCY_BOUNDS = (
@@ -18,7 +20,7 @@ LATENCY_BOUNDS = (
 )  # fmt: skip
 PASS_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-OPS = ("embed", "classify", "rerank", "ner", "ping", "status")
+OPS = (*TASKS, "ping", "status")
 
 
 class Histogram:

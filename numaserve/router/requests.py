@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from numaserve import protocol
+from numaserve.requests import Request
 
 
 @dataclass(eq=False)
@@ -13,7 +13,7 @@ class Pending:
     """A client request waiting for its texts' results."""
 
     envelope: list[bytes]
-    request: protocol.Request
+    request: Request
     encoded: list
     results: list
     deadline: float | None  # None once its deadline has left the heap
@@ -27,7 +27,7 @@ class Deadlines:
 
     An answered request stays in the heap until its deadline comes (removing it would cost a
     search); the heap is compacted once more than half of it is answered, so its size follows
-    the requests in flight, not those of the last hour (`protocol.MAX_DEADLINE_MS`)."""
+    the requests in flight, not those of the last hour (`requests.MAX_DEADLINE_MS`)."""
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Pending]] = []

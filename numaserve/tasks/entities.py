@@ -10,9 +10,12 @@ an uncased model).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from numaserve.backends.tokenizer import Tokens
+if TYPE_CHECKING:
+    from numaserve.backends.tokenizer import Tokens
 
 IGNORED = "O"  # the pipeline's ignore_labels: tokens outside any entity
 

@@ -1,0 +1,152 @@
+"""A client's request, checked completely before anything is done with it (docs/protocol.md).
+
+The keys every request has are checked here; a task's own keys by its task (numaserve/tasks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from numaserve.protocol import MAX_MODEL_NAME, ErrorCode, check_text, reply_id
+from numaserve.tasks import TASKS, Task
+
+OPS = (*TASKS, "status", "ping")  # the `op` key: a task's name, or a question for the server
+COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms")
+REQUEST_KEYS = (*COMMON_KEYS, *(key for task in TASKS.values() for key in task.option_keys))
+# A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
+MAX_DEADLINE_MS = 3_600_000
+
+Text = str | tuple[str, str]  # a text, or a pair (a, b) for a task that takes pairs
+
+
+class RequestError(ValueError):
+    """A request we can answer only with an error: its id (if known), a code and why."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id=None):
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int | str
+    op: str
+    texts: tuple[Text, ...] = ()  # rerank: the documents
+    deadline_ms: float | None = None
+    model: str | None = None  # the model asked for; None: the server's only one
+    options: dict[str, Any] = field(default_factory=dict)  # the task's own (Task.options)
+
+    @property
+    def task(self) -> Task:
+        return TASKS[self.op]
+
+    def inputs(self) -> list[Text]:
+        """What the model reads: the texts, or for rerank each (query, document)."""
+        return self.task.inputs(self)
+
+    def to_body(self) -> dict:
+        """The request as a client sends it (a router passing it on sends this)."""
+        body = {
+            "id": self.id,
+            "op": self.op,
+            "texts": [list(t) if isinstance(t, tuple) else t for t in self.texts],
+        }
+        body |= {key: value for key, value in self.options.items() if value is not None}
+        if self.deadline_ms is not None:
+            body["deadline_ms"] = self.deadline_ms
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
+
+def parse_request(body: dict, max_texts: int) -> Request:
+    """Check a client request completely; every problem is a RequestError naming it."""
+    request_id = _request_id(body.get("id"))
+
+    def bad(message: str) -> RequestError:
+        return RequestError(ErrorCode.BAD_REQUEST, message, request_id)
+
+    unknown = [k for k in body if k not in REQUEST_KEYS]
+    if unknown:
+        raise bad(f"unknown key {unknown[0]!r}; a request has {', '.join(REQUEST_KEYS)}")
+    op = body.get("op")
+    if op not in OPS:
+        raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
+    deadline, model = _deadline(body.get("deadline_ms"), bad), _model(body.get("model"), bad)
+    if op not in TASKS:
+        return Request(request_id, op, (), deadline, model)
+    task = TASKS[op]
+    texts = _texts(body.get("texts"), task, max_texts, bad)
+    _refuse_others_keys(body, task, bad)
+    return Request(request_id, op, texts, deadline, model, task.options(body, bad))
+
+
+def _request_id(raw_id: object) -> int | str:
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
+        raise RequestError(ErrorCode.BAD_REQUEST, "id must be an integer or a string")
+    request_id = reply_id(raw_id)
+    if request_id is None:
+        raise RequestError(ErrorCode.BAD_REQUEST, "id is a string that is not valid UTF-8")
+    return request_id
+
+
+def _deadline(deadline: object, bad) -> float | None:
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, (int, float))
+        or not math.isfinite(deadline)
+        or not 0 < deadline <= MAX_DEADLINE_MS
+    ):
+        raise bad(
+            f"deadline_ms must be a number of milliseconds above 0 and at most {MAX_DEADLINE_MS}"
+        )
+    return deadline
+
+
+def _model(model: object, bad) -> str | None:
+    if model is not None and (
+        not isinstance(model, str)
+        or not 0 < len(model) <= MAX_MODEL_NAME
+        or not model.isprintable()
+    ):
+        raise bad(f"model must be a model's name: a string of 1-{MAX_MODEL_NAME} characters")
+    return model
+
+
+def _texts(texts: object, task: Task, max_texts: int, bad) -> tuple[Text, ...]:
+    """A task's texts (rerank's documents); pairs [a, b] where the task takes them."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise bad(
+            f"{task.name} needs texts ({task.inputs_are}): a string or a non-empty list of strings"
+        )
+    if len(texts) > max_texts:
+        raise bad(f"{len(texts)} texts in one request; the limit is {max_texts} (server.max_texts)")
+    checked: list[Text] = []
+    for i, text in enumerate(texts):
+        if task.takes_pairs and isinstance(text, list):  # a pair: [a, b]
+            if len(text) != 2:
+                raise bad(f"text {i} is a list of {len(text)}; a pair is a list of two texts")
+            for j, part in enumerate(text):
+                check_text(part, f"text {i}[{j}]", bad)
+            checked.append((text[0], text[1]))
+        else:
+            takers = [t.name for t in TASKS.values() if t.takes_pairs]
+            pairs = (
+                f"; pairs [a, b] are for {' and '.join(takers)}" if isinstance(text, list) else ""
+            )
+            check_text(text, f"text {i}", bad, pairs)
+            checked.append(text)
+    return tuple(checked)
+
+
+def _refuse_others_keys(body: dict, task: Task, bad) -> None:
+    """A key of another task's (rerank's query on classify) is refused, naming its task."""
+    for other in TASKS.values():
+        if other is not task and any(key in body for key in other.option_keys):
+            keys = " and ".join(other.option_keys)
+            verb = "are" if len(other.option_keys) > 1 else "is"
+            raise bad(f"{keys} {verb} for {other.name}, not {task.name}")

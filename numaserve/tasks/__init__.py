@@ -1,0 +1,16 @@
+"""The tasks numaserve serves, one module each: what its requests carry, what its model's
+head computes, what its worker sends, what its router adds and what its client returns.
+
+A new task is a module here (a `Task`, base.py) and its line in TASKS.
+"""
+
+from __future__ import annotations
+
+from numaserve.tasks.base import Task
+from numaserve.tasks.classify import CLASSIFY
+from numaserve.tasks.embed import EMBED
+from numaserve.tasks.ner import NER
+from numaserve.tasks.rerank import RERANK
+
+TASKS: dict[str, Task] = {task.name: task for task in (EMBED, CLASSIFY, RERANK, NER)}
+NAMES = tuple(TASKS)

@@ -1,0 +1,116 @@
+"""What every task supplies, at each step a request of it passes through.
+
+A request is parsed (`options`, `inputs`), run by a worker's model (`check_checkpoint`, `head`,
+`to_wire`), finished by its router shard (`answers`) and read by the client (`from_wire`). The
+steps that are the same for every task (ids, texts, deadlines, tokens, batching) are not here.
+
+Nothing here imports numpy at module level: a worker imports this before it pins itself, and
+importing numpy starts OpenBLAS's threads on every CPU (see protocol.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from numaserve.backends.tokenizer import Tokenizer
+    from numaserve.requests import Request
+
+Bad = Callable[[str], Exception]  # makes the bad_request error for a message
+
+
+class Output(str, Enum):
+    """Which of a transformers model's outputs a task reads (and so which head it loads)."""
+
+    HIDDEN_STATE = "last_hidden_state"  # AutoModel
+    SEQUENCE_LOGITS = "sequence_logits"  # AutoModelForSequenceClassification
+    TOKEN_LOGITS = "token_logits"  # AutoModelForTokenClassification
+
+    @property
+    def logits(self) -> bool:
+        return self is not Output.HIDDEN_STATE
+
+
+class Head:
+    """How a model's output becomes a task's results, in the worker (numpy arrays in)."""
+
+    labels: tuple[str, ...] = ()
+
+    def __call__(self, out, mask, batch: list[list[int]]) -> list:
+        """One result per input of the batch: `out` is the model's output (float32), `mask`
+        the attention mask, `batch` the token ids as run."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """What a worker's READY says about the model beyond its task (labels, dim)."""
+        return {}
+
+
+class Answers:
+    """What a router shard adds to its instances' results before it answers (the results
+    already carry `tokens` and `truncated`)."""
+
+    def learn(self, ready: dict) -> None:
+        """An instance's READY: what it says about the model (its labels, for one)."""
+
+    def finish(self, request: Request, encoded: list, results: list[dict]) -> list[dict]:
+        return results
+
+
+class Task:
+    """One task numaserve serves. Subclasses set the class attributes and override the steps
+    where they differ from embed's plain "one text in, one result out"."""
+
+    name: str
+    output: Output
+    takes_pairs: bool = False  # a request's text may be a pair [a, b]
+    # The model reads pairs of texts (a pair, or rerank's query and document), so it is fed
+    # token type ids where it has segment embeddings to tell the two apart.
+    reads_pairs: bool = False
+    inputs_are: str = "texts"  # what the request's `texts` are, in its errors
+    option_keys: tuple[str, ...] = ()  # the request keys of this task alone
+    needs_tokens = False  # its router shard reads each token's offsets and pieces
+
+    def options(self, body: dict, bad: Bad) -> dict[str, Any]:
+        """This task's own request fields, checked, with their defaults filled in."""
+        return {}
+
+    def inputs(self, request: Request) -> list:
+        """What the model reads for a request: its texts (or pairs)."""
+        return list(request.texts)
+
+    def check_checkpoint(self, directory: Path, path: str) -> None:
+        """Refuse, with a ModelLoadError, a checkpoint this task cannot serve: at prepare,
+        before an export that can take minutes."""
+
+    def head(self, facts, width: int, directory: Path, path: str) -> Head:
+        """The head for a checkpoint: `facts` its ModelFacts, `width` the output's last
+        dimension (the hidden size, or the number of labels)."""
+        raise NotImplementedError
+
+    def to_wire(self, result) -> dict:
+        """One result of the head, as the worker sends it to the router."""
+        raise NotImplementedError
+
+    def answers(self, tokenizer: Tokenizer) -> Answers:
+        return Answers()
+
+    def from_wire(self, result: dict):
+        """One result of a reply, as the client library returns it."""
+        raise NotImplementedError
+
+
+def labels_of(facts, width: int) -> tuple[str, ...]:
+    """A classifier's label names in output order, as transformers names an unnamed one."""
+    return tuple(facts.id2label.get(i, f"LABEL_{i}") for i in range(width))
+
+
+def softmax(out):
+    """Over the last axis, as float32 where `out` is."""
+    import numpy as np
+
+    exp = np.exp(out - out.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)

@@ -1,0 +1,111 @@
+"""rerank: a cross-encoder's score for each (query, document) pair, answered best first
+where `top_k` asks for the best k only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from numaserve.modelpath import ModelLoadError, read_json
+from numaserve.protocol import check_text
+from numaserve.tasks.base import Answers, Bad, Head, Output, Task
+
+# What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
+# activation its config names (Sigmoid unless it says otherwise).
+ACTIVATIONS = ("Sigmoid", "Identity")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    index: int  # the document's place in the request
+    score: float  # the cross-encoder's score for (query, document)
+    tokens: int  # of the pair, special tokens included
+    truncated: bool
+
+
+def activation(directory: str | Path, path: str) -> str:
+    """The name of the activation sentence-transformers applies to this cross-encoder's
+    logit (config_sentence_transformers.json, or config.json's `sentence_transformers` in
+    older saves); refused where numaserve does not have it."""
+    root = Path(directory)
+    saved = root / "config_sentence_transformers.json"
+    settings = read_json(saved) if saved.is_file() else {}
+    if "activation_fn" not in settings:
+        settings = read_json(root / "config.json").get("sentence_transformers") or {}
+    name = str(settings.get("activation_fn") or "Sigmoid").rsplit(".", 1)[-1]
+    if name not in ACTIVATIONS:
+        known = ", ".join(ACTIVATIONS)
+        raise ModelLoadError(
+            f"{path}: its cross-encoder activation is {name}; numaserve applies {known}"
+        )
+    return name
+
+
+class Scorer(Head):
+    def __init__(self, activation: str):
+        self.sigmoid = activation == "Sigmoid"
+
+    def __call__(self, out, mask, batch):
+        logits = out[:, 0]
+        if self.sigmoid:
+            import numpy as np
+
+            logits = 1 / (1 + np.exp(-logits))
+        return [float(x) for x in logits]
+
+
+def ranked(results: list[dict], top_k: int | None) -> list[dict]:
+    """Each document's score with its index; with top_k, the best k only, best first
+    (documents that score the same keep their order)."""
+    results = [{"index": i, **result} for i, result in enumerate(results)]
+    if top_k is None:
+        return results
+    return sorted(results, key=lambda r: -r["score"])[:top_k]
+
+
+class Ranking(Answers):
+    def finish(self, request, encoded, results):
+        return ranked(results, request.options["top_k"])
+
+
+class Rerank(Task):
+    name = "rerank"
+    output = Output.SEQUENCE_LOGITS
+    reads_pairs = True
+    inputs_are = "documents"
+    option_keys = ("query", "top_k")
+
+    def options(self, body: dict, bad: Bad) -> dict:
+        query, top_k = body.get("query"), body.get("top_k")
+        check_text(query, "query", bad)
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
+            raise bad("top_k must be an integer of at least 1")
+        return {"query": query, "top_k": top_k}
+
+    def inputs(self, request) -> list:
+        return [(request.options["query"], document) for document in request.texts]
+
+    def check_checkpoint(self, directory: Path, path: str) -> None:
+        activation(directory, path)
+
+    def head(self, facts, width: int, directory: Path, path: str) -> Head:
+        if width != 1:
+            raise ModelLoadError(
+                f"{path} has {width} labels; a reranker (a cross-encoder) has one "
+                "score: serve this model with task: classify"
+            )
+        return Scorer(activation(directory, path))
+
+    def to_wire(self, result: float) -> dict:
+        return {"score": result}
+
+    def answers(self, tokenizer) -> Answers:
+        return Ranking()
+
+    def from_wire(self, result: dict) -> Ranked:
+        return Ranked(result["index"], result["score"], result["tokens"], result["truncated"])
+
+
+RERANK = Rerank()

@@ -1,0 +1,46 @@
+"""Each task lives in one module of numaserve/tasks: the server's machinery names none."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from numaserve.requests import REQUEST_KEYS, parse_request
+from numaserve.tasks import NAMES, TASKS
+
+PACKAGE = Path(__file__).parents[1] / "numaserve"
+# What runs a request: parsing, the router, the worker, the backends, the supervisor.
+MACHINERY = ["protocol.py", "requests.py", "specs.py", "worker.py", "router", "backends", "host"]
+
+
+def _task_names_in(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in NAMES
+    ]
+
+
+@pytest.mark.parametrize("part", MACHINERY)
+def test_the_machinery_names_no_task(part):
+    root = PACKAGE / part
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    assert [hit for path in files for hit in _task_names_in(path)] == []
+
+
+def test_every_task_key_is_a_request_key_and_belongs_to_one_task():
+    keys = [key for task in TASKS.values() for key in task.option_keys]
+    assert len(keys) == len(set(keys)) and set(keys) <= set(REQUEST_KEYS)
+
+
+def test_a_task_fills_in_its_options_defaults():
+    request = parse_request({"id": 1, "op": "ner", "texts": ["Ada in Paris"]}, max_texts=8)
+    assert request.options == {"aggregation": "simple"}
+
+
+def test_a_request_passed_on_says_what_its_client_sent():
+    body = {"id": 7, "op": "rerank", "texts": ["d"], "query": "q", "model": "m"}
+    assert parse_request(body, max_texts=8).to_body() == {**body, "texts": ["d"]}
