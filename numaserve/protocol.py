@@ -34,6 +34,8 @@ RESULT = "result"  # worker: the results of a run, or its error
 BYE = "bye"  # worker: I am stopping; send me nothing more
 SUPERVISOR = "supervisor"  # supervisor: my slot table; answer with your status
 STATUS = "status"  # router: the status, in answer to SUPERVISOR
+# router: a client asks for the whole server's status, and here is mine; supervisor: the whole
+WHOLE = "whole"
 
 
 def pack(body: dict) -> list[bytes]:

@@ -1,5 +1,5 @@
 """Which peer shard a request goes to when its own shard has no instance for it
-(router/handover.py). The peers are the statuses the supervisor forwards; shard 0 is ours,
+(router/handover.py). The peers are read from the supervisor's slot table; shard 0 is ours,
 1 and 2 its peers, and 3 a shard of another model."""
 
 import pytest
@@ -16,32 +16,45 @@ def handover(tmp_path):
     h.close()
 
 
-def peer(shard: int, draining: bool = False, **ready: int) -> dict:
-    pools = [{"name": name, "ready": n} for name, n in ready.items()]
-    return {"shard": shard, "pools": pools, "draining": draining}
+def table(*shards: dict, stopping=(), starting=()) -> dict:
+    """The supervisor's table: each shard's ready instances by pool, as slots."""
+    slots, routers = [], []
+    for shard in shards:
+        number = shard.pop("shard")
+        state = "draining" if number in stopping else "starting" if number in starting else "ready"
+        routers.append({"shard": number, "state": state})
+        for pool, n in shard.items():
+            slots += [{"shard": number, "pool": pool, "state": "ready"} for _ in range(n)]
+            slots.append({"shard": number, "pool": pool, "state": "backoff"})  # never counted
+    return {"slots": slots, "routers": routers}
 
 
 def test_a_peer_with_a_ready_instance_of_every_pool_needed_is_chosen(handover):
-    peers = [peer(1, small=2, large=0), peer(2, small=1, large=1)]
+    peers = table({"shard": 1, "small": 2, "large": 0}, {"shard": 2, "small": 1, "large": 1})
     assert handover.peer_for({"small", "large"}, peers) == 2
 
 
 def test_the_peer_with_the_most_ready_instances_is_preferred(handover):
-    assert handover.peer_for({"small"}, [peer(1, small=1), peer(2, small=3)]) == 2
+    assert (
+        handover.peer_for({"small"}, table({"shard": 1, "small": 1}, {"shard": 2, "small": 3})) == 2
+    )
 
 
 def test_no_peer_has_one_and_none_is_chosen(handover):
-    assert handover.peer_for({"small"}, [peer(1, small=0), peer(2, large=4)]) is None
-    assert handover.peer_for({"small"}, []) is None
+    peers = table({"shard": 1, "small": 0}, {"shard": 2, "large": 4})
+    assert handover.peer_for({"small"}, peers) is None
+    assert handover.peer_for({"small"}, {}) is None
 
 
-def test_a_draining_peer_is_never_chosen(handover):
-    assert handover.peer_for({"small"}, [peer(1, draining=True, small=4)]) is None
+def test_a_draining_or_starting_peer_is_never_chosen(handover):
+    assert handover.peer_for({"small"}, table({"shard": 1, "small": 4}, stopping={1})) is None
+    assert handover.peer_for({"small"}, table({"shard": 1, "small": 4}, starting={1})) is None
 
 
 def test_a_shard_of_another_model_is_never_chosen(handover):
-    assert handover.peer_for({"small"}, [peer(3, small=8), peer(1, small=1)]) == 1
-    assert handover.peer_for({"small"}, [peer(3, small=8)]) is None
+    peers = table({"shard": 3, "small": 8}, {"shard": 1, "small": 1})
+    assert handover.peer_for({"small"}, peers) == 1
+    assert handover.peer_for({"small"}, table({"shard": 3, "small": 8})) is None
 
 
 def test_only_a_peer_shard_s_own_connection_marks_a_request_handed_over():

@@ -1,7 +1,8 @@
 """`status` answered by one router shard for the whole server (router/status.py): pure, on
 hand-made shard statuses."""
 
-from numaserve.router.status import format_status, whole_server
+from numaserve.router.status import format_status
+from numaserve.supervisor.whole_status import whole_server
 
 
 def shard(n: int, instances: list[dict], model: str = "default") -> dict:

@@ -3,8 +3,8 @@
 The frontend spreads requests over the shards blindly, and each shard routes only to its own
 instances. When a shard's last instance of a pool dies (until the supervisor has restarted it)
 or it has none yet, a text for that pool would be refused while another shard could serve it.
-Instead the shard passes the whole request (requests are idempotent) to a peer whose latest
-status, forwarded by the supervisor, shows ready instances of every pool it needs, as a client
+Instead the shard passes the whole request (requests are idempotent) to a peer that, by the
+supervisor's latest slot table, has ready instances of every pool it needs, as a client
 of the peer's client socket, and relays the answer. A handed-over request is never handed over
 again: the peer answers it itself, with an error if it must.
 """
@@ -53,30 +53,34 @@ class Handover:
         self.passed: dict[int, Passed] = {}
         self.tokens = itertools.count()
 
-    def peer_for(self, pools: set[str], peers: list[dict]) -> int | None:
-        """A peer of our model, by its last status, with a ready instance of each pool and not
-        draining; the one with the most ready instances of them."""
+    def peer_for(self, pools: set[str], table: dict) -> int | None:
+        """A peer of our model, by the supervisor's slot `table`, that is itself ready (not
+        starting, nor draining) and has a ready instance of each pool; the one with the most
+        ready instances of them."""
+        serving = {r.get("shard") for r in table.get("routers", ()) if r.get("state") == "ready"}
+        ready: dict[int, dict[str, int]] = {peer: {} for peer in self.peers if peer in serving}
+        for slot in table.get("slots", ()):
+            counts = ready.get(slot.get("shard"))  # None: ours, another model's, not serving
+            if counts is not None and slot.get("state") == "ready":
+                counts[slot.get("pool")] = counts.get(slot.get("pool"), 0) + 1
         best, most = None, 0
-        for status in peers:
-            if status.get("shard") not in self.peers:  # another model's shard
-                continue
-            ready = {p["name"]: p["ready"] for p in status.get("pools", ())}
-            have = min((ready.get(name, 0) for name in pools), default=0)
-            if have > most and not status.get("draining"):
-                best, most = status.get("shard"), have
+        for peer, counts in sorted(ready.items()):
+            have = min((counts.get(name, 0) for name in pools), default=0)
+            if have > most:
+                best, most = peer, have
         return best
 
     def take(
         self,
         pools: set[str],
-        peers: list[dict],
+        table: dict,
         envelope: list[bytes],
         request: Request,
         deadline: float | None,
     ) -> bool:
-        """Pass `request`, whose texts need `pools`, to the best peer by `peers` (their latest
-        status); False where none can take it."""
-        peer = self.peer_for(pools, peers)
+        """Pass `request`, whose texts need `pools`, to the best peer by the supervisor's slot
+        `table`; False where none can take it."""
+        peer = self.peer_for(pools, table)
         if peer is None:
             return False
         now = time.monotonic()

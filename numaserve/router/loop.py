@@ -45,6 +45,9 @@ TOKENIZER_MEMO_BYTES = 64 << 20
 # A request handed to a peer shard that has not answered in this long is answered no_instance
 # here (the peer died holding it): past any queue wait, and a client's usual timeout.
 HANDOVER_TIMEOUT_S = 30.0
+# A status op the supervisor has not answered for the whole server by then (it answers within a
+# turn of its loop, 0.1 s) gets this shard's own status.
+WHOLE_STATUS_TIMEOUT_S = 1.0
 # Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
 # cost the router 4% of its time.
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
@@ -96,6 +99,8 @@ class Router:
         self.connections = Connections(self.clients, spec.server.max_message_bytes)
         self.stopping = False
         self.supervisor: dict = {}  # the supervisor's slot table, for status
+        self.supervisor_identity: bytes | None = None  # its connection, once it has sent one
+        self.whole = status.WholeStatusQueries(WHOLE_STATUS_TIMEOUT_S)
         self.handover = None
         if spec.handovers:
             self.handover = Handover(self.ctx, spec.shard, spec.handovers, HANDOVER_TIMEOUT_S)
@@ -237,9 +242,13 @@ class Router:
         except RequestError as e:
             book.error_reply(envelope, e.request_id, body.get("op"), e.code, e.message)
             return
+        if request.op == "status" and self.spec.frontend and self.supervisor_identity:
+            ask = self.whole.ask(envelope, request.id, self.own_status(), time.monotonic())
+            send(self.workers, [self.supervisor_identity], ask)  # it answers for every shard
+            return
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")
-            extra = {"server": self.status()} if request.op == "status" else {}
+            extra = {"server": self.own_status()} if request.op == "status" else {}
             self._reply(envelope, protocol.ok_reply(request.id, **extra))
             return
         refusal = self._refusal(request)
@@ -270,10 +279,13 @@ class Router:
             return False
         pools = self.dispatch.pools
         needed = {pools[self.dispatch.pool_for(len(e.ids))].config.name for e in pending.encoded}
-        peers = self.supervisor.get("peers") or []
         return self.handover.take(
-            needed, peers, pending.envelope, pending.request, pending.deadline
+            needed, self.supervisor, pending.envelope, pending.request, pending.deadline
         )
+
+    def _answer_status(self, envelope: list[bytes], request_id, server: dict) -> None:
+        self.metrics.replied("status", "ok")
+        self._reply(envelope, protocol.ok_reply(request_id, server=server))
 
     def _reply(self, envelope: list[bytes], body: dict) -> None:
         try:
@@ -304,9 +316,13 @@ class Router:
         now = time.monotonic()
         kind = body.get("type")
         if kind == protocol.SUPERVISOR:
-            self.supervisor = body
+            self.supervisor, self.supervisor_identity = body, identity
             reply = {"type": protocol.STATUS, "server": self.own_status(), "seq": body.get("seq")}
             send(self.workers, [identity], reply)
+        elif kind == protocol.WHOLE and identity == self.supervisor_identity:
+            answer = self.whole.answered(body)
+            if answer is not None:
+                self._answer_status(*answer)
         elif kind == protocol.READY:
             self._on_ready(identity, body, now)
         elif kind == protocol.HEARTBEAT and isinstance(body.get("instance"), bytes):
@@ -354,6 +370,8 @@ class Router:
         self.book.drop_silent(now, self.expiry, self.server.heartbeat_liveness)
         self.book.fail_unservable(now)
         self._expire_handovers(now)
+        for envelope, request_id in self.whole.expired(now):  # the supervisor did not answer
+            self._answer_status(envelope, request_id, self.own_status())
         beat = protocol.pack({"type": protocol.HEARTBEAT})
         for worker in self.dispatch.workers.values():
             self.workers.send_multipart([worker.control or worker.identity, *beat])
@@ -378,13 +396,6 @@ class Router:
             self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))
 
     # -- status ----------------------------------------------------------------------------
-
-    def status(self) -> dict:
-        """The whole server's state, for the status op: this shard's own, merged with the
-        other shards' latest (which the supervisor forwards with its slot table)."""
-        if not self.spec.frontend:  # the only router
-            return self.own_status()
-        return status.whole_server(self.own_status(), self.supervisor.get("peers") or [])
 
     def own_status(self) -> dict:
         """This shard's state; where a supervisor runs, one entry per slot of its plan."""

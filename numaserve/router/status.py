@@ -3,8 +3,10 @@ a person reads it."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
+from numaserve import protocol
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
@@ -40,7 +42,9 @@ def shard(
         "metrics": metrics.wire(),
         "draining": book.draining_until is not None,
         "routed_pids": routed_pids(dispatch),
-        "supervisor": {k: v for k, v in supervisor.items() if k not in ("type", "slots", "peers")},
+        "supervisor": {
+            k: v for k, v in supervisor.items() if k not in ("type", "slots", "routers")
+        },
     }
 
 
@@ -102,73 +106,33 @@ def routed_pids(dispatch: Dispatcher) -> list[int]:
     return sorted(w.info.get("pid") for w in dispatch.workers.values() if not w.stopping)
 
 
-def whole_server(own: dict, peers: list[dict]) -> dict:
-    """The status op's answer where several shards serve: totals over every shard, each
-    instance as the shard that routes to it sees it, and one line per shard. The peers' parts
-    are as fresh as the supervisor's last round (a quarter of a second)."""
-    shards = sorted([own, *peers], key=lambda s: s.get("shard", 0))
-    seen = {s.get("shard"): {i["name"]: i for i in s["instances"]} for s in shards}
-    instances = [
-        _as_routed(e, seen.get(e.get("shard"), {}).get(e["name"])) for e in own["instances"]
-    ]
-    pools = {}
-    for shard in shards:
-        for pool in shard["pools"]:
-            key = (pool.get("model_name"), pool["name"])  # a pool's name is its model's own
-            total = pools.setdefault(key, {**pool, "queue": 0, "ready": 0})
-            total["queue"] += pool["queue"]
-            total["ready"] += pool["ready"]
-    cache = {
-        k: sum(s["cache"][k] for s in shards) for k in ("entries", "capacity", "hits", "misses")
-    }
-    looked_up = cache["hits"] + cache["misses"]
-    cache["hit_rate"] = round(cache["hits"] / looked_up, 4) if looked_up else 0.0
-    whole = {k: v for k, v in own.items() if k != "metrics"}  # each shard's, below
-    return {
-        **whole,
-        "instances": instances,
-        "pools": list(pools.values()),
-        "cache": cache,
-        "requests": _sums(s["requests"] for s in shards),
-        "errors": _sums(s["errors"] for s in shards),
-        "draining": any(s["draining"] for s in shards),
-        "routed_pids": sorted(pid for s in shards for pid in s["routed_pids"]),
-        "shards": [
-            {
-                "shard": s.get("shard"),
-                "model_name": s.get("model_name"),
-                "cpus": s.get("cpus"),
-                "instances": sum(1 for i in instances if i.get("shard") == s.get("shard")),
-                "requests": s["requests"],
-                "pools": s["pools"],
-                "cache": s["cache"],
-                "draining": s["draining"],
-                "metrics": s.get("metrics"),
-            }
-            for s in shards
-        ],
-    }
+class WholeStatusQueries:
+    """Status ops a shard among several has asked the supervisor to answer for the whole
+    server (supervisor/whole_status.py): the shards never forward their statuses to each other.
+    One the supervisor leaves unanswered is answered with the shard's own status."""
 
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.waiting: dict[int, tuple[list[bytes], object, float]] = {}
+        self.tokens = itertools.count()
 
-# What a shard knows of an instance that the supervisor's slot table does not.
-ROUTER_SIDE = ("routed", "threads", "membind", "busy", "served", "live_cpus", "affinity_ok")
+    def ask(self, envelope: list[bytes], request_id, own: dict, now: float) -> dict:
+        """The question for the supervisor, with this shard's own status, fresh."""
+        token = next(self.tokens)
+        self.waiting[token] = (envelope, request_id, now + self.timeout_s)
+        return {"type": protocol.WHOLE, "token": token, "server": own}
 
+    def answered(self, body: dict) -> tuple[list[bytes], object, dict] | None:
+        """(envelope, request id, the whole server's status) for the supervisor's answer."""
+        token, whole = body.get("token"), body.get("server")
+        if not isinstance(whole, dict) or not isinstance(token, int):
+            return None
+        asked = self.waiting.pop(token, None)
+        return None if asked is None else (asked[0], asked[1], whole)
 
-def _as_routed(slot: dict, routing: dict | None) -> dict:
-    """A slot as this shard's table has it (the supervisor's newest: a peer's copy may be a
-    round older, and say starting after systemd heard READY=1), with what the shard that routes
-    to it sees of that same process."""
-    if routing is None or routing.get("pid") != slot.get("pid"):
-        return slot
-    return {**slot, **{k: routing[k] for k in ROUTER_SIDE if k in routing}}
-
-
-def _sums(counters) -> dict:
-    total: dict = {}
-    for counter in counters:
-        for key, value in counter.items():
-            total[key] = total.get(key, 0) + value
-    return total
+    def expired(self, now: float) -> list[tuple[list[bytes], object]]:
+        late = [token for token, (_, _, expires) in self.waiting.items() if expires <= now]
+        return [self.waiting.pop(token)[:2] for token in late]
 
 
 def _live_affinity(pid) -> list[int] | None:

@@ -327,6 +327,8 @@ class Supervisor:
                 {**c.describe(), "live_cpus": self.system.affinity(c.pid) if c.pid else None}
                 for c in self.workers.values()
             ],
+            # Each shard's state: a peer that is stopping takes no handed-over request.
+            "routers": [{"shard": c.shard, "state": c.state.value} for c in self.routers],
         }
         self.shards.send(table, self.system.now())
 

@@ -2,7 +2,8 @@
 
 The supervisor sends its slot table (`numaserve status` shows it); a shard answers with its
 status, whose `routed_pids` say which workers it hears from: that is how the supervisor knows an
-instance is READY, or has gone silent.
+instance is READY, or has gone silent. A shard asked for the whole server's status sends its own
+and gets the whole back (whole_status.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import zmq
 
 from numaserve import protocol
 from numaserve.supervisor.children import Child
+from numaserve.supervisor.whole_status import whole_server
 
 
 class RouterLink:
@@ -88,7 +90,8 @@ class ShardLinks:
         view.seq_floor = self.sent
 
     def receive(self, now: float) -> None:
-        """Each shard's answers waiting now: its latest status, and the table it answers."""
+        """Each shard's answers waiting now: its latest status, and the table it answers; and
+        the whole server's status for a shard that asks for it."""
         for view in self.views:
             for body in view.link.receive():
                 seq = body.get("seq") or 0
@@ -96,16 +99,25 @@ class ShardLinks:
                     view.status = body["server"]
                     view.heard_at = now
                     view.acked = max(view.acked, seq)
+                elif body.get("type") == protocol.WHOLE and isinstance(body.get("server"), dict):
+                    self.answer_whole(view, body)
+
+    def answer_whole(self, asking: ShardView, body: dict) -> None:
+        """The asking shard's own status (as fresh as can be) merged with the others' latest."""
+        others = [v.status for v in self.views if v is not asking and v.status]
+        try:
+            whole = whole_server(body["server"], others)
+        except (KeyError, TypeError, AttributeError):  # a malformed status: its own, unmerged
+            whole = body["server"]
+        asking.link.send({"type": protocol.WHOLE, "token": body.get("token"), "server": whole})
 
     def send(self, table: dict, now: float) -> None:
-        """`table` to every shard, numbered. Each shard also gets the others' latest status,
-        so that any of them can answer for the whole server."""
+        """`table` to every shard, numbered: the same message to each."""
         self.next_send = now + self.poll_s
         self.sent += 1
         table = {**table, "seq": self.sent}
         for view in self.views:
-            peers = [v.status for v in self.views if v is not view and v.status]
-            view.link.send({**table, "peers": peers} if len(self.views) > 1 else table)
+            view.link.send(table)
 
     def routed_pids(self, now: float) -> dict[int, set[int] | None]:
         """Per shard, the workers it hears from (None: no fresh word, judge nobody)."""

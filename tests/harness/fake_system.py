@@ -142,8 +142,14 @@ class FakeRouter:
         self.behind = False  # busy: answers nothing yet (the tables wait, as in its socket)
         self.tables: list[dict] = []  # every slot table the supervisor sent
         self.unanswered: list[int] = []  # sequence numbers of tables sent
+        self.status: dict = {}  # more of its status than routed_pids (a test's choice)
+        self.asking: list[dict] = []  # what it sends next besides its answers (a WHOLE query)
+        self.wholes: list[dict] = []  # the supervisor's answers to those
 
     def send(self, message: dict) -> None:
+        if message["type"] == protocol.WHOLE:
+            self.wholes.append(message)
+            return
         self.tables.append(message)
         if self.name in self.system.running.values():  # else lost, as on a real socket
             self.unanswered.append(message["seq"])
@@ -161,11 +167,12 @@ class FakeRouter:
             and spec_of(self.system.argv[pid]).get("shard", 0) == self.shard
             and not {name, pid} & self.quiet
         ]
-        server = {"routed_pids": sorted(heard)}
+        server = {**self.status, "routed_pids": sorted(heard)}
         answers = [
             {"type": protocol.STATUS, "seq": seq, "server": server} for seq in self.unanswered
         ]
         self.unanswered = []
+        answers, self.asking = answers + self.asking, []
         return answers
 
     def close(self) -> None:
