@@ -14,7 +14,8 @@ from numaserve.tasks import TASKS, Task
 
 OPS = (*TASKS, "status", "ping")  # the `op` key: a task's name, or a question for the server
 COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms")
-REQUEST_KEYS = (*COMMON_KEYS, *(key for task in TASKS.values() for key in task.option_keys))
+OWNERS = {key: task for task in TASKS.values() for key in task.option_keys}  # a task's keys
+REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000
 
@@ -71,6 +72,7 @@ def parse_request(body: dict, max_texts: int) -> Request:
     unknown = [k for k in body if k not in REQUEST_KEYS]
     if unknown:
         raise bad(f"unknown key {unknown[0]!r}; a request has {', '.join(REQUEST_KEYS)}")
+    owners = [OWNERS[k] for k in body if k in OWNERS]
     op = body.get("op")
     if op not in OPS:
         raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
@@ -79,7 +81,11 @@ def parse_request(body: dict, max_texts: int) -> Request:
         return Request(request_id, op, (), deadline, model)
     task = TASKS[op]
     texts = _texts(body.get("texts"), task, max_texts, bad)
-    _refuse_others_keys(body, task, bad)
+    other = next((owner for owner in owners if owner is not task), None)
+    if other is not None:  # a key of another task's (rerank's query on classify)
+        keys = " and ".join(other.option_keys)
+        verb = "are" if len(other.option_keys) > 1 else "is"
+        raise bad(f"{keys} {verb} for {other.name}, not {task.name}")
     return Request(request_id, op, texts, deadline, model, task.options(body, bad))
 
 
@@ -134,13 +140,21 @@ def _texts(texts: object, task: Task, max_texts: int, bad) -> tuple[Text, ...]:
                 check_text(part, f"text {i}[{j}]", bad)
             checked.append((text[0], text[1]))
         else:
-            takers = [t.name for t in TASKS.values() if t.takes_pairs]
-            pairs = (
-                f"; pairs [a, b] are for {' and '.join(takers)}" if isinstance(text, list) else ""
-            )
-            check_text(text, f"text {i}", bad, pairs)
+            check_text(text, f"text {i}", bad, _pairs_hint(text))
             checked.append(text)
     return tuple(checked)
+
+
+def _pairs_hint(text: object) -> str:
+    if not isinstance(text, list):
+        return ""
+    return f"; pairs [a, b] are for {' and '.join(t.name for t in TASKS.values() if t.takes_pairs)}"
+
+
+def _pairs_hint(text: object) -> str:
+    if not isinstance(text, list):
+        return ""
+    return f"; pairs [a, b] are for {' and '.join(t.name for t in TASKS.values() if t.takes_pairs)}"
 
 
 def _refuse_others_keys(body: dict, task: Task, bad) -> None:
