@@ -78,7 +78,7 @@ class Supervisor:
         for spec in self.deployment.routers:
             self.add_shard(spec)
         frontend = self.deployment.frontend
-        self.frontend = Child("frontend", frontend.argv(), cpus=frontend.cpus) if frontend else None
+        self.frontend = Child.for_frontend(frontend) if frontend else None
         self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start

@@ -14,7 +14,7 @@ from enum import Enum
 
 from numaserve import exitcodes
 from numaserve.config import DEFAULT_MODEL, SupervisorConfig
-from numaserve.specs import RouterSpec, WorkerSpec
+from numaserve.specs import FrontendSpec, RouterSpec, WorkerSpec
 
 
 class State(str, Enum):
@@ -51,11 +51,9 @@ class Child:
 
     name: str
     argv: list[str]
-    pool: str | None = None
-    cpus: tuple[int, ...] = ()
-    nodes: tuple[int, ...] = ()
-    shard: int = 0  # a worker: the router shard that routes to it; a shard: its own index
-    model_name: str = DEFAULT_MODEL  # a worker's or a shard's model
+    # What it runs from: a worker's spec (which holds the plan's own Slot), a shard's, the
+    # frontend's; None for `numaserve prepare`. Where it runs is read from there, not copied.
+    spec: WorkerSpec | RouterSpec | FrontendSpec | None = None
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
@@ -71,19 +69,42 @@ class Child:
 
     @classmethod
     def for_worker(cls, spec: WorkerSpec) -> Child:
-        slot = spec.slot
-        return cls(slot.name, spec.argv(), slot.pool, slot.cpus, slot.nodes, spec.shard, slot.model)
+        return cls(spec.slot.name, spec.argv(), spec)
 
     @classmethod
     def for_shard(cls, spec: RouterSpec) -> Child:
-        return cls(
-            f"router-{spec.shard}" if spec.frontend else "router",
-            spec.argv(),
-            cpus=spec.cpus,
-            nodes=spec.nodes,
-            shard=spec.shard,
-            model_name=spec.model_name,
-        )
+        return cls(f"router-{spec.shard}" if spec.frontend else "router", spec.argv(), spec)
+
+    @classmethod
+    def for_frontend(cls, spec: FrontendSpec) -> Child:
+        return cls("frontend", spec.argv(), spec)
+
+    @property
+    def pool(self) -> str | None:
+        return self.spec.slot.pool if isinstance(self.spec, WorkerSpec) else None
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        if isinstance(self.spec, WorkerSpec):
+            return self.spec.slot.cpus
+        return self.spec.cpus if self.spec is not None else ()
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        if isinstance(self.spec, WorkerSpec):
+            return self.spec.slot.nodes
+        return self.spec.nodes if self.spec is not None else ()
+
+    @property
+    def shard(self) -> int:
+        """A worker's: the router shard that routes to it; a shard's: its own index."""
+        return self.spec.shard if isinstance(self.spec, (WorkerSpec, RouterSpec)) else 0
+
+    @property
+    def model_name(self) -> str:
+        if isinstance(self.spec, WorkerSpec):
+            return self.spec.slot.model
+        return self.spec.model_name if isinstance(self.spec, RouterSpec) else DEFAULT_MODEL
 
     def change_state(self, new: State, now: float) -> None:
         """The one way a child's state changes; READY notes when (for `stable_s`)."""

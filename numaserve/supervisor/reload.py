@@ -148,7 +148,7 @@ class Reload:
         if sup.frontend and frontend and new.frontend and new.frontend.routes != frontend.routes:
             frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
             sup.system.write_file(frontend.routes_file, frontend.to_json())
-            sup.frontend.argv = frontend.argv()  # a restart starts with them too
+            sup.frontend.spec, sup.frontend.argv = frontend, frontend.argv()  # a restart too
             sup.signal(sup.frontend, signal.SIGHUP)
         for spec in new.routers:
             if spec.model_name in self.added:
