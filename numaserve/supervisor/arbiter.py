@@ -32,7 +32,8 @@ from numaserve.specs import Deployment, RouterSpec, deployment
 from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import Child, State, after_crash, describe_exit
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reload import Reload, begin_reload
+from numaserve.supervisor.reconcile import Reconcile
+from numaserve.supervisor.reload import begin_reload
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
@@ -84,7 +85,7 @@ class Supervisor:
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
         self.mood = Mood.STARTING
         self.exit_code: int | None = None
-        self.reload: Reload | None = None
+        self.reconcile: Reconcile | None = None  # the start's, or a reload's
         self.stop: Stop | None = None
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings: the children log as the supervisor does.
@@ -112,6 +113,10 @@ class Supervisor:
     def stopping(self) -> bool:
         return self.mood is Mood.STOPPING
 
+    @property
+    def reloading(self) -> bool:
+        return self.reconcile is not None and self.reconcile.reloading
+
     def front(self) -> list[Child]:
         """The processes between the clients and the workers: the shards, and the frontend."""
         return [*self.routers, *([self.frontend] if self.frontend else [])]
@@ -120,8 +125,8 @@ class Supervisor:
         current = [*self.front(), *self.workers.values(), *self.retired]
         if self.prepare:
             current.append(self.prepare)
-        if self.reload and self.reload.replacement:
-            current.append(self.reload.replacement)
+        if self.reconcile and self.reconcile.replacement:
+            current.append(self.reconcile.replacement)
         return current
 
     # -- the loop ----------------------------------------------------------------------------
@@ -144,17 +149,12 @@ class Supervisor:
             self.config_path,
             extra={"event": "start"},
         )
+        self.reconcile = Reconcile.start(self)
         if any(m.backend == "onnxruntime" for m in self.config.models):
             self.mood = Mood.PREPARING
             self.start_prepare()
         else:
-            self._start_all()
-
-    def _start_all(self) -> None:
-        for child in [*([self.frontend] if self.frontend else []), *self.routers]:
-            self.spawn(child)
-        for child in self.workers.values():
-            self.spawn(child)
+            self.reconcile.advance(self, self.system.now())
 
     def step(self, signals: list[int]) -> None:
         """One turn of the loop: the signals caught since the last, then children that exited,
@@ -243,8 +243,10 @@ class Supervisor:
             self.retired.remove(child)
             log.info("exit %s (retired): %s", child.name, child.last_exit, extra={"event": "exit"})
             return
-        if self.reload and child is self.reload.replacement:
-            self.reload.abort(self, f"the new {child.name} {child.last_exit} before it was ready")
+        if self.reconcile and child is self.reconcile.replacement:
+            self.reconcile.abort(
+                self, f"the new {child.name} {child.last_exit} before it was ready"
+            )
             return
         expected = child.state in (State.DRAINING, State.STOPPED) or bool(
             self.stop and self.stop.fast
@@ -285,7 +287,7 @@ class Supervisor:
         argv = [sys.executable, "-m", "numaserve.cli", "prepare", "--config", self.config_path]
         self.prepare = Child("prepare", argv)
         self.spawn(self.prepare)
-        if self.reload and self.prepare is not None:
+        if self.reloading and self.prepare is not None:
             log.info(
                 "reload: preparing the new or changed model(s) before any instance (re)starts",
                 extra={"event": "reload"},
@@ -293,23 +295,8 @@ class Supervisor:
 
     def _prepared(self, code: int) -> None:
         self.prepare = None
-        if self.stopping:
-            return
-        if self.reload:
-            if code != 0:
-                self.reload.abort(self, f"the changed model could not be prepared (exit {code})")
-            else:
-                log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
-        elif code != 0:
-            log.error(
-                "fatal: the model could not be prepared (%s; its log lines above say why)",
-                describe_exit(code, killed_by_us=False),
-                extra={"event": "fatal"},
-            )
-            self.exit_code = exitcodes.MODEL
-        else:
-            self.mood = Mood.STARTING
-            self._start_all()
+        if self.reconcile and not self.stopping:
+            self.reconcile.prepared(self, code)
 
     # -- what the shards, systemd and /metrics hear ------------------------------------------
 
@@ -372,8 +359,8 @@ class Supervisor:
             self.begin_stop(
                 "no instance can serve", code
             )  # after any exit, and a spawn that failed
-        if self.reload:
-            self.reload.advance(self, now)
+        if self.reconcile:
+            self.reconcile.advance(self, now)
         if self.stop is not None:
             self.exit_code = self.stop.advance(self)
         self._notify(now)
@@ -384,8 +371,9 @@ class Supervisor:
         """`code`: the exit code once stopped, where the stop is a failure."""
         if self.stopping:
             return
-        if self.reload:
-            self.reload.abort(self, "stopping")
+        if self.reloading:
+            self.reconcile.abort(self, "stopping")
+        self.reconcile = None
         self.mood = Mood.STOPPING
         self.stop = Stop(code)
         self.stop.begin(self, why)

@@ -22,7 +22,7 @@ def check(sup: Supervisor, now: float) -> None:
     """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
     routed = sup.shards.routed_pids(now)
     front_ready(sup, routed)
-    replacement = sup.reload.replacement if sup.reload else None
+    replacement = sup.reconcile.replacement if sup.reconcile else None
     for child in [*sup.workers.values(), *([replacement] if replacement else [])]:
         heard = routed.get(child.shard)
         if child.state == State.STARTING:
@@ -103,7 +103,7 @@ def check_heard(sup: Supervisor, child: Child, now: float, routed: set[int]) -> 
 
 def _kill_after(sup: Supervisor, child: Child) -> float:
     s = sup.config.supervisor
-    draining = child in sup.routers or bool(sup.reload and child in sup.reload.draining)
+    draining = child in sup.routers or bool(sup.reconcile and child in sup.reconcile.draining)
     return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
 
 
