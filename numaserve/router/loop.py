@@ -45,8 +45,8 @@ TOKENIZER_MEMO_BYTES = 64 << 20
 # A request handed to a peer shard that has not answered in this long is answered no_instance
 # here (the peer died holding it): past any queue wait, and a client's usual timeout.
 HANDOVER_TIMEOUT_S = 30.0
-# A status op the supervisor has not answered for the whole server by then (it answers within a
-# turn of its loop, 0.1 s) gets this shard's own status.
+# A status op the supervisor has not answered for the whole server by then (it answers as soon
+# as its loop wakes on the question) gets this shard's own status.
 WHOLE_STATUS_TIMEOUT_S = 1.0
 # Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
 # cost the router 4% of its time.

@@ -135,7 +135,7 @@ class Supervisor:
         self.system.catch(CAUGHT)
         self.begin()
         while self.exit_code is None:
-            self.step(self.system.wait(0.1))
+            self.step(self.system.wait(0.1, [view.link.sock for view in self.shards]))
         self.close()
         return self.exit_code
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import select
 import signal
 import time
 from collections import deque
+from collections.abc import Sequence
+
+import zmq
 
 from numaserve import procinfo
 from numaserve.host.pinning import affinity_if_alive
@@ -50,9 +52,15 @@ class System:
         with contextlib.suppress(BlockingIOError):
             os.write(self.wake_w, b"s")
 
-    def wait(self, timeout: float) -> list[int]:
-        """The signals caught, after waiting up to `timeout` for one."""
-        select.select([self.wake_r], [], [], timeout)
+    def wait(self, timeout: float, sockets: Sequence[zmq.Socket] = ()) -> list[int]:
+        """The signals caught, after waiting up to `timeout` for one, or for a message on one
+        of `sockets` (a router shard's: one asking for the whole server's status is answered
+        at once, not at the next tick)."""
+        poller = zmq.Poller()
+        poller.register(self.wake_r, zmq.POLLIN)
+        for sock in sockets:
+            poller.register(sock, zmq.POLLIN)
+        poller.poll(timeout * 1000)
         with contextlib.suppress(BlockingIOError):
             while os.read(self.wake_r, 4096):
                 pass
