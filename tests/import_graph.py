@@ -22,6 +22,7 @@ BASE = {
     "protocol",
     "requests",
     "tasks",
+    "whole_status",
     "exitcodes",
     "logs",
     "procinfo",

@@ -201,3 +201,19 @@ def test_a_result_cached_from_a_model_no_live_instance_runs_is_never_answered(ma
 def embeddings(sock) -> dict:
     body = protocol.unpack(sock.recv_multipart())
     return {body["id"]: body["results"][0]["embedding"]}
+
+
+def test_a_shard_without_a_slot_table_yet_answers_status_as_the_whole_server(make_router, tmp_path):
+    """A shard among several (just restarted: no slot table from the supervisor yet) has no one
+    to merge the others' parts; it answers in the whole server's shape all the same, its own
+    part alone, as `numaserve status` and scripts read it."""
+    frontend = f"ipc://{tmp_path}/frontend.sock"
+    stand_in = zmq.Context.instance().socket(zmq.DEALER)  # the frontend's side
+    stand_in.linger = 0
+    stand_in.bind(frontend)
+    make_router(frontend=frontend)
+    stand_in.send_multipart([b"client", *protocol.pack({"id": 1, "op": "status"})])
+    assert stand_in.poll(10_000)
+    reply = protocol.unpack(stand_in.recv_multipart()[1:])
+    stand_in.close()
+    assert [shard["shard"] for shard in reply["server"]["shards"]] == [0]

@@ -2,7 +2,7 @@
 hand-made shard statuses."""
 
 from numaserve.router.status import format_status
-from numaserve.supervisor.whole_status import whole_server
+from numaserve.whole_status import whole_server
 
 
 def shard(n: int, instances: list[dict], model: str = "default") -> dict:

@@ -32,6 +32,7 @@ from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import begin, context
 from numaserve.router.requests import Pending
 from numaserve.specs import RouterSpec, model_key
+from numaserve.whole_status import whole_server
 
 log = logging.getLogger("numaserve.router")
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
@@ -248,7 +249,7 @@ class Router:
             return
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")
-            extra = {"server": self.own_status()} if request.op == "status" else {}
+            extra = {"server": self.own_status(as_whole=True)} if request.op == "status" else {}
             self._reply(envelope, protocol.ok_reply(request.id, **extra))
             return
         refusal = self._refusal(request)
@@ -371,7 +372,7 @@ class Router:
         self.book.fail_unservable(now)
         self._expire_handovers(now)
         for envelope, request_id in self.whole.expired(now):  # the supervisor did not answer
-            self._answer_status(envelope, request_id, self.own_status())
+            self._answer_status(envelope, request_id, self.own_status(as_whole=True))
         beat = protocol.pack({"type": protocol.HEARTBEAT})
         for worker in self.dispatch.workers.values():
             self.workers.send_multipart([worker.control or worker.identity, *beat])
@@ -397,11 +398,13 @@ class Router:
 
     # -- status ----------------------------------------------------------------------------
 
-    def own_status(self) -> dict:
-        """This shard's state; where a supervisor runs, one entry per slot of its plan."""
-        return status.shard(
+    def own_status(self, as_whole: bool = False) -> dict:
+        """This shard's state; where a supervisor runs, one entry per slot of its plan.
+        `as_whole`: as the whole server's where there are several shards (ours alone)."""
+        own = status.shard(
             self.spec, self.dispatch, self.book, self.metrics, self.connections, self.supervisor
         )
+        return whole_server(own, []) if as_whole and self.spec.frontend else own
 
     def close(self) -> None:
         if self.handover:

@@ -108,7 +108,7 @@ def routed_pids(dispatch: Dispatcher) -> list[int]:
 
 class WholeStatusQueries:
     """Status ops a shard among several has asked the supervisor to answer for the whole
-    server (supervisor/whole_status.py): the shards never forward their statuses to each other.
+    server (numaserve/whole_status.py): the shards never forward their statuses to each other.
     One the supervisor leaves unanswered is answered with the shard's own status."""
 
     def __init__(self, timeout_s: float) -> None:

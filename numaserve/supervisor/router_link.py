@@ -15,7 +15,7 @@ import zmq
 
 from numaserve import protocol
 from numaserve.supervisor.children import Child
-from numaserve.supervisor.whole_status import whole_server
+from numaserve.whole_status import whole_server
 
 
 class RouterLink:

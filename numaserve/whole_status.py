@@ -1,8 +1,9 @@
-"""The status op's answer where several router shards serve: the whole server, merged here.
+"""The status op's answer where several router shards serve: the whole server, merged.
 
 The supervisor hears every shard's status each round (a quarter of a second); a shard asked for
-`status` sends its own, fresh, and the supervisor answers with the whole. So the shards never
-forward their statuses to each other: one merge per question, in the one place that has them.
+`status` sends its own, fresh, and the supervisor answers with the merge. So the shards never
+forward their statuses to each other. A shard that has no supervisor to ask (just restarted,
+before its first slot table) answers the same shape with its own part alone.
 """
 
 from __future__ import annotations
