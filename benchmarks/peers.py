@@ -4,6 +4,7 @@
                    per core, ONNX Runtime int8, micro-batching under load), cache off: the
                    peers have none, and cache hits would flatter us
   numaserve-batch-1  the same with micro-batching off (max_batch 1)
+  numaserve-http   the same server driven over its HTTP API (TEI's POST /embed), as the peers
   infinity         infinity-emb 0.0.78, its optimum (ONNX Runtime) engine and dynamic batching,
                    on numaserve's own ONNX artifact (the same int8 model file)
   torchserve       TorchServe 0.12 with its CPU launcher (one numactl-pinned worker per core),
@@ -132,6 +133,16 @@ class NumaserveUnbatched(Numaserve):
 
     name = "numaserve-batch-1"
     settings = "\n  max_batch: 1"
+
+
+class NumaserveHttp(Numaserve):
+    """The same server, driven as the peers are: HTTP, TEI's POST /embed, kept-alive."""
+
+    name = "numaserve-http"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.target = http_target(f"{self.server.url}/embed")  # TEI's body: {"inputs": ...}
 
 
 class HttpPeer:
@@ -392,7 +403,15 @@ def ceiling(texts: list[str], seconds: float, isa: tuple[str, ...], tmp: Path) -
 
 SYSTEMS = {
     kind.name: kind
-    for kind in (Numaserve, NumaserveUnbatched, InfinityPeer, TorchServePeer, FastAPIPeer, RayPeer)
+    for kind in (
+        Numaserve,
+        NumaserveUnbatched,
+        NumaserveHttp,
+        InfinityPeer,
+        TorchServePeer,
+        FastAPIPeer,
+        RayPeer,
+    )
 }
 
 

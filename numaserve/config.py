@@ -96,8 +96,22 @@ class ServerConfig:
     metrics: str = field(default="127.0.0.1:9464", metadata={"empty": True})
     # CurveZMQ on `endpoint`: only clients holding an authorised key get in (docs/deployment.md).
     curve: CurveConfig | None = None
-    # true: let a tcp endpoint beyond loopback serve in plaintext, to anyone who reaches it.
+    # true: let a tcp endpoint (or the HTTP API) beyond loopback serve in plaintext, to anyone
+    # who reaches it.
     insecure: bool = False
+    # host:port of the HTTP API (TEI's routes, OpenAI's /v1/embeddings, /v1/rerank:
+    # docs/http.md); "" turns it off.
+    http: str = field(default="127.0.0.1:8080", metadata={"empty": True})
+    # One API key per line (# comments); every HTTP request but /health then needs
+    # `Authorization: Bearer KEY`. Re-read when the file changes, with no restart.
+    http_api_keys_file: str | None = None
+    # HTTP front processes, all on the one port: auto is one per NUMA node with router shards.
+    http_processes: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
+    # A request body longer than this is refused (413) before it is read.
+    http_max_body_bytes: int = field(default=2 << 20, metadata=_bounds(1024, 1 << 30))
+    # A request not read whole this long after its first byte is answered 408 and its
+    # connection closed: a slow client holds nothing for ever.
+    http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))
 
 
 @dataclass(frozen=True)
@@ -404,13 +418,29 @@ def _check_server(config: Config, source: str) -> None:
             "docs/deployment.md), or server.insecure: true where a firewall or a private "
             "network already keeps others out"
         )
-    metrics = server.metrics
-    port = re.fullmatch(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", metrics)
-    if metrics and not (port and 1 <= int(port.group(1)) <= 65535):
+    for key, example in (("metrics", "127.0.0.1:9464"), ("http", "127.0.0.1:8080")):
+        address = getattr(server, key)
+        if address and split_host_port(address) is None:
+            raise ConfigError(
+                f"{source}: server.{key}: expected host:port, like {example} or [::1]:"
+                f'{example.rpartition(":")[2]}, or "" to turn it off; got {address!r}'
+            )
+    if server.http and not (
+        server.http_api_keys_file or server.insecure or _local_endpoint(f"tcp://{server.http}")
+    ):
         raise ConfigError(
-            f"{source}: server.metrics: expected host:port, like 127.0.0.1:9464 or [::1]:9464, "
-            f'or "" to turn the endpoint off; got {metrics!r}'
+            f"{source}: server.http: {server.http} can be reached from other hosts, by anyone; "
+            "set server.http_api_keys_file (docs/http.md#api-keys), or server.insecure: true "
+            "where a firewall, a private network or a proxy in front already keeps others out"
         )
+
+
+def split_host_port(address: str) -> tuple[str, int] | None:
+    """("::1", 8080) for "[::1]:8080"; None for anything that is not host:port."""
+    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", address)
+    if not match or not 1 <= int(match.group(2)) <= 65535:
+        return None
+    return match.group(1).strip("[]"), int(match.group(2))
 
 
 def _check_model(

@@ -12,7 +12,8 @@ from typing import Any
 from numaserve.protocol import MAX_MODEL_NAME, ErrorCode, check_text, reply_id
 from numaserve.tasks import TASKS, Task
 
-OPS = (*TASKS, "status", "ping")  # the `op` key: a task's name, or a question for the server
+# The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
+OPS = (*TASKS, "status", "ping", "cancel")
 COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms")
 OWNERS = {key: task for task in TASKS.values() for key in task.option_keys}  # a task's keys
 REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)

@@ -73,6 +73,9 @@ class RouterSpec(JSONSpec):
     frontend: str | None = None
     # Every shard's address for requests its peers pass on (router/handover.py), by shard.
     handovers: tuple[str, ...] = ()
+    # Its private client socket (ipc), for the HTTP fronts and for its peers' handovers, beside
+    # server.endpoint or the frontend; plain, never CurveZMQ: only this server's user reaches it.
+    local: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,33 @@ class FrontendSpec(JSONSpec):
     curve: CurveConfig | None = None  # server.curve, for the client endpoint
     cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
     nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
+
+
+@dataclass(frozen=True)
+class HttpModel:
+    """A model as the HTTP front serves it: its name, settings, and its shards' local sockets."""
+
+    name: str
+    model: ModelConfig
+    shards: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HttpSpec(JSONSpec):
+    """One HTTP front process (numaserve/http): all of them listen on `address`
+    (SO_REUSEPORT), each hands its requests to the models' shards."""
+
+    module = "numaserve.http"
+
+    address: str  # server.http: host:port
+    models: tuple[HttpModel, ...]  # in config order: the first is the default
+    named: bool  # a `models:` server: requests name their model
+    server: ServerConfig = field(default_factory=ServerConfig)
+    index: int = 0
+    stats_file: str | None = None  # where it writes its request counts, for /metrics
+    cpus: tuple[int, ...] = ()  # the router shards' reserved CPUs of its node; empty: not pinned
+    nodes: tuple[int, ...] = ()
+    drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,7 @@ class Deployment:
     routers: tuple[RouterSpec, ...]  # the shards
     frontend: FrontendSpec | None  # with more than one shard
     workers: tuple[WorkerSpec, ...]
+    http: tuple[HttpSpec, ...] = ()  # the HTTP fronts; none where server.http is ""
 
     def shard_numbers(self) -> dict[str, tuple[int, ...]]:
         """Each model's shard numbers: what a reload keeps for the models it keeps."""
@@ -159,7 +190,9 @@ def deployment(
         for name, shard in plan_model_shards(plan, topo, config.server.routers, numbers)
     ]
     frontend = None
-    if len(shards) > 1 or named:
+    # A shard holding a CurveZMQ endpoint cannot also take plain requests from the HTTP fronts
+    # on the same socket: the frontend holds the endpoint, and the shard its private socket.
+    if len(shards) > 1 or named or (config.server.curve and config.server.http):
         routes = tuple(
             Route(name, f"ipc://{runtime_dir}/frontend{f'-{name}' * named}.sock")
             for name in plan.models
@@ -180,7 +213,7 @@ def deployment(
     for model, shard in shards:
         peers = [other.index for m, other in shards if m is model]
         handovers = tuple(
-            f"ipc://{runtime_dir}/handover-{i}.sock" if i in peers else "" for i in range(numbered)
+            f"ipc://{runtime_dir}/shard-{i}.sock" if i in peers else "" for i in range(numbered)
         )
         routers[shard.index] = RouterSpec(
             workers_endpoint=f"ipc://{runtime_dir}/workers-{shard.index}.sock",
@@ -194,6 +227,7 @@ def deployment(
             shard=shard.index,
             frontend=route.get(model.name),
             handovers=handovers if len(peers) > 1 else (),
+            local=f"ipc://{runtime_dir}/shard-{shard.index}.sock",
         )
     router_of = {name: routers[shard.index] for _, shard in shards for name in shard.slots}
     workers = tuple(
@@ -209,4 +243,43 @@ def deployment(
         )
         for slot in plan.slots
     )
-    return Deployment(tuple(routers.values()), frontend, workers)
+    fronts = http_fronts(config, tuple(routers.values()), runtime_dir)
+    return Deployment(tuple(routers.values()), frontend, workers, fronts)
+
+
+def http_fronts(
+    config: Config, routers: tuple[RouterSpec, ...], runtime_dir: Path
+) -> tuple[HttpSpec, ...]:
+    """The HTTP fronts: one per NUMA node with shards (server.http_processes: auto), each on
+    its node's shards' reserved CPUs (unpinned where none are reserved), each handing every
+    model's requests to that model's shards."""
+    if not config.server.http:
+        return ()
+    homes: dict[tuple[int, ...], set[int]] = {}  # a node's shards' CPUs, by their nodes
+    for spec in routers:
+        homes.setdefault(spec.nodes, set()).update(spec.cpus)
+    places = [(nodes, tuple(sorted(cpus))) for nodes, cpus in homes.items()]
+    wanted = config.server.http_processes
+    count = len(places) if wanted == "auto" else wanted
+    models = tuple(
+        HttpModel(
+            model.name,
+            model.model,
+            tuple(r.local for r in routers if r.model_name == model.name and r.local),
+        )
+        for model in config.models
+    )
+    return tuple(
+        HttpSpec(
+            address=config.server.http,
+            models=models,
+            named=config.named,
+            server=config.server,
+            index=i,
+            stats_file=f"{runtime_dir}/http-{i}.json",
+            cpus=places[i % len(places)][1],
+            nodes=places[i % len(places)][0] if places[i % len(places)][1] else (),
+            drain_timeout_s=config.supervisor.drain_timeout_s,
+        )
+        for i in range(count)
+    )

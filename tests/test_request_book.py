@@ -240,3 +240,24 @@ def test_every_error_is_counted_by_its_code(tokenizer):
     shard.ask("hello world")
     shard.ask("hello again", request_id=2)
     assert shard.book.errors == {ErrorCode.NO_INSTANCE.value: 2}
+
+
+def test_a_cancelled_request_is_never_answered_and_its_queued_texts_never_run(tokenizer):
+    shard = Shard(tokenizer)
+    busy = shard.instance()
+    shard.dispatch.schedule(time.monotonic())  # nothing queued yet: the instance stays idle
+    shard.ask("first text", request_id=1)
+    shard.ask("second text", request_id=2)
+    shard.book.cancel([b"someone else"], 2)  # another client's id 2: not this one
+    assert len(shard.book.active) == 2
+    shard.book.cancel([b"client"], 2)
+
+    ran = []
+    for _ in range(10):
+        for job in shard.dispatch.schedule(time.monotonic()):
+            ran += [item.owner.request.id for item in job.items]
+            body = {"type": protocol.RESULT, "job": job.id, "results": [{"embedding": b""}]}
+            shard.book.on_result(body, time.monotonic())
+    assert busy and ran == [1]
+    assert [body["id"] for _, body in shard.replies] == [1]
+    assert shard.book.counters["cancelled"] == 1 and not shard.book.active

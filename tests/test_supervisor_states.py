@@ -471,6 +471,7 @@ models:
   - {name: a, backend: torch, pools: [{name: main, max_tokens: 512, instances: 2}]}
   - {name: b, backend: torch, pools: [{name: main, max_tokens: 512, instances: 1}]}
 supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
+server: {http: ""}
 """
 
 

@@ -128,8 +128,13 @@ def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> No
     "--http",
     "url",
     metavar="URL",
-    help='Closed loop against an HTTP server instead (POST {"text": ...} as JSON), '
-    "to measure a peer with the same generator.",
+    help="Closed loop over HTTP instead: numaserve's own routes (/embed, /predict, /ner, "
+    '/v1/embeddings: their API\'s body), or a peer\'s (any other path: {"text": ...}).',
+)
+@click.option(
+    "--api-key",
+    envvar="NUMASERVE_API_KEY",
+    help="--http: sent as Authorization: Bearer KEY (default: $NUMASERVE_API_KEY).",
 )
 @click.option("--clients", default=32, show_default=True, help="Closed loop: concurrent clients.")
 @click.option(
@@ -153,6 +158,7 @@ def bench(
     pairs,
     documents,
     url,
+    api_key,
     clients,
     requests,
     rate,
@@ -178,7 +184,7 @@ def bench(
     draw = load.drawing(op, pairs, documents)
     try:
         connect = (
-            load.http_target(url, timeout)
+            load.http_target(url, timeout, api_key=api_key, model=asked_model())
             if url
             else load.numaserve_target(list(endpoints), op, timeout, client_keys(), asked_model())
         )

@@ -155,15 +155,40 @@ def text_body(text: str) -> dict:
     return {"text": text}
 
 
+# numaserve's own routes (docs/http.md), by path: the body each API takes for one text. Any
+# other path gets `{"text": ...}`, as the peers' apps in benchmarks/ take.
+TEI_TEXT_ROUTES = ("/embed", "/predict", "/ner", "/", "/invocations")
+
+
+def body_for(path: str, model: str | None = None) -> Callable[[str], object]:
+    """The JSON body for one text on `path`: TEI's `inputs`, OpenAI's `input`, or `text`."""
+    named = {"model": model} if model else {}
+    if path in TEI_TEXT_ROUTES:
+        return lambda text: {"inputs": text, **named}
+    if path == "/v1/embeddings":
+        return lambda text: {"input": text, "model": model or "default"}
+    return text_body
+
+
 def http_target(
-    url: str, timeout: float = 10.0, body: Callable[[str], object] = text_body
+    url: str,
+    timeout: float = 10.0,
+    body: Callable[[str], object] | None = None,
+    api_key: str | None = None,
+    model: str | None = None,
 ) -> Connect:
-    """POST `body(text)` (`{"text": ...}`) as JSON to `url` on a kept-alive connection; 200 is
-    success."""
+    """POST `body(text)` as JSON to `url` on a kept-alive connection; 200 is success. Without
+    `body`, the body of the route the URL names (body_for)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"not an http:// URL: {url!r}")
     path = parts.path or "/"
+    body = body or body_for(path, model)
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
 
     @contextlib.contextmanager
     def connect() -> Iterator[Send]:
@@ -172,7 +197,7 @@ def http_target(
         def send(text: str) -> object:
             payload = json.dumps(body(text)).encode()
             try:
-                conn.request("POST", path, payload, {"Content-Type": "application/json"})
+                conn.request("POST", path, payload, headers)
                 response = conn.getresponse()
                 data = response.read()
             except TimeoutError:

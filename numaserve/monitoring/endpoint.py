@@ -9,6 +9,7 @@ Prometheus scrapes it: keep it on loopback or behind the host's firewall (docs/d
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -52,7 +53,21 @@ def read_os(snapshot: Snapshot) -> Readings:
         cpus = affinity_if_alive(process.get("pid"))
         if cpus is not None:
             affinity[process["pid"]] = frozenset(cpus)
-    return Readings(rss=rss, affinity=affinity, numastat=read_numastat())
+    return Readings(
+        rss=rss, affinity=affinity, numastat=read_numastat(), http=read_http(snapshot.http_stats)
+    )
+
+
+def read_http(paths: tuple[str, ...]) -> tuple[dict, ...]:
+    """The HTTP fronts' latest counts; a front not yet started (no file) has none."""
+    fronts = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                fronts.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return tuple(fronts)
 
 
 class _SnapshotCollector(Collector):

@@ -46,6 +46,7 @@ class Readings:
     rss: dict[int, int] = field(default_factory=dict)  # by pid
     affinity: dict[int, frozenset[int]] = field(default_factory=dict)  # live, by pid
     numastat: dict[int, dict[str, int]] = field(default_factory=dict)  # by node
+    http: tuple[dict, ...] = ()  # each HTTP front's counts, as its stats file holds them
 
 
 def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
@@ -62,7 +63,36 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _pools(shards)
     yield from _cache(shards)
     yield from _passes(snapshot, shards)
+    yield from _http(readings.http)
     yield from _numastat(readings)
+
+
+def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        "numaserve_http_requests",
+        "HTTP requests answered by the HTTP fronts, by route and status code.",
+        labels=["front", "route", "code"],
+    )
+    latency = HistogramMetricFamily(
+        "numaserve_http_request_duration_seconds",
+        "Time in an HTTP front from a request read whole to its answer.",
+        labels=["front", "route"],
+    )
+    connections = GaugeMetricFamily(
+        "numaserve_http_connections",
+        "Open client connections of each HTTP front.",
+        labels=["front"],
+    )
+    for stats in fronts:
+        front = str(stats.get("front", 0))
+        for route, code, count in stats.get("requests", ()):
+            requests.add_metric([front, str(route), str(code)], count)
+        for route, hist in sorted((stats.get("latency") or {}).items()):
+            latency.add_metric([front, route], *_buckets(hist))
+        connections.add_metric([front], stats.get("connections", 0))
+    yield requests
+    yield latency
+    yield connections
 
 
 def _build(snapshot: Snapshot) -> Iterator[Metric]:
@@ -164,6 +194,7 @@ def _requests(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         "dropped_frames": "Client or worker messages dropped as unreadable.",
         "handed_over": "Requests passed to a peer shard that had an instance this one lacked.",
         "internal_errors": "Messages that failed in the router on a bug, dropped.",
+        "cancelled": "Requests their client gave up on (an HTTP client that hung up), not run.",
     }
     simple = {
         key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard", "model_name"])

@@ -27,6 +27,7 @@ class Snapshot:
     shards: tuple[dict | None, ...] = ()
     shard_age: tuple[float | None, ...] = ()
     supervisor_pid: int = 0
+    http_stats: tuple[str, ...] = ()  # the HTTP fronts' stats files (http/stats.py)
 
     def instances(self) -> list[dict]:
         return [p for p in self.processes if p["kind"] == "worker"]

@@ -68,7 +68,13 @@ class RequestBook:
         self.live_keys: tuple[str, ...] = (model_key,)
         self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
         self.deadlines = Deadlines()
-        self.counters = {"requests": 0, "replies_ok": 0, "handed_over": 0, "dropped_frames": 0}
+        self.counters = {
+            "requests": 0,
+            "replies_ok": 0,
+            "handed_over": 0,
+            "dropped_frames": 0,
+            "cancelled": 0,
+        }
         self.errors: dict[str, int] = {}
         self.changed = False  # something new to schedule: texts queued, or an instance freed
         self.draining_until: float | None = None
@@ -110,6 +116,16 @@ class RequestBook:
             self.changed = True
             if deadline is not None:
                 self.deadlines.add(pending)
+
+    def cancel(self, envelope: list[bytes], request_id) -> None:
+        """Its client gave up on a request (an HTTP client hung up): it is forgotten, never
+        answered, and its texts not yet with an instance never run. A scan: cancels are rare,
+        and an index would cost every request."""
+        for pending in list(self.active.values()):
+            if pending.request.id == request_id and pending.envelope == envelope:
+                self._forget(pending)
+                self.counters["cancelled"] += 1
+                return
 
     def _from_cache(self, pending: Pending) -> list[Item]:
         """Fills in the results the cache holds; returns the texts still to compute."""

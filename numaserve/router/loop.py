@@ -117,8 +117,6 @@ class Router:
             # and a frontend starved of CPU under overload falls that far behind.
             self.clients.setsockopt(zmq.SNDHWM, 0)
             self.clients.connect(self.spec.frontend)
-            if self.spec.handovers:  # where peer shards pass requests on (router/handover.py)
-                self.clients.bind(self.spec.handovers[self.spec.shard])
         else:
             keys = self.server.curve
             if keys:
@@ -126,6 +124,8 @@ class Router:
                     self.ctx, self.clients, keys.secret_key_file, keys.authorized_keys_dir
                 )
             self.clients.bind(self.server.endpoint)
+        if self.spec.local:  # the HTTP fronts, and peer shards passing requests on
+            self.clients.bind(self.spec.local)
         self.workers.bind(self.spec.workers_endpoint)
 
     # -- the loop --------------------------------------------------------------------------
@@ -246,6 +246,9 @@ class Router:
         if request.op == "status" and self.spec.frontend and self.supervisor_identity:
             ask = self.whole.ask(envelope, request.id, self.own_status(), time.monotonic())
             send(self.workers, [self.supervisor_identity], ask)  # it answers for every shard
+            return
+        if request.op == "cancel":
+            book.cancel(envelope, request.id)
             return
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")

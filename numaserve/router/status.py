@@ -200,6 +200,11 @@ def format_status(report: dict) -> str:
             + (", draining" if shard.get("draining") else "")
         )
     supervisor = report.get("supervisor") or {}
+    for front in supervisor.get("http") or ():
+        lines.append(
+            f"HTTP front {front.get('name')}: {front.get('state')}, pid {front.get('pid') or '-'}"
+            f", CPUs {format_cpulist(front.get('cpus') or []) or 'any'}"
+        )
     if supervisor:
         lines.append(f"supervisor: pid {supervisor.get('pid')}, {supervisor.get('state')}")
     return "\n".join(lines)

@@ -80,6 +80,7 @@ class Supervisor:
             self.add_shard(spec)
         frontend = self.deployment.frontend
         self.frontend = Child.for_frontend(frontend) if frontend else None
+        self.http = [Child.for_http(spec) for spec in self.deployment.http]
         self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
@@ -118,8 +119,9 @@ class Supervisor:
         return self.reconcile is not None and self.reconcile.reloading
 
     def front(self) -> list[Child]:
-        """The processes between the clients and the workers: the shards, and the frontend."""
-        return [*self.routers, *([self.frontend] if self.frontend else [])]
+        """The processes between the clients and the workers: the shards, the frontend, and
+        the HTTP fronts."""
+        return [*self.routers, *([self.frontend] if self.frontend else []), *self.http]
 
     def all_children(self) -> list[Child]:
         current = [*self.front(), *self.workers.values(), *self.retired]
@@ -185,6 +187,8 @@ class Supervisor:
             self.begin_stop("SIGINT (again for a fast stop)")
 
     def handle_sighup(self) -> None:
+        for front in self.http:  # they read the API keys file again at once
+            self.signal(front, signal.SIGHUP)
         begin_reload(self)
 
     def handle_sigchld(self) -> None:
@@ -316,6 +320,11 @@ class Supervisor:
             ],
             # Each shard's state: a peer that is stopping takes no handed-over request.
             "routers": [{"shard": c.shard, "state": c.state.value} for c in self.routers],
+            # The HTTP fronts, for `numaserve status` to show.
+            "http": [
+                {"name": c.name, "state": c.state.value, "pid": c.pid, "cpus": list(c.cpus)}
+                for c in self.http
+            ],
         }
         self.shards.send(table, self.system.now())
 
@@ -327,10 +336,12 @@ class Supervisor:
         starting under its slot's name."""
         kinds = [("router", c) for c in self.routers]
         kinds += [("frontend", self.frontend)] if self.frontend else []
+        kinds += [("http", c) for c in self.http]
         kinds += [("prepare", self.prepare)] if self.prepare else []
         kinds += [("worker", c) for c in self.workers.values()]
+        stats = tuple(c.spec.stats_file for c in self.http if c.spec.stats_file)
         return reporting.snapshot(
-            now, self.config, self.mood, kinds, self.shards, self.system.pid()
+            now, self.config, self.mood, kinds, self.shards, self.system.pid(), stats
         )
 
     def _notify(self, now: float) -> None:

@@ -14,7 +14,7 @@ from enum import Enum
 
 from numaserve import exitcodes
 from numaserve.config import DEFAULT_MODEL, SupervisorConfig
-from numaserve.specs import FrontendSpec, RouterSpec, WorkerSpec
+from numaserve.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
 
 
 class State(str, Enum):
@@ -47,13 +47,14 @@ class TransitionError(AssertionError):
 
 @dataclass(eq=False)
 class Child:
-    """One supervised process: a router shard, the frontend, or one slot's worker."""
+    """One supervised process: a router shard, the frontend, an HTTP front, or one slot's
+    worker."""
 
     name: str
     argv: list[str]
     # What it runs from: a worker's spec (which holds the plan's own Slot), a shard's, the
     # frontend's; None for `numaserve prepare`. Where it runs is read from there, not copied.
-    spec: WorkerSpec | RouterSpec | FrontendSpec | None = None
+    spec: WorkerSpec | RouterSpec | FrontendSpec | HttpSpec | None = None
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
@@ -78,6 +79,10 @@ class Child:
     @classmethod
     def for_frontend(cls, spec: FrontendSpec) -> Child:
         return cls("frontend", spec.argv(), spec)
+
+    @classmethod
+    def for_http(cls, spec: HttpSpec) -> Child:
+        return cls(f"http-{spec.index}", spec.argv(), spec)
 
     @property
     def pool(self) -> str | None:

@@ -10,6 +10,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from numaserve import exitcodes
+from numaserve.specs import HttpSpec
 from numaserve.supervisor.children import Child, State
 
 if TYPE_CHECKING:
@@ -34,19 +35,21 @@ def check(sup: Supervisor, now: float) -> None:
 
 
 def front_ready(sup: Supervisor, routed: dict[int, set[int] | None]) -> None:
-    """A shard is READY once it answers; the frontend once any shard does: the shards
-    start after it, and it has no socket of its own to the supervisor; a frontend that
-    cannot listen exits first."""
+    """A shard is READY once it answers; the frontend and the HTTP fronts once any shard
+    does: they have no socket of their own to the supervisor, and one that cannot listen
+    exits first."""
     endpoint = sup.config.server.endpoint
     for router in sup.routers:
         if router.state == State.STARTING and routed[router.shard] is not None:
             sup.set_state(
                 router, State.READY, f"ready {router.name}, clients on {endpoint}", "ready"
             )
-    frontend = sup.frontend
     answered = any(pids is not None for pids in routed.values())
-    if frontend and frontend.state == State.STARTING and answered:
-        sup.set_state(frontend, State.READY, f"ready frontend, clients on {endpoint}", "ready")
+    fronts = [(sup.frontend, endpoint)] if sup.frontend else []
+    fronts += [(front, f"http://{sup.config.server.http}") for front in sup.http]
+    for front, where in fronts:
+        if front.state == State.STARTING and answered:
+            sup.set_state(front, State.READY, f"ready {front.name}, clients on {where}", "ready")
 
 
 def timers(sup: Supervisor, child: Child, now: float) -> None:
@@ -103,7 +106,11 @@ def check_heard(sup: Supervisor, child: Child, now: float, routed: set[int]) -> 
 
 def _kill_after(sup: Supervisor, child: Child) -> float:
     s = sup.config.supervisor
-    draining = child in sup.routers or bool(sup.reconcile and child in sup.reconcile.draining)
+    draining = (
+        child in sup.routers
+        or isinstance(child.spec, HttpSpec)
+        or bool(sup.reconcile and child in sup.reconcile.draining)
+    )
     return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
 
 

@@ -198,6 +198,8 @@ class Reconcile:
         for child in [*sup.front(), *sup.workers.values()]:
             if child.state is State.STOPPED and child.pid is None and not child.started_at:
                 sup.spawn(child)  # never started: the start's every process, a reload's added
+        if new.http != running.http:
+            _renew_http(sup, new)
         if self.plan != sup.plan:
             _hold(sup, self.plan)
         # What runs now: the kept shards as they were started (their settings apply at a
@@ -206,7 +208,19 @@ class Reconcile:
         routers += [s for s in new.routers if s.model_name in self.added]
         routers.sort(key=lambda spec: spec.shard)
         sup.plan, sup.config = self.plan, self.config  # a retry compares with what runs now
-        sup.deployment = Deployment(tuple(routers), frontend, new.workers)
+        sup.deployment = Deployment(tuple(routers), frontend, new.workers, new.http)
+
+
+def _renew_http(sup: Supervisor, new: Deployment) -> None:
+    """The HTTP fronts for the new models: each new one starts beside the old, on the same port
+    (SO_REUSEPORT), and the old one drains; no connection is refused meanwhile."""
+    old = {child.spec.index: child for child in sup.http}
+    sup.http = [Child.for_http(spec) for spec in new.http]
+    for child in sup.http:
+        sup.spawn(child)
+    for child in old.values():
+        sup.retired.append(child)
+        sup.terminate(child)
 
 
 def _hold(sup: Supervisor, plan: Plan) -> None:

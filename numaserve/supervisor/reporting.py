@@ -48,6 +48,7 @@ def snapshot(
     processes: list[tuple[str, Child]],
     shards: ShardLinks,
     supervisor_pid: int,
+    http_stats: tuple[str, ...] = (),
 ) -> Snapshot:
     """The whole server as /metrics and the probes see it. `processes`: (kind, child) of
     the current ones (not those a reload retired, nor a replacement still starting under its
@@ -72,6 +73,7 @@ def snapshot(
         shards=tuple(v.status for v in shards),
         shard_age=tuple(now - v.heard_at if v.status else None for v in shards),
         supervisor_pid=supervisor_pid,
+        http_stats=http_stats,
     )
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from numaserve import curve
-from numaserve.config import Config
+from numaserve.config import Config, split_host_port
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.topology import read_topology
-from numaserve.monitoring.endpoint import MonitoringEndpoint
+from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.supervisor.arbiter import Supervisor
 from numaserve.supervisor.processes import System
 
@@ -33,6 +34,8 @@ def start(config_path: str, config: Config) -> int:
         curve.server_keys(
             config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
         )
+    if config.server.http:
+        check_http_port(config.server.http)
     directory = ledger_dir()
     if directory is None:
         log.warning(
@@ -75,6 +78,23 @@ def start(config_path: str, config: Config) -> int:
             ledger=ledger,
         )
         return supervisor.run()
+
+
+def check_http_port(address: str) -> None:
+    """server.http must be free, and ours alone: the fronts share it by SO_REUSEPORT, which
+    would as gladly share it with another server's fronts run by the same user. A bind
+    without SO_REUSEPORT fails where any socket holds the port, theirs included."""
+    host, port = split_host_port(address)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family[0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(family[4])
+    except OSError as e:
+        raise MonitoringError(
+            f"server.http: cannot listen on {address}: {e.strerror or e}; set server.http to "
+            'a free host:port, or to "" to turn the HTTP API off'
+        ) from None
 
 
 def _remove(runtime_dir: Path) -> None:

@@ -1,5 +1,6 @@
-"""A stop (SIGTERM, SIGINT, or a server that can no longer serve): the router shards drain
-first, answering what they hold while the frontend carries their last replies; then every
+"""A stop (SIGTERM, SIGINT, or a server that can no longer serve): the HTTP fronts drain first
+(they stop listening and answer what they hold, which the shards still serve); then the router
+shards, answering what they hold while the frontend carries their last replies; then every
 other process gets SIGTERM, and SIGKILL if it outlasts kill_timeout_s. A second SIGINT kills
 every process at once."""
 
@@ -35,14 +36,21 @@ class Stop:
             extra={"event": "drain"},
         )
         sup.notifier.stopping("draining")
-        for router in sup.routers:
-            if router.pid is not None:
-                sup.terminate(router)
-            elif router.state != State.FATAL:
-                router.change_state(State.STOPPED, sup.system.now())
+        self._drain(sup, sup.http)
+
+    def _drain(self, sup: Supervisor, children) -> None:
+        for child in children:
+            if child.pid is not None:
+                if child.term_sent_at is None:
+                    sup.terminate(child)
+            elif child.state != State.FATAL:
+                child.change_state(State.STOPPED, sup.system.now())
 
     def advance(self, sup: Supervisor) -> int | None:
         """The exit code once every process is gone; None before."""
+        if any(front.pid is not None for front in sup.http):
+            return None  # the HTTP fronts answer what they hold
+        self._drain(sup, sup.routers)
         if any(router.pid is not None for router in sup.routers):
             return None  # still draining; the frontend carries their last replies
         live = [c for c in sup.all_children() if c.pid is not None]

@@ -35,7 +35,8 @@ class Cluster:
         self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         config = parse_config(yaml_text)
-        config = replace(config, server=replace(config.server, endpoint=self.endpoint))
+        # A router and its workers alone: no HTTP fronts (server.http is numaserve start's).
+        config = replace(config, server=replace(config.server, endpoint=self.endpoint, http=""))
         topo = read_topology()
         self.deployment = deployment(
             config, plan_placement(topo, config.placement), topo, directory

@@ -18,28 +18,30 @@ from numaserve.host.ledger import LEDGER_ENV
 from numaserve.testing.cluster import free_port
 
 DEFAULT_METRICS = "127.0.0.1:9464"
+DEFAULT_HTTP = "127.0.0.1:8080"
 ENDPOINT = (
     "@ENDPOINT@"  # where a config passed to Server names the endpoint; Server picks a free port
 )
 
 
-def with_metrics(config_text: str, address: str) -> str:
-    """`config_text` with server.metrics on `address`, a free port, so that servers started
-    side by side (or beside a real exporter on the default port) never collide: the shipped
-    configs' default is replaced, and where the config names no metrics, the address goes
-    after `endpoint: "@ENDPOINT@"` (in a flow mapping or a block)."""
-    if DEFAULT_METRICS in config_text:
-        return config_text.replace(DEFAULT_METRICS, address)
-    if "metrics:" in config_text:
+def with_metrics(config_text: str, address: str, key: str = "metrics") -> str:
+    """`config_text` with server.metrics (or `key`: http) on `address`, a free port, so that
+    servers started side by side (or beside a real exporter on the default port) never
+    collide: the shipped configs' default is replaced, and where the config names none, the
+    address goes after `endpoint: "@ENDPOINT@"` (in a flow mapping or a block)."""
+    default = {"metrics": DEFAULT_METRICS, "http": DEFAULT_HTTP}[key]
+    if default in config_text:
+        return config_text.replace(default, address)
+    if f"{key}:" in config_text:
         return config_text
     line = next((li for li in config_text.splitlines() if ENDPOINT in li), None)
     if line is None:
         raise ValueError(f"the config names neither {ENDPOINT} nor server.metrics")
     if "{" in line.split(ENDPOINT)[0]:
-        entry = f'{ENDPOINT}", metrics: "{address}"'
+        entry = f'{ENDPOINT}", {key}: "{address}"'
     else:
         indent = line[: len(line) - len(line.lstrip())]
-        entry = f'{ENDPOINT}"\n{indent}metrics: "{address}"'
+        entry = f'{ENDPOINT}"\n{indent}{key}: "{address}"'
     return config_text.replace(f'{ENDPOINT}"', entry, 1)
 
 
@@ -60,10 +62,10 @@ class Server:
         self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.metrics = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
         self.config = directory / f"{name}.yaml"
-        self.config.write_text(
-            with_metrics(config_text, self.metrics).replace(ENDPOINT, self.endpoint)
-        )
+        text = with_metrics(with_metrics(config_text, self.metrics), self.http, "http")
+        self.config.write_text(text.replace(ENDPOINT, self.endpoint))
         self.log_path = directory / f"{name}.log"
         exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
         self.proc = subprocess.Popen(
@@ -158,6 +160,22 @@ class Server:
             if "numaserve.router" in argv and json.loads(argv[-1])["shard"] == shard:
                 return child.pid
         raise AssertionError(f"no router shard {shard} under {self.proc.pid}")
+
+    @property
+    def url(self) -> str:
+        """The HTTP API's base URL (server.http)."""
+        return f"http://{self.http}"
+
+    def http_pids(self) -> list[int]:
+        """The HTTP fronts' pids: the supervisor's children running numaserve.http."""
+        pids = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "numaserve.http" in child.cmdline():
+                    pids.append(child.pid)
+            except psutil.Error:
+                continue  # exited meanwhile
+        return pids
 
     def pids(self) -> list[int]:
         status = self.status()

@@ -28,7 +28,7 @@ MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt
 
 CONFIG = """
 model: {{path: bundled:minilm, backend: {backend}}}
-server: {{heartbeat_ms: 500, heartbeat_liveness: 3, routers: {routers}}}
+server: {{heartbeat_ms: 500, heartbeat_liveness: 3, routers: {routers}, http: "{http}"}}
 supervisor:
   drain_timeout_s: 30
   start_timeout_s: 60
@@ -48,12 +48,15 @@ def spec_of(argv: list[str]) -> dict:
 
 def process_name(argv: list[str]) -> str:
     """The slot a command line runs ("main-0"), its router ("router", or "router-N" of several
-    shards), "frontend" or "prepare": the names the supervisor gives them."""
+    shards), "frontend", an HTTP front ("http-N") or "prepare": the names the supervisor gives
+    them."""
     if "prepare" in argv:
         return "prepare"
     spec = spec_of(argv)
     if "routes" in spec:
         return "frontend"
+    if "address" in spec:
+        return f"http-{spec['index']}"
     if "workers_endpoint" in spec:
         return f"router-{spec['shard']}" if spec.get("frontend") else "router"
     return spec["slot"]["name"]
@@ -239,9 +242,11 @@ class Rig:
         routers: int | str = "auto",  # auto: one shard on this one-node machine
         config_text: str | None = None,  # instead of CONFIG
         ledger: Ledger | None = None,  # a real one, in a test's directory
+        http: str = "",  # server.http: off unless a test is about the HTTP fronts
     ):
         self.config_path = directory / "numaserve.yaml"
         self.routers_setting = routers
+        self.http = http
         if config_text is None:
             self.write_config(instances=instances, max_quick_exits=max_quick_exits, backend=backend)
         else:
@@ -290,6 +295,7 @@ class Rig:
                 max_quick_exits=max_quick_exits,
                 backend=backend,
                 routers=self.routers_setting,
+                http=self.http,
             )
         )
 

@@ -1,0 +1,119 @@
+"""The HTTP front's application: which route answers a request, the key check, the model a
+request names, and the one way every route runs a task (a protocol request to the shards).
+
+The routes themselves (routes/: TEI's, OpenAI's, the /v1/rerank of Cohere and Jina, and
+numaserve's own) only translate between their API's shapes and the protocol's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from numaserve.http import errors
+from numaserve.http.connection import Request, Response
+from numaserve.http.errors import ApiError
+from numaserve.http.keys import ApiKeys
+from numaserve.http.routes import ROUTES
+from numaserve.http.stats import Stats
+from numaserve.http.upstream import Upstream
+from numaserve.specs import HttpModel, HttpSpec
+
+
+class App:
+    def __init__(self, spec: HttpSpec, upstream: Upstream, keys: ApiKeys, stats: Stats):
+        self.spec, self.upstream, self.keys, self.stats = spec, upstream, keys, stats
+        self.routes = {(r.method, r.path): r for r in ROUTES}
+        self.paths = {r.path for r in ROUTES}
+        self.models = {m.name: m for m in spec.models}
+        self.started = int(time.time())
+        self.tokenizers: dict[str, Any] = {}
+
+    async def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
+        route = self.routes.get((request.method, request.path))
+        if route is None:
+            response = self._no_route(request)
+            name = "other"
+        else:
+            name = route.path
+            try:
+                if not route.open:
+                    self.keys.check(request.headers.get("authorization"))
+                response = await route.handler(self, request)
+            except ApiError as e:
+                response = route.error(e)
+        self.stats.count(name, response.status, time.perf_counter() - started)
+        return response
+
+    def _no_route(self, request: Request) -> Response:
+        if request.path in self.paths:
+            methods = sorted(m for m, p in self.routes if p == request.path)
+            error = ApiError(405, f"{request.path} takes {', '.join(methods)}")
+            response = errors.tei(error)
+            response.headers = (("allow", ", ".join(methods)),)
+            return response
+        return errors.tei(ApiError(404, f"no route {request.path}; see /openapi.json"))
+
+    # -- what the routes share -------------------------------------------------------------
+
+    def model(self, name: object, where: str = "model") -> HttpModel:
+        """The model a request names (`where` says where it is named), or the only one."""
+        served = ", ".join(self.models)
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise ApiError(
+                400, f"this server serves several models ({served}): name one in {where}"
+            )
+        model = self.models.get(name) if isinstance(name, str) else None
+        if model is None:
+            raise ApiError(404, f"no model {name!r} here; this server serves {served}")
+        return model
+
+    def model_of(self, request: Request, body: dict) -> HttpModel:
+        """TEI's routes name no model: numaserve takes `model` in the body or the query."""
+        name = body.get("model")
+        if name is None and request.query:
+            name = _query(request.query).get("model")
+        return self.model(name, "`model` (in the body, or ?model=)")
+
+    async def run(self, request: Request, model: HttpModel, op: str, texts, **options) -> list:
+        """A task's results, one per text, from the model's shards; an ApiError for theirs."""
+        if request.gone:  # asked and hung up: nothing runs for nobody
+            raise ApiError(499, "the client closed the connection")
+        if len(texts) > self.spec.server.max_texts:
+            raise ApiError(
+                413,
+                f"{len(texts)} inputs in one request; the limit is "
+                f"{self.spec.server.max_texts} (server.max_texts)",
+            )
+        body = {"op": op, "texts": texts}
+        if self.spec.named:
+            body["model"] = model.name
+        body.update((k, v) for k, v in options.items() if v is not None)
+        future = self.upstream.call(model.name, body)
+        if request.connection is not None:
+            request.connection.waiting = future
+        reply = await future
+        if reply.get("status") != "ok":
+            raise errors.from_reply(reply.get("error") or {})
+        return reply["results"]
+
+    def tokenizer(self, model: HttpModel):
+        """The model's fast tokenizer, loaded on first use: only /tokenize, /decode and token
+        id inputs need it here (the shards tokenize everything they run)."""
+        if model.name not in self.tokenizers:
+            from numaserve.backends.tokenizer import load_fast_tokenizer
+
+            tokenizer = load_fast_tokenizer(model.model.path)
+            tokenizer.no_padding()  # some tokenizer.json files pad every text to a length
+            tokenizer.no_truncation()
+            self.tokenizers[model.name] = tokenizer
+        return self.tokenizers[model.name]
+
+
+def _query(query: str) -> dict[str, str]:
+    from urllib.parse import parse_qs
+
+    return {k: v[-1] for k, v in parse_qs(query).items()}

@@ -1,0 +1,87 @@
+"""What the routes of every API share: their inputs read into texts, and embeddings made into
+what a request asked for (cut to `dimensions`, normalised).
+
+numpy is imported where it is used: a front imports this before it pins itself, and numpy's
+import starts OpenBLAS's threads on every CPU (see protocol.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from numaserve.http.errors import ApiError
+from numaserve.specs import HttpModel
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from numaserve.http.app import App
+
+
+def texts(app: App, model: HttpModel, value: object, key: str) -> list[str]:
+    """A string, a list of strings, or token ids (a list of ints, or a list of them): ids are
+    decoded to their text by the model's tokenizer, which the shard tokenizes again."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise ApiError(
+            422, f"{key} must be a string, a non-empty list of strings, or token ids", "Empty"
+        )
+    if all(isinstance(v, str) for v in value):
+        return value
+    if all(_is_ids(v) for v in value):
+        return [_decode(app, model, ids, key) for ids in value]
+    if _is_ids(value):
+        return [_decode(app, model, value, key)]
+    raise ApiError(422, f"{key} must be a string, a list of strings, or token ids")
+
+
+def _is_ids(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    )
+
+
+def _decode(app: App, model: HttpModel, ids: list[int], key: str) -> str:
+    tokenizer = app.tokenizer(model)
+    size = tokenizer.get_vocab_size()
+    bad = next((i for i in ids if not 0 <= i < size), None)
+    if bad is not None:
+        raise ApiError(422, f"{key}: token id {bad} is not in the vocabulary (0-{size - 1})")
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def dimensions_of(body: dict) -> int | None:
+    value = body.get("dimensions")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(422, "dimensions must be an integer of at least 1")
+    return value
+
+
+def embeddings(results: list[dict], dimensions: int | None, normalize: bool) -> list[np.ndarray]:
+    """Each result's vector: its first `dimensions` values, as Matryoshka models are cut, then
+    scaled to unit length where `normalize` (a cut vector always is)."""
+    import numpy as np
+
+    vectors = []
+    for result in results:
+        vector = np.frombuffer(result["embedding"], dtype="<f4")
+        if dimensions is not None:
+            if dimensions > len(vector):
+                raise ApiError(
+                    422, f"dimensions is {dimensions}; this model's embeddings have {len(vector)}"
+                )
+            vector, normalize = vector[:dimensions], True
+        if normalize:
+            norm = float(np.linalg.norm(vector))
+            if norm > 0 and abs(norm - 1.0) > 1e-6:
+                vector = vector / np.float32(norm)
+        vectors.append(vector)
+    return vectors
+
+
+def prompt_tokens(results: list[dict]) -> int:
+    return sum(result["tokens"] for result in results)

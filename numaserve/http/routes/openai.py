@@ -1,0 +1,63 @@
+"""OpenAI's embeddings API: POST /v1/embeddings and GET /v1/models, in its shapes and with its
+errors, as its SDK and the frameworks built on it (LangChain, LlamaIndex) call them."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING
+
+from numaserve.http import errors
+from numaserve.http.connection import Request, Response
+from numaserve.http.errors import ApiError
+from numaserve.http.routes import inputs
+from numaserve.http.routing import Route, json_body, ok
+
+if TYPE_CHECKING:
+    from numaserve.http.app import App
+
+ENCODINGS = ("float", "base64")
+
+
+async def embeddings(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model(body.get("model") if app.spec.named else None)
+    if model.model.task != "embed":
+        raise ApiError(422, f"model {model.name!r} serves {model.model.task}, not embeddings")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ENCODINGS:
+        raise ApiError(422, f"encoding_format must be one of {', '.join(ENCODINGS)}")
+    dimensions = inputs.dimensions_of(body)
+    texts = inputs.texts(app, model, body.get("input"), "input")
+    results = await app.run(request, model, "embed", texts)
+    vectors = inputs.embeddings(results, dimensions, normalize=dimensions is not None)
+    if encoding == "base64":  # the little-endian float32 bytes, as the SDK decodes them
+        vectors = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+    tokens = inputs.prompt_tokens(results)
+    return ok(
+        {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
+            ],
+            "model": body.get("model") or model.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+async def models(app: App, request: Request) -> Response:
+    return ok(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": app.started, "owned_by": "numaserve"}
+                for name in app.models
+            ],
+        }
+    )
+
+
+ROUTES = (
+    Route("POST", "/v1/embeddings", embeddings, errors.openai, "Embeddings (OpenAI)"),
+    Route("GET", "/v1/models", models, errors.openai, "The models served (OpenAI)"),
+)

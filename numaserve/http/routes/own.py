@@ -1,0 +1,54 @@
+"""numaserve's own routes: named entities (POST /ner), POST / and /invocations (as TEI's: the
+served model's own route, by its task), and /openapi.json describing every route."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from numaserve.http import errors
+from numaserve.http.connection import Request, Response
+from numaserve.http.errors import ApiError
+from numaserve.http.routes import tei
+from numaserve.http.routing import Route, json_body, ok
+
+if TYPE_CHECKING:
+    from numaserve.http.app import App
+
+
+async def ner(app: App, request: Request) -> Response:
+    """{"inputs": text or [texts], "aggregation"?} -> each text's entities, in the protocol's
+    shape (label, score, start, end, text; with aggregation "none", index)."""
+    body = json_body(request)
+    model = app.model_of(request, body)
+    tei.check_task(model, "/ner")
+    value = body.get("inputs")
+    single = isinstance(value, str)
+    texts = [value] if single else value
+    if not isinstance(texts, list) or not texts:
+        raise ApiError(422, "inputs must be a text or a non-empty list of texts", "Empty")
+    results = await app.run(request, model, "ner", texts, aggregation=body.get("aggregation"))
+    found = [r["entities"] for r in results]
+    return ok(found[0] if single else found)
+
+
+async def by_task(app: App, request: Request) -> Response:
+    """POST / and /invocations (SageMaker's path): the named model's task's own route."""
+    model = app.model_of(request, json_body(request))
+    route = tei.BY_TASK[model.model.task]
+    handlers = {"/embed": tei.embed, "/predict": tei.predict, "/rerank": tei.rerank, "/ner": ner}
+    handler = handlers[route]
+    return await handler(app, request)
+
+
+async def openapi(app: App, request: Request) -> Response:
+    from numaserve.http.openapi import document
+
+    return ok(document(app))
+
+
+ROUTES = (
+    Route("POST", "/", by_task, errors.tei, "The served model's own route, by its task (TEI)"),
+    Route("POST", "/invocations", by_task, errors.tei, "As POST / (SageMaker's path)"),
+    Route("POST", "/ner", ner, errors.tei, "Named entities of texts, with their spans (numaserve)"),
+    Route("GET", "/openapi.json", openapi, errors.tei, "This document", open=True),
+)

@@ -1,0 +1,264 @@
+"""text-embeddings-inference's routes, with its request and response shapes (its
+docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests validate by).
+
+Where numaserve differs, it says so in an error rather than silently: `prompt_name`,
+`truncation_direction: Left` and `raw_scores: true` are refused (422); `truncate` is the
+server's `model.truncate`, whatever a request says. A `models:` server takes the model's name
+in the body's `model` or the query's `?model=`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from numaserve import __version__
+from numaserve.http import errors
+from numaserve.http.connection import Request, Response
+from numaserve.http.errors import ApiError
+from numaserve.http.routes import inputs
+from numaserve.http.routing import Route, flag, json_body, ok
+from numaserve.modelpath import read_json, resolve_model_path
+from numaserve.specs import HttpModel
+
+if TYPE_CHECKING:
+    from numaserve.http.app import App
+
+# Which of the routes below serves each task, for POST / and /invocations.
+BY_TASK = {"embed": "/embed", "classify": "/predict", "rerank": "/rerank", "ner": "/ner"}
+
+
+def check_task(model: HttpModel, route: str) -> None:
+    if BY_TASK.get(model.model.task) != route:
+        raise ApiError(
+            422,
+            f"model {model.name!r} serves {model.model.task}; {route} is for "
+            f"{next(t for t, r in BY_TASK.items() if r == route)} models (POST / and "
+            "/invocations go to each model's own route)",
+        )
+
+
+def refuse_unsupported(body: dict) -> None:
+    if body.get("prompt_name") is not None:
+        raise ApiError(422, "prompt_name is not supported here: put the prompt in the text")
+    if str(body.get("truncation_direction") or "right").lower() != "right":
+        raise ApiError(422, "truncation_direction: numaserve truncates on the right only")
+    if body.get("raw_scores"):
+        raise ApiError(422, "raw_scores: numaserve answers probabilities (scores) only")
+
+
+async def embed(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model_of(request, body)
+    check_task(model, "/embed")
+    refuse_unsupported(body)
+    dimensions = inputs.dimensions_of(body)
+    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
+    results = await app.run(request, model, "embed", texts)
+    return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
+
+
+async def predict(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model_of(request, body)
+    check_task(model, "/predict")
+    refuse_unsupported(body)
+    texts, single = predict_inputs(body.get("inputs"))
+    results = await app.run(request, model, "classify", texts)
+    names = labels(model.model.path)
+    ranked = [
+        sorted(
+            ({"label": _label(names, i), "score": p} for i, p in enumerate(r["probs"])),
+            key=lambda p: -p["score"],
+        )
+        for r in results
+    ]
+    return ok(ranked[0] if single else ranked)
+
+
+def predict_inputs(value: object) -> tuple[list, bool]:
+    """TEI's PredictInput: a text, a pair [a, b], or a batch of [a] and [a, b]; and whether it
+    was one (answered with one list of predictions, not a list of them)."""
+    if isinstance(value, str):
+        return [value], True
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        if len(value) > 2:  # as TEI: a list of strings is one text or one pair
+            raise ApiError(422, "inputs: a list of strings is a text [a] or a pair [a, b]")
+        return [value[0] if len(value) == 1 else value], True
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        batch = []
+        for i, item in enumerate(value):
+            if len(item) == 1 and isinstance(item[0], str):
+                batch.append(item[0])
+            elif len(item) == 2 and all(isinstance(v, str) for v in item):
+                batch.append(item)
+            else:
+                raise ApiError(422, f"inputs[{i}] must be [text] or a pair [text, text]")
+        return batch, False
+    raise ApiError(
+        422, "inputs must be a text, a pair [text, text], or a batch of [text] and [text, text]"
+    )
+
+
+async def rerank(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model_of(request, body)
+    check_task(model, "/rerank")
+    refuse_unsupported(body)
+    documents = body.get("texts")
+    results = await app.run(request, model, "rerank", documents, query=body.get("query"))
+    with_text = flag(body, "return_text", False)
+    ranks = sorted(results, key=lambda r: -r["score"])
+    return ok(
+        [
+            {
+                "index": r["index"],
+                "score": r["score"],
+                **({"text": documents[r["index"]]} if with_text else {}),
+            }
+            for r in ranks
+        ]
+    )
+
+
+async def tokenize(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model_of(request, body)
+    refuse_unsupported(body)
+    value = body.get("inputs")
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ApiError(422, "inputs must be a string or a non-empty list of strings", "Empty")
+    if len(texts) > app.spec.server.max_texts:
+        raise ApiError(413, f"{len(texts)} inputs; the limit is {app.spec.server.max_texts}")
+    special = flag(body, "add_special_tokens", True)
+    tokenizer = app.tokenizer(model)
+    return ok([_tokens(tokenizer.encode(t, add_special_tokens=special), t) for t in texts])
+
+
+def _tokens(encoding, text: str) -> list[dict]:
+    tokens = []
+    for token_id, token, (start, stop), special in zip(
+        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
+    ):
+        if special:
+            tokens.append(
+                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
+            )
+        else:
+            tokens.append(
+                {
+                    "id": token_id,
+                    "text": text[start:stop],
+                    "special": False,
+                    "start": start,
+                    "stop": stop,
+                }
+            )
+    return tokens
+
+
+async def decode(app: App, request: Request) -> Response:
+    body = json_body(request)
+    model = app.model_of(request, body)
+    ids = body.get("ids")
+    batch = (
+        ids if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids) else [ids]
+    )
+    tokenizer = app.tokenizer(model)
+    size = tokenizer.get_vocab_size()
+    for one in batch:
+        if not isinstance(one, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in one
+        ):
+            raise ApiError(422, f"ids must be token ids (0-{size - 1}), or a list of lists of them")
+    skip = flag(body, "skip_special_tokens", True)
+    return ok([tokenizer.decode(one, skip_special_tokens=skip) for one in batch])
+
+
+async def info(app: App, request: Request) -> Response:
+    model = app.model_of(request, {})
+    settings, server = model.model, app.spec.server
+    return ok(
+        {
+            "model_id": settings.path,
+            "model_sha": None,
+            "model_dtype": "int8" if settings.quantize == "int8" else "float32",
+            "model_type": model_type(model),
+            "served_model_name": model.name,
+            "max_concurrent_requests": server.queue_size,
+            "max_input_length": settings.max_length,
+            "max_batch_tokens": server.max_batch_tokens,
+            "max_batch_requests": server.max_batch,
+            "max_client_batch_size": server.max_texts,
+            "auto_truncate": settings.truncate,
+            "tokenization_workers": len(model.shards),
+            "version": __version__,
+            "sha": None,
+            "docker_label": None,
+        }
+    )
+
+
+def model_type(model: HttpModel) -> dict:
+    task, path = model.model.task, model.model.path
+    if task == "embed":
+        from numaserve.tasks.pooling import Pooling
+
+        return {"embedding": {"pooling": "+".join(Pooling.read(resolve_model_path(path)).modes)}}
+    names = labels(path)
+    id2label = {str(i): name for i, name in enumerate(names)}
+    kinds = {"rerank": "reranker"}
+    return {
+        kinds.get(task, "classifier"): {
+            "id2label": id2label,
+            "label2id": {n: i for i, n in enumerate(names)},
+        }
+    }
+
+
+async def health(app: App, request: Request) -> Response:
+    """200 while some instance of every model can serve; 503 (TEI's Unhealthy) when not."""
+    try:
+        down = [m.name for m in app.models.values() if not await _serving(app, request, m)]
+    except ApiError as e:
+        return errors.tei(ApiError(503, e.message, "Unhealthy"))
+    if down:
+        return errors.tei(ApiError(503, f"no instance ready for {', '.join(down)}", "Unhealthy"))
+    return Response(200, b"", content_type="text/plain")
+
+
+async def _serving(app: App, request: Request, model: HttpModel) -> bool:
+    future = app.upstream.call(model.name, {"op": "status"})
+    reply = await future
+    if reply.get("status") != "ok":
+        raise errors.from_reply(reply.get("error") or {})
+    pools = reply.get("server", {}).get("pools", [])
+    return any(p.get("ready") for p in pools if p.get("model_name", model.name) == model.name)
+
+
+@cache
+def labels(path: str) -> tuple[str, ...]:
+    """A classifier's label names, in its output order (config.json's id2label)."""
+    raw = read_json(Path(resolve_model_path(path)) / "config.json").get("id2label") or {}
+    return tuple(str(raw[k]) for k in sorted(raw, key=int))
+
+
+def _label(names: tuple[str, ...], i: int) -> str:
+    return names[i] if i < len(names) else f"LABEL_{i}"
+
+
+def _post(path: str, handler, summary: str) -> Route:
+    return Route("POST", path, handler, errors.tei, summary)
+
+
+ROUTES = (
+    _post("/embed", embed, "Embeddings of texts (TEI)"),
+    _post("/predict", predict, "A classifier's labels and scores for texts or pairs (TEI)"),
+    _post("/rerank", rerank, "A cross-encoder's scores for a query and texts, best first (TEI)"),
+    _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),
+    _post("/decode", decode, "Token ids back to text (TEI)"),
+    Route("GET", "/info", info, errors.tei, "The served model and the server's limits (TEI)"),
+    Route("GET", "/health", health, errors.tei, "200 while every model can serve (TEI)", open=True),
+)

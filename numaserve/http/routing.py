@@ -1,0 +1,53 @@
+"""What every route is made of: its record (method, path, handler, its API's error shape),
+and the reading and writing of JSON bodies that all of them share."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from numaserve.http.connection import Request, Response
+from numaserve.http.errors import ApiError
+
+if TYPE_CHECKING:
+    from numaserve.http.app import App
+
+Handler = Callable[["App", Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    error: Callable[[ApiError], Response]  # its API's error shape
+    summary: str  # for /openapi.json
+    open: bool = False  # answered without an API key (probes)
+
+
+def json_body(request: Request) -> dict:
+    """The request's JSON object: malformed JSON is 400, anything but an object 422. Any
+    Content-Type is read as JSON: `curl -d` sends form-urlencoded unless told otherwise."""
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, "the body must be a JSON object")
+    return body
+
+
+def ok(value, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def flag(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(422, f"{key} must be true or false")
+    return value

@@ -1,0 +1,682 @@
+"""The HTTP API (server.http) through the clients users call it with: the `openai` SDK,
+huggingface_hub's InferenceClient, httpx for TEI's other routes; answers validated against
+TEI's own OpenAPI schemas (tests/fixtures/tei/) and equal to the ZeroMQ path's. Real
+`numaserve start`, real sockets. Slow: CI runs them in their own step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import numpy as np
+import pytest
+
+from numaserve.client import Client
+from tests.harness import server as server_
+from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_model
+
+pytestmark = pytest.mark.slow
+
+KEY = "test-key-0123456789abcdef"
+TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "A third text."]
+
+
+def json_schema(node):
+    """OpenAPI 3.0's `nullable: true` as JSON Schema's null type, which jsonschema reads."""
+    if isinstance(node, list):
+        return [json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: json_schema(v) for k, v in node.items()}
+    if node.pop("nullable", False) and "type" in node:
+        node["type"] = [node["type"], "null"]
+    return node
+
+
+TEI = json_schema(json.loads((Path(__file__).parent / "fixtures/tei/openapi.json").read_text()))
+
+EMBEDDER = """
+model: {{path: "bundled:minilm", max_length: 128}}
+server: {{endpoint: "@ENDPOINT@", max_batch: 1, http_api_keys_file: "{keys}",
+          http_read_timeout_s: 1}}
+placement: {{pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
+"""
+PLAIN = """
+model: {path: "bundled:minilm", max_length: 128}
+server: {endpoint: "@ENDPOINT@", max_batch: 1}
+placement: {pools: [{name: main, max_tokens: 128, instances: 1}]}
+"""
+PAIR = """
+models:
+  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+  - {{name: ranker, path: "{ranker}", task: rerank, max_length: 64,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server: {{endpoint: "@ENDPOINT@", max_batch: 1}}
+"""
+
+
+def tei_schema(name: str) -> dict:
+    """One of TEI's component schemas, its references resolvable."""
+    return {"$ref": f"#/components/schemas/{name}", "components": TEI["components"]}
+
+
+def valid(instance, name: str) -> None:
+    jsonschema.validate(instance, tei_schema(name))
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("http-embedder")
+    keys = directory / "keys"
+    keys.write_text(f"# the tests' key\n{KEY}\n")
+    s = server_.Server(directory, EMBEDDER.format(keys=keys))
+    s.wait_ready()
+    s.keys = keys
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("http-pair")
+    classifier = save_tiny_model(directory / "classifier", "bert", "classify")
+    ranker = save_tiny_cross_encoder(directory / "ranker")
+    s = server_.Server(directory, PAIR.format(classifier=classifier, ranker=ranker))
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def authed(server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+
+
+def zmq_vectors(server, texts) -> list[np.ndarray]:
+    with Client(server.endpoint, timeout=30) as client:
+        return [e.vector for e in client.embed(texts)]
+
+
+# -- OpenAI's SDK -------------------------------------------------------------------------
+
+
+def test_the_openai_sdk_gets_the_zeromq_paths_embeddings_by_its_default_base64(embedder):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{embedder.url}/v1", api_key=KEY, max_retries=0)
+    answer = client.embeddings.create(model="default", input=TEXTS)  # base64 on the wire
+
+    got = [np.asarray(d.embedding, dtype=np.float32) for d in answer.data]
+    for vector, expected in zip(got, zmq_vectors(embedder, TEXTS), strict=True):
+        np.testing.assert_array_equal(vector, expected)
+    assert [d.index for d in answer.data] == [0, 1, 2]
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens > len(TEXTS) * 3
+
+
+def test_the_openai_sdk_gets_floats_and_cut_renormalised_dimensions(embedder):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{embedder.url}/v1", api_key=KEY, max_retries=0)
+    floats = client.embeddings.create(model="default", input=TEXTS[0], encoding_format="float")
+    cut = client.embeddings.create(model="default", input=TEXTS[0], dimensions=64)
+
+    full = zmq_vectors(embedder, TEXTS[:1])[0]
+    np.testing.assert_allclose(floats.data[0].embedding, full, rtol=1e-6)
+    expected = full[:64] / np.linalg.norm(full[:64])
+    np.testing.assert_allclose(cut.data[0].embedding, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_the_openai_sdk_reads_a_refused_key_and_a_bad_request_as_its_errors(embedder):
+    import openai
+
+    wrong = openai.OpenAI(base_url=f"{embedder.url}/v1", api_key="x" * 20, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(model="default", input="a")
+    right = openai.OpenAI(base_url=f"{embedder.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
+        right.embeddings.create(model="default", input="a", dimensions=100_000)
+
+
+def test_langchains_openai_embeddings_embed_as_the_zeromq_path(embedder):
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: else it counts tokens with tiktoken, whose tables it
+    # would fetch from the network.
+    embeddings = OpenAIEmbeddings(
+        model="default",
+        base_url=f"{embedder.url}/v1",
+        api_key=KEY,
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    got = embeddings.embed_documents(TEXTS)
+
+    for vector, expected in zip(got, zmq_vectors(embedder, TEXTS), strict=True):
+        np.testing.assert_allclose(vector, expected, rtol=1e-6)
+
+
+def test_token_id_inputs_embed_as_their_text(embedder):
+    with authed(embedder) as http:
+        ids = http.post("/tokenize", json={"inputs": TEXTS[0]}).json()[0]
+        plain = [t["id"] for t in ids if not t["special"]]
+        answer = http.post("/v1/embeddings", json={"input": [plain]}).json()
+    np.testing.assert_allclose(
+        answer["data"][0]["embedding"], zmq_vectors(embedder, TEXTS[:1])[0], rtol=1e-6
+    )
+
+
+def test_v1_models_lists_the_served_model(embedder):
+    with authed(embedder) as http:
+        answer = http.get("/v1/models").json()
+    assert [m["id"] for m in answer["data"]] == ["default"]
+
+
+# -- huggingface_hub's InferenceClient ------------------------------------------------------
+
+
+def test_the_inference_clients_feature_extraction_is_the_zeromq_paths_embedding(embedder):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=embedder.url, token=KEY)
+    got = client.feature_extraction(TEXTS[0])
+
+    np.testing.assert_allclose(
+        np.asarray(got).reshape(-1), zmq_vectors(embedder, TEXTS[:1])[0], rtol=1e-6
+    )
+
+
+def test_the_inference_clients_text_classification_names_a_models_model(pair):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=f"{pair.url}/predict?model=toxicity")
+    got = client.text_classification(TEXTS[0])  # the likeliest label, from TEI's shape too
+
+    with Client(pair.endpoint, timeout=30, model="toxicity") as zmq:
+        expected = zmq.classify(TEXTS[0])
+    assert got.label == expected.label
+    assert got.score == pytest.approx(max(expected.probs), rel=1e-6)
+
+
+@pytest.mark.parametrize("route", ["/embed", "/v1/embeddings"])
+def test_numaserve_bench_drives_the_http_routes_with_their_bodies(embedder, route):
+    import subprocess
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+    out = subprocess.run(
+        [
+            exe,
+            "bench",
+            "--http",
+            embedder.url + route,
+            "--api-key",
+            KEY,
+            "--clients",
+            "4",
+            "--requests",
+            "25",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    summary = json.loads(out.stdout)
+    assert summary["ok"] == 100 and not summary["errors"], summary
+
+
+# -- TEI's routes, by TEI's schemas --------------------------------------------------------
+
+
+def test_embed_answers_teis_embed_response_equal_to_zeromq(embedder):
+    with authed(embedder) as http:
+        answer = http.post("/embed", json={"inputs": TEXTS}).json()
+    valid(answer, "EmbedResponse")
+    for vector, expected in zip(answer, zmq_vectors(embedder, TEXTS), strict=True):
+        np.testing.assert_allclose(vector, expected, rtol=1e-6)
+
+
+def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
+    with authed(embedder) as http:
+        tokens = http.post("/tokenize", json={"inputs": [TEXTS[0]]}).json()
+        decoded = http.post("/decode", json={"ids": [t["id"] for t in tokens[0]]}).json()
+        info = http.get("/info").json()
+    valid(tokens, "TokenizeResponse")
+    assert tokens[0][0]["special"] and tokens[0][1]["text"] == "What"
+    valid(decoded, "DecodeResponse")
+    assert decoded == [TEXTS[0].lower()]  # MiniLM's tokenizer is uncased
+    valid(info, "Info")
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["max_input_length"] == 128
+
+
+def test_invocations_and_root_go_to_the_models_own_route(embedder):
+    with authed(embedder) as http:
+        root = http.post("/", json={"inputs": TEXTS[0]}).json()
+        invocations = http.post("/invocations", json={"inputs": TEXTS[0]}).json()
+        embed = http.post("/embed", json={"inputs": TEXTS[0]}).json()
+    assert root == invocations == embed
+
+
+def test_predict_and_rerank_answer_teis_shapes_for_a_models_servers_named_model(pair):
+    with httpx.Client(base_url=pair.url, timeout=30) as http:
+        one = http.post("/predict?model=toxicity", json={"inputs": TEXTS[0]}).json()
+        batch = http.post(
+            "/predict", json={"model": "toxicity", "inputs": [[TEXTS[0]], [TEXTS[0], TEXTS[1]]]}
+        ).json()
+        ranks = http.post(
+            "/rerank",
+            json={"model": "ranker", "query": TEXTS[0], "texts": TEXTS[1:], "return_text": True},
+        ).json()
+    valid(one, "PredictResponse")
+    valid(batch, "PredictResponse")
+    assert one == batch[0] and len(batch) == 2
+    valid(ranks, "RerankResponse")
+    assert ranks[0]["score"] >= ranks[1]["score"]
+    assert {r["text"] for r in ranks} == set(TEXTS[1:])
+
+
+def test_v1_rerank_answers_best_first_as_the_zeromq_ranking(pair):
+    with httpx.Client(base_url=pair.url, timeout=30) as http:
+        answer = http.post(
+            "/v1/rerank",
+            json={
+                "model": "ranker",
+                "query": TEXTS[0],
+                "documents": TEXTS,
+                "top_n": 2,
+                "return_documents": True,
+            },
+        ).json()
+    with Client(pair.endpoint, timeout=30, model="ranker") as zmq:
+        expected = zmq.rerank(TEXTS[0], TEXTS, top_k=2)
+    assert [r["index"] for r in answer["results"]] == [r.index for r in expected]
+    assert [r["relevance_score"] for r in answer["results"]] == pytest.approx(
+        [r.score for r in expected]
+    )
+    assert answer["results"][0]["document"] == {"text": TEXTS[expected[0].index]}
+
+
+def test_a_models_server_names_what_it_serves_for_a_missing_or_unknown_model(pair):
+    with httpx.Client(base_url=pair.url, timeout=30) as http:
+        missing = http.post("/predict", json={"inputs": "a"})
+        unknown = http.post("/v1/rerank", json={"model": "nope", "query": "a", "documents": ["b"]})
+    assert missing.status_code == 400
+    assert "toxicity, ranker" in missing.json()["error"]
+    assert unknown.status_code == 404
+    assert "toxicity, ranker" in unknown.json()["error"]["message"]
+
+
+def test_openapi_json_describes_every_route(embedder):
+    with httpx.Client(base_url=embedder.url, timeout=30) as http:
+        document = http.get("/openapi.json").json()  # open, like /health
+    for path in (
+        "/embed",
+        "/predict",
+        "/rerank",
+        "/tokenize",
+        "/decode",
+        "/info",
+        "/health",
+        "/v1/embeddings",
+        "/v1/models",
+        "/v1/rerank",
+        "/ner",
+        "/invocations",
+        "/",
+    ):
+        assert path in document["paths"]
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+def test_requests_without_a_key_get_401_and_health_stays_open(embedder):
+    with httpx.Client(base_url=embedder.url, timeout=30) as http:
+        refused = http.post("/embed", json={"inputs": "a"})
+        health = http.get("/health")
+    assert refused.status_code == 401
+    valid(refused.json(), "ErrorResponse")
+    assert health.status_code == 200
+
+
+def test_a_key_added_to_the_file_works_within_seconds_without_a_restart(embedder):
+    new = "a-new-key-abcdefghijklmnop"
+    original = embedder.keys.read_text()
+    embedder.keys.write_text(original + new + "\n")
+    try:
+        with httpx.Client(base_url=embedder.url, timeout=30) as http:
+            deadline = time.monotonic() + 10
+            while True:
+                status = http.post(
+                    "/embed", json={"inputs": "a"}, headers={"Authorization": f"Bearer {new}"}
+                ).status_code
+                if status == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        assert status == 200
+    finally:
+        embedder.keys.write_text(original)
+
+
+# -- faults --------------------------------------------------------------------------------
+
+
+def raw(server, data: bytes, read_for: float = 5.0) -> bytes:
+    """What the server answers to `data` sent as is on a fresh connection."""
+    host, port = server.http.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=read_for) as sock:
+        sock.sendall(data)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return answer
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_sent(embedder):
+    head = (
+        b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Length: 1000000000\r\n\r\n"
+    )
+    assert raw(embedder, head).startswith(b"HTTP/1.1 413 ")
+
+
+def test_malformed_json_is_400_and_a_non_object_422(embedder):
+    with authed(embedder) as http:
+        assert http.post("/embed", content=b'{"inputs": ').status_code == 400
+        assert http.post("/embed", content=b"[1, 2]").status_code == 422
+        assert http.post("/v1/embeddings", content=b"\xff\xfe").status_code == 400
+
+
+def test_a_slow_client_is_answered_408_and_let_go(embedder):
+    started = time.monotonic()
+    answer = raw(embedder, b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Le", read_for=10)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - started < 5  # http_read_timeout_s: 1
+
+
+def test_huge_headers_are_431_and_garbage_400(embedder):
+    huge = b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+    assert raw(embedder, huge).startswith(b"HTTP/1.1 431 ")
+    assert raw(embedder, b"\x16\x03\x01 garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+
+
+def test_too_many_inputs_is_413_in_teis_shape(embedder):
+    with authed(embedder) as http:
+        answer = http.post("/embed", json={"inputs": ["a"] * 65})
+    assert answer.status_code == 413
+    valid(answer.json(), "ErrorResponse")
+
+
+def front_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def fuzzed(rng: np.random.Generator) -> tuple[bytes, bool]:
+    """One hostile request: garbage, a truncated request, huge headers, or random JSON; and
+    whether its sender then closes its side (a truncated request: answered 400; a whole
+    request's sender that did so would be a client gone, whose answer is never sent)."""
+    kind = rng.integers(5)
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    if kind == 0:
+        return rng.bytes(int(rng.integers(1, 2000))), False
+    if kind == 1:
+        whole = (
+            b"POST /embed HTTP/1.1\r\nHost: x\r\n"
+            + auth
+            + b'Content-Length: 20\r\n\r\n{"inputs": "abc"}'
+        )
+        return whole[: int(rng.integers(1, len(whole)))], True
+    if kind == 2:
+        return b"GET /info HTTP/1.1\r\n" + b"X-A: b\r\n" * int(
+            rng.integers(50, 5000)
+        ) + b"\r\n", False
+    values = [
+        None,
+        True,
+        -1,
+        1e308,
+        "",
+        "x" * int(rng.integers(0, 3000)),
+        [],
+        {},
+        [[1, -5]],
+        ["a", 3],
+        {"a": [1, {"b": None}]},
+        [101, 2, 999999999],
+    ]
+    keys = [
+        "inputs",
+        "input",
+        "texts",
+        "query",
+        "documents",
+        "ids",
+        "dimensions",
+        "encoding_format",
+        "model",
+        "top_n",
+        "normalize",
+        "raw_scores",
+    ]
+    body = {
+        str(rng.choice(keys)): values[int(rng.integers(len(values)))]
+        for _ in range(int(rng.integers(0, 4)))
+    }
+    route = str(
+        rng.choice(
+            [
+                "/embed",
+                "/v1/embeddings",
+                "/predict",
+                "/rerank",
+                "/v1/rerank",
+                "/tokenize",
+                "/decode",
+                "/ner",
+                "/",
+                "/nope",
+            ]
+        )
+    )
+    data = json.dumps(body).encode()
+    return (
+        f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n".encode()
+        + auth
+        + b"\r\n"
+        + data
+    ), False
+
+
+def test_ten_thousand_fuzzed_requests_disturb_nothing_and_memory_stays_bounded(embedder):
+    (front,) = embedder.http_pids()
+    with authed(embedder) as http:
+        before = http.post("/embed", json={"inputs": TEXTS[0]}).json()
+    rss_before = front_rss(front)
+    host, port = embedder.http.rsplit(":", 1)
+    statuses: list[int] = []
+
+    def fire(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(1000):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                data, truncated = fuzzed(rng)
+                try:
+                    sock.sendall(data)
+                    if truncated:
+                        sock.shutdown(socket.SHUT_WR)
+                    answer = sock.recv(64)
+                except (ConnectionResetError, BrokenPipeError, TimeoutError):
+                    continue
+            if answer.startswith(b"HTTP/1.1 "):
+                statuses.append(int(answer[9:12]))
+
+    threads = [threading.Thread(target=fire, args=(seed,)) for seed in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert 500 not in statuses
+    assert len(statuses) > 5000  # most got an answer, not a dropped connection
+    assert embedder.http_pids() == [front]  # no restart
+    assert front_rss(front) - rss_before < 64 << 20
+    with authed(embedder) as http:
+        assert http.post("/embed", json={"inputs": TEXTS[0]}).json() == before
+
+
+# -- supervised ----------------------------------------------------------------------------
+
+
+def test_a_killed_front_is_restarted_on_its_cpus_and_serves_again(embedder):
+    (old,) = embedder.http_pids()
+    cpus = os.sched_getaffinity(old)
+    os.kill(old, signal.SIGKILL)
+    new = embedder.wait_for(
+        lambda: [p for p in embedder.http_pids() if p != old], what="the HTTP front restarted"
+    )[0]
+    assert os.sched_getaffinity(new) == cpus
+    with authed(embedder) as http:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if http.post("/embed", json={"inputs": "a"}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the restarted front never answered"
+            time.sleep(0.2)
+
+
+def test_numaserve_status_shows_the_http_front(embedder):
+    from numaserve.router.status import format_status
+
+    (pid,) = embedder.http_pids()
+    status = embedder.status()
+    (front,) = status["supervisor"]["http"]
+    assert front["name"] == "http-0" and front["state"] == "ready" and front["pid"] == pid
+    assert f"HTTP front http-0: ready, pid {pid}" in format_status(status)
+
+
+def test_the_fronts_requests_are_counted_in_the_metrics(embedder):
+    with authed(embedder) as http:
+        http.post("/embed", json={"inputs": "counted"})
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"http://{embedder.metrics}/metrics", timeout=10).text
+        if (
+            'numaserve_http_requests_total{code="200",route="/embed"'
+            in text.replace(',front="0"', "")
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.5)
+    assert 'route="/embed"' in text and "numaserve_http_request_duration_seconds_bucket" in text
+
+
+def metric_sum(server, name: str) -> float:
+    text = httpx.get(f"http://{server.metrics}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+LONG = " ".join(f"word{i}" for i in range(120))
+
+
+def busy(server, texts: int, outcomes: list) -> threading.Thread:
+    """A thread that asks the server for `texts` long embeddings, none cached, and records
+    its status."""
+    nonce = os.urandom(8).hex()
+
+    def ask():
+        with authed(server) as http:
+            inputs = [f"{nonce} {i} {LONG}" for i in range(texts)]
+            answer = http.post("/embed", json={"inputs": inputs})
+            outcomes.append((answer.status_code, answer.headers.get("retry-after"), answer.json()))
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread
+
+
+def test_a_request_whose_client_hung_up_is_not_run(embedder):
+    outcomes: list = []
+    threads = [busy(embedder, 64, outcomes) for _ in range(2)]  # the one instance busy
+    time.sleep(0.3)
+    unique = f"hung up at {time.time()}"
+    body = json.dumps({"inputs": unique}).encode()
+    host, port = embedder.http.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.1)  # queued behind the busy texts; then the client hangs up
+    for t in threads:
+        t.join()
+
+    assert metric_sum(embedder, "numaserve_router_cancelled_total") >= 1
+    hits = metric_sum(embedder, "numaserve_cache_hits_total")
+    with authed(embedder) as http:
+        assert http.post("/embed", json={"inputs": unique}).status_code == 200
+    assert metric_sum(embedder, "numaserve_cache_hits_total") == hits  # it never ran
+
+
+def test_overload_is_429_with_retry_after_in_teis_shape(embedder):
+    outcomes: list = []
+    threads = [busy(embedder, 64, outcomes) for _ in range(8)]  # 512 texts; queue_size 256
+    for t in threads:
+        t.join()
+
+    refused = [o for o in outcomes if o[0] == 429]
+    assert refused, [o[0] for o in outcomes]
+    _, retry_after, body = refused[0]
+    assert retry_after == "1"
+    valid(body, "ErrorResponse")
+    assert body["error_type"] == "Overloaded"
+
+
+def test_sigterm_answers_the_requests_in_flight_then_stops(tmp_path):
+    s = server_.Server(tmp_path, PLAIN)
+    s.wait_ready()
+    outcomes: list = []
+    threads = []
+    for _ in range(3):
+        threads.append(
+            threading.Thread(
+                target=lambda: outcomes.append(
+                    httpx.post(
+                        f"{s.url}/embed",
+                        json={"inputs": [f"{i} {LONG}" for i in range(32)]},
+                        timeout=60,
+                    ).status_code
+                )
+            )
+        )
+        threads[-1].start()
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join()
+    assert s.proc.wait(60) == 0
+    assert outcomes == [200, 200, 200]
