@@ -129,7 +129,7 @@ def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> No
     "url",
     metavar="URL",
     help="Closed loop over HTTP instead: numaserve's own routes (/embed, /predict, /ner, "
-    '/v1/embeddings: their API\'s body), or a peer\'s (any other path: {"text": ...}).',
+    "/v1/embeddings: their API's body), or a peer's (any other path: {\"text\": ...}).",
 )
 @click.option(
     "--api-key",
