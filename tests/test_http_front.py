@@ -15,7 +15,7 @@ import pytest
 
 from numaserve.config import ConfigError, parse_config
 from numaserve.http import errors
-from numaserve.http.connection import Connection, Request, Response
+from numaserve.http.connection import Connection, Request, Response, sweep
 from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
 from numaserve.http.routes.inputs import embeddings
@@ -109,6 +109,7 @@ class EchoServer:
             self.loop.create_server(connection, "127.0.0.1", 0)
         )
         self.port = self.server.sockets[0].getsockname()[1]
+        self.loop.call_soon(sweep, self.live)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 

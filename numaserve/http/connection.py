@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 import httptools
@@ -23,6 +24,7 @@ log = logging.getLogger("numaserve.http")
 MAX_HEAD_BYTES = 64 << 10  # the request line and headers together
 MAX_HEADERS = 100
 IDLE_TIMEOUT_S = 75.0  # a kept-alive connection with no request in flight
+SWEEP_S = 0.1  # how often the front looks for connections past their deadline
 MAX_PIPELINED = 32  # requests read ahead of their answers; reading pauses past this
 
 REASONS = {
@@ -110,20 +112,20 @@ class Connection(asyncio.Protocol):
         self.header_name = b""
         self.body: list[bytes] = []
         self.body_bytes = 0
-        self.timer: asyncio.TimerHandle | None = None
+        # When the request being read, or the idle wait, runs out (the front's sweep reads it:
+        # a timer a request cost the front 3% of its CPU); None while a route runs.
+        self.deadline: float | None = None
 
     # -- asyncio ---------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.live.add(self)
-        self._arm(IDLE_TIMEOUT_S)
+        self.deadline = time.monotonic() + IDLE_TIMEOUT_S
 
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.live.discard(self)
-        if self.timer:
-            self.timer.cancel()
         if self.waiting is not None and not self.waiting.done():
             self.waiting.cancel()  # the shards are told to drop it (upstream.py)
 
@@ -156,7 +158,7 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url, self.body, self.body_bytes, self.head_bytes = b"", [], 0, 0
         self.request = Request("", "", "", {})
-        self._arm(self.read_timeout)
+        self.deadline = time.monotonic() + self.read_timeout
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -206,26 +208,37 @@ class Connection(asyncio.Protocol):
     def _next(self) -> None:
         if self.busy or not self.queue or self.closed:
             if not self.queue and not self.busy and not self.closed:
-                self._arm(IDLE_TIMEOUT_S if self.request is None else self.read_timeout)
+                wait = IDLE_TIMEOUT_S if self.request is None else self.read_timeout
+                self.deadline = time.monotonic() + wait
             return
         self.busy = True
-        if self.timer:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None
         request, keep_alive = self.queue.popleft()
-        task = asyncio.ensure_future(self.handle(request))
-        task.add_done_callback(lambda t: self._answered(t, keep_alive))
+        self._step(self.handle(request), keep_alive)
 
-    def _answered(self, task: asyncio.Future, keep_alive: bool) -> None:
+    def _step(self, route: Coroutine, keep_alive: bool) -> None:
+        """Run the route's coroutine up to the future it awaits (the shards' answer), and on
+        from there once that is done: what an asyncio Task would do, without a Task a request
+        (10% of the front's CPU), as Python 3.12's eager tasks run a coroutine at once."""
+        try:
+            awaited = route.send(None)
+        except StopIteration as done:
+            self._answered(done.value, keep_alive)
+        except asyncio.CancelledError:  # its client hung up
+            self.busy = False
+        except Exception:
+            log.error("a route failed", exc_info=True)
+            self._answered(self.refuse(500, "internal error; the server logged it"), False)
+        else:
+            if awaited is None:  # a bare yield (asyncio.sleep(0)): go on at the next turn
+                asyncio.get_running_loop().call_soon(self._step, route, keep_alive)
+            else:
+                awaited.add_done_callback(lambda _: self._step(route, keep_alive))
+
+    def _answered(self, response: Response, keep_alive: bool) -> None:
         self.busy = False
         if self.closed:
             return
-        if task.cancelled() or task.exception() is not None:
-            if not task.cancelled():
-                log.error("a route failed", exc_info=task.exception())
-            response, keep_alive = self.refuse(500, "internal error; the server logged it"), False
-        else:
-            response = task.result()
         keep_alive = keep_alive and not self.draining()
         self.transport.write(response.encode(keep_alive))
         if not keep_alive:
@@ -245,8 +258,7 @@ class Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
-        if self.timer:
-            self.timer.cancel()
+        self.deadline = None
         self.transport.close()
 
     def close_if_idle(self) -> None:
@@ -254,24 +266,28 @@ class Connection(asyncio.Protocol):
         if not self.busy and not self.queue and self.request is None and not self.closed:
             self._close()
 
-    def _arm(self, seconds: float) -> None:
-        if self.timer:
-            self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
-
-    def _expired(self) -> None:
-        self.timer = None
-        if self.busy or self.closed:
+    def expire(self, now: float) -> None:
+        """The front's sweep: half a request read for too long is 408; an idle connection
+        past its keep-alive is closed."""
+        if self.deadline is None or now < self.deadline or self.busy or self.closed:
             return
-        if self.request is not None:  # half a request, for too long
+        if self.request is not None:
             self._fail(408, f"the request was not read whole within {self.read_timeout:g} s")
         else:
-            self._close()  # idle keep-alive
+            self._close()
 
     def _count_head(self, n: int) -> None:
         self.head_bytes += n
         if self.head_bytes > MAX_HEAD_BYTES:
             raise _Refused(431, f"the request line and headers are over {MAX_HEAD_BYTES} bytes")
+
+
+def sweep(live: set[Connection]) -> None:
+    """Every SWEEP_S, each open connection past its deadline: 408, or an idle one closed."""
+    now = time.monotonic()
+    for connection in list(live):
+        connection.expire(now)
+    asyncio.get_running_loop().call_later(SWEEP_S, sweep, live)
 
 
 class _Refused(Exception):

@@ -23,7 +23,7 @@ from numaserve import exitcodes
 from numaserve.config import split_host_port
 from numaserve.http import errors
 from numaserve.http.app import App
-from numaserve.http.connection import Connection
+from numaserve.http.connection import Connection, sweep
 from numaserve.http.keys import ApiKeys
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
@@ -85,6 +85,7 @@ class Front:
         loop.add_signal_handler(signal.SIGINT, self.drain)
         loop.add_signal_handler(signal.SIGHUP, self.reload_keys)
         loop.call_soon(self._write_stats)
+        loop.call_soon(sweep, self.live)
         await self.stopped
         server.close()
         deadline = time.monotonic() + self.spec.drain_timeout_s
