@@ -4,18 +4,25 @@ HTTP front costs when the model costs nothing. One `numaserve start` of configs/
 ZeroMQ and over HTTP (TEI's POST /embed), each round's requests/s, p99 and the CPU time each
 of the server's processes spent a request (from /proc: the HTTP front's is its whole cost).
 
+The load generator is Python (numaserve bench's closed loop) and shares the CPUs: its HTTP
+client costs it more a request than its ZeroMQ one. `--wrk SECONDS` then also drives the HTTP
+API with wrk (a C load generator, `apt-get install wrk`) on one cached text, at --clients
+connections: the front's cost a request when it, not the generator, is the bound.
+
 The cache-off comparison (HTTP against ZeroMQ and against infinity-emb, where the model runs)
 is benchmarks/peers.py's, with `--systems numaserve,numaserve-http,infinity`.
 
 Run:  .venv/bin/python -m benchmarks.http_api [--clients 32] [--requests 4000] [--rounds 3]
-          [--texts 200] [--json out.json]
+          [--texts 200] [--wrk 10] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +49,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000, help="per round and way")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--texts", type=int, default=200, help="distinct texts, all cached")
+    parser.add_argument("--wrk", type=float, default=0, help="seconds of wrk each round; 0: none")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     topo = read_topology()
@@ -64,6 +72,9 @@ def main() -> None:
                 for way in ways if r % 2 == 0 else ways[::-1]:  # ABBA: drift cancels
                     row[way.name] = measure(way, texts, args.clients, args.requests)
                     row[way.name].pop("latencies_ms")
+                if args.wrk:
+                    row["wrk"] = wrk(server, texts[0], args.clients, args.wrk, Path(tmp))
+                    print(f"  wrk: {row['wrk']}", flush=True)
                 rounds.append(row)
                 print(f"round {r + 1}: {line(row)}", flush=True)
         finally:
@@ -71,6 +82,54 @@ def main() -> None:
     report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def cpu_s(pids: list[int]) -> dict[str, float]:
+    """User and system CPU seconds of `pids`, from /proc."""
+    user = system = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        user, system = user + int(fields[11]), system + int(fields[12])
+    tick = 100  # USER_HZ
+    return {"user": user / tick, "system": system / tick}
+
+
+def wrk(server: Server, text: str, connections: int, seconds: float, tmp: Path) -> dict:
+    """wrk on POST /embed of one cached text: requests/s, p99, and the fronts' CPU a request."""
+    script = tmp / "post.lua"
+    body = json.dumps({"inputs": text}).replace("'", "\\'")
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{body}'\n"
+        "wrk.headers['Content-Type'] = 'application/json'\n"
+    )
+    fronts = server.http_pids()
+    before = cpu_s(fronts)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds:g}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"{server.url}/embed",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    after = cpu_s(fronts)
+    done = int(re.search(r"(\d+) requests in", out).group(1))
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p99.group(2)]
+    return {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p99_ms": round(float(p99.group(1)) * scale, 3),
+        "front_us_per_request": {
+            k: round(1e6 * (after[k] - before[k]) / done, 1) for k in ("user", "system")
+        },
+    }
 
 
 def by_role(result: dict, role: str) -> float:

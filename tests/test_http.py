@@ -305,6 +305,36 @@ def test_v1_rerank_answers_best_first_as_the_zeromq_ranking(pair):
     assert answer["results"][0]["document"] == {"text": TEXTS[expected[0].index]}
 
 
+TAGGER = """
+model: {{path: "{path}", task: ner, backend: torch, quantize: none, max_length: 32}}
+server: {{endpoint: "@ENDPOINT@", max_batch: 1}}
+placement: {{pools: [{{name: main, max_tokens: 32, instances: 1}}]}}
+"""
+
+
+def test_ner_answers_each_texts_entities_as_the_zeromq_path_and_root_goes_there(tmp_path):
+    path = save_tiny_model(tmp_path / "ner", "bert", "ner")
+    s = server_.Server(tmp_path, TAGGER.format(path=path))
+    try:
+        s.wait_ready()
+        texts = ["Ada Lovelace lived in London", "Paris is in France"]
+        with httpx.Client(base_url=s.url, timeout=30) as http:
+            both = http.post("/ner", json={"inputs": texts, "aggregation": "none"}).json()
+            one = http.post("/ner", json={"inputs": texts[0], "aggregation": "none"}).json()
+            root = http.post("/", json={"inputs": texts[0], "aggregation": "none"}).json()
+        with Client(s.endpoint, timeout=30) as zmq:
+            expected = zmq.ner(texts, aggregation="none")
+    finally:
+        s.stop()
+    assert one == both[0] == root
+    for got, want in zip(both, expected, strict=True):
+        assert [(e["label"], e["start"], e["end"], e["text"], e["index"]) for e in got] == [
+            (e.label, e.start, e.end, e.text, e.index) for e in want.entities
+        ]
+        assert [e["score"] for e in got] == pytest.approx([e.score for e in want.entities])
+        assert got  # aggregation none: every token has a label
+
+
 def test_a_models_server_names_what_it_serves_for_a_missing_or_unknown_model(pair):
     with httpx.Client(base_url=pair.url, timeout=30) as http:
         missing = http.post("/predict", json={"inputs": "a"})
