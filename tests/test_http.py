@@ -710,3 +710,15 @@ def test_sigterm_answers_the_requests_in_flight_then_stops(tmp_path):
         t.join()
     assert s.proc.wait(60) == 0
     assert outcomes == [200, 200, 200]
+
+
+def test_a_taken_http_port_stops_the_start_with_exit_2_naming_it(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        s = server_.Server(
+            tmp_path, PLAIN.replace("max_batch: 1}", f'max_batch: 1, http: "{address}"}}')
+        )
+        assert s.proc.wait(120) == 2
+    assert f"server.http: cannot listen on {address}" in s.log()

@@ -34,8 +34,6 @@ def start(config_path: str, config: Config) -> int:
         curve.server_keys(
             config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
         )
-    if config.server.http:
-        check_http_port(config.server.http)
     directory = ledger_dir()
     if directory is None:
         log.warning(
@@ -58,6 +56,10 @@ def start(config_path: str, config: Config) -> int:
             log.info(
                 "planned around another server: %s", holder.describe(), extra={"event": "ledger"}
             )
+        # After the plan: a server the ledger refuses says so (exit 75), not that its ports
+        # are another's.
+        if config.server.http:
+            check_http_port(config.server.http)
         monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
         if monitor is not None:
             cleanup.callback(monitor.close)
