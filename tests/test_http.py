@@ -167,6 +167,7 @@ def test_token_id_inputs_embed_as_their_text(embedder):
         ids = http.post("/tokenize", json={"inputs": TEXTS[0]}).json()[0]
         plain = [t["id"] for t in ids if not t["special"]]
         answer = http.post("/v1/embeddings", json={"input": [plain]}).json()
+    valid(answer, "OpenAICompatResponse")
     np.testing.assert_allclose(
         answer["data"][0]["embedding"], zmq_vectors(embedder, TEXTS[:1])[0], rtol=1e-6
     )
