@@ -64,7 +64,8 @@ def test_summary_of_a_run_where_everything_failed():
 @pytest.fixture
 def http_server():
     """A real HTTP server on loopback: 200 with the body echoed, 503 for texts saying "busy"
-    (the text is the body's "text", or the first of its "input")."""
+    (the text is the body's "text", TEI's "inputs" or OpenAI's "input"), at a peer's path and
+    at numaserve's own /embed."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -73,7 +74,7 @@ def http_server():
 
         def do_POST(self):
             received = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            text = received.get("text") or received["input"][0]
+            text = received.get("text") or received.get("inputs") or received["input"]
             body = json.dumps(received).encode()
             self.send_response(503 if "busy" in text else 200)
             self.send_header("Content-Length", str(len(body)))
@@ -95,6 +96,19 @@ def test_closed_loop_drives_an_http_server(http_server):
     result = closed_loop(http_target(http_server), ["one text", "another"], 3, 4)
     summary = result.summary()
     assert summary["ok"] == summary["requests"] == 12 and summary["errors"] == {}
+
+
+def test_the_http_body_is_the_routes_own(http_server):
+    peer = http_server.replace("/embed", "/predictions/model")
+    bodies = {}
+    for url in (http_server, http_server.replace("/embed", "/v1/embeddings"), peer):
+        with http_target(url, model="m")() as send:
+            bodies[url.rsplit("/", 1)[1]] = json.loads(send("a text"))
+    assert bodies == {
+        "embed": {"inputs": "a text", "model": "m"},
+        "embeddings": {"input": "a text", "model": "m"},
+        "model": {"text": "a text"},
+    }
 
 
 def test_http_error_statuses_are_counted_by_code(http_server):

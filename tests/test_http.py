@@ -723,3 +723,25 @@ def test_a_taken_http_port_stops_the_start_with_exit_2_naming_it(tmp_path):
         )
         assert s.proc.wait(120) == 2
     assert f"server.http: cannot listen on {address}" in s.log()
+
+
+def test_two_fronts_share_the_port_and_the_kernel_spreads_connections_over_them(tmp_path):
+    s = server_.Server(tmp_path, PLAIN.replace("max_batch: 1}", "max_batch: 1, http_processes: 2}"))
+    try:
+        s.wait_ready()
+        assert len(s.http_pids()) == 2
+        for i in range(40):  # a fresh connection each: SO_REUSEPORT hashes each to a front
+            assert httpx.post(f"{s.url}/embed", json={"inputs": f"text {i}"}).status_code == 200
+
+        def counted():
+            text = httpx.get(f"http://{s.metrics}/metrics", timeout=10).text
+            fronts = {
+                line.split('front="')[1].split('"')[0]
+                for line in text.splitlines()
+                if line.startswith("numaserve_http_requests_total{") and 'route="/embed"' in line
+            }
+            return fronts == {"0", "1"}
+
+        s.wait_for(counted, timeout=20, what="both fronts counted requests")
+    finally:
+        s.stop()
