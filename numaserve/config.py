@@ -8,7 +8,6 @@ Every key is documented in docs/configuration.md.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import re
 import types
 import typing
@@ -18,6 +17,7 @@ from typing import Literal, TypeVar, Union
 
 import yaml
 
+from numaserve.addresses import is_local, split_host_port
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
 from numaserve.tasks import NAMES
 
@@ -96,22 +96,14 @@ class ServerConfig:
     metrics: str = field(default="127.0.0.1:9464", metadata={"empty": True})
     # CurveZMQ on `endpoint`: only clients holding an authorised key get in (docs/deployment.md).
     curve: CurveConfig | None = None
-    # true: let a tcp endpoint (or the HTTP API) beyond loopback serve in plaintext, to anyone
-    # who reaches it.
+    # true: let a tcp endpoint or the HTTP API serve anyone beyond loopback, in plaintext.
     insecure: bool = False
-    # host:port of the HTTP API (TEI's routes, OpenAI's /v1/embeddings, /v1/rerank:
-    # docs/http.md); "" turns it off.
+    # The HTTP API (docs/http.md), host:port; "" turns it off. Each key: docs/configuration.md.
     http: str = field(default="127.0.0.1:8080", metadata={"empty": True})
-    # One API key per line (# comments); every HTTP request but /health then needs
-    # `Authorization: Bearer KEY`. Re-read when the file changes, with no restart.
-    http_api_keys_file: str | None = None
-    # HTTP front processes, all on the one port: auto is one per NUMA node with router shards.
+    http_api_keys_file: str | None = None  # one key per line; re-read when it changes
     http_processes: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
-    # A request body longer than this is refused (413) before it is read.
-    http_max_body_bytes: int = field(default=2 << 20, metadata=_bounds(1024, 1 << 30))
-    # A request not read whole this long after its first byte is answered 408 and its
-    # connection closed: a slow client holds nothing for ever.
-    http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))
+    http_max_body_bytes: int = field(default=2 << 20, metadata=_bounds(1024, 1 << 30))  # 413
+    http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))  # 408
 
 
 @dataclass(frozen=True)
@@ -411,7 +403,7 @@ def _check_server(config: Config, source: str) -> None:
             f"or ipc:///run/numaserve.sock; got {config.server.endpoint!r}"
         )
     server = config.server
-    if not (server.curve or server.insecure or _local_endpoint(server.endpoint)):
+    if not (server.curve or server.insecure or is_local(server.endpoint)):
         raise ConfigError(
             f"{source}: server.endpoint: {server.endpoint} can be reached from other hosts, in "
             "plaintext and by anyone; set server.curve (keys from `numaserve keygen`, "
@@ -426,21 +418,13 @@ def _check_server(config: Config, source: str) -> None:
                 f'{example.rpartition(":")[2]}, or "" to turn it off; got {address!r}'
             )
     if server.http and not (
-        server.http_api_keys_file or server.insecure or _local_endpoint(f"tcp://{server.http}")
+        server.http_api_keys_file or server.insecure or is_local(f"tcp://{server.http}")
     ):
         raise ConfigError(
             f"{source}: server.http: {server.http} can be reached from other hosts, by anyone; "
             "set server.http_api_keys_file (docs/http.md#api-keys), or server.insecure: true "
             "where a firewall, a private network or a proxy in front already keeps others out"
         )
-
-
-def split_host_port(address: str) -> tuple[str, int] | None:
-    """("::1", 8080) for "[::1]:8080"; None for anything that is not host:port."""
-    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", address)
-    if not match or not 1 <= int(match.group(2)) <= 65535:
-        return None
-    return match.group(1).strip("[]"), int(match.group(2))
 
 
 def _check_model(
@@ -490,19 +474,6 @@ def _check_model(
             f"{model.max_length} tokens would have no pool; raise a pool's max_tokens "
             f"or lower {where}.max_length"
         )
-
-
-def _local_endpoint(endpoint: str) -> bool:
-    """ipc, or tcp on a loopback address: nothing beyond this host can connect."""
-    if endpoint.startswith("ipc://"):
-        return True
-    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name or an interface (tcp://eth0:5555): it may face the network
-        return False
 
 
 def _join(where: str, key: str) -> str:

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).parents[1] / "numaserve"
 # Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
 # subpackage, or one of the top-level modules; "base" is the modules every part shares.
 BASE = {
+    "addresses",
     "config",
     "modelpath",
     "protocol",

@@ -20,7 +20,7 @@ import time
 import uvloop
 
 from numaserve import exitcodes
-from numaserve.config import split_host_port
+from numaserve.addresses import split_host_port
 from numaserve.http import errors
 from numaserve.http.app import App
 from numaserve.http.connection import Connection, sweep

@@ -19,6 +19,7 @@ import psutil
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from numaserve.addresses import split_host_port
 from numaserve.host.numastat import read_numastat
 from numaserve.host.pinning import affinity_if_alive
 from numaserve.monitoring import health
@@ -33,12 +34,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class MonitoringError(OSError):
     """The endpoint cannot listen where server.metrics says."""
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """`host:port`, `[v6]:port`; config.py has checked the form."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def read_os(snapshot: Snapshot) -> Readings:
@@ -98,7 +93,7 @@ class MonitoringEndpoint:
             def log_message(self, format: str, *args) -> None:
                 log.debug("%s %s", self.address_string(), format % args)
 
-        host, port = parse_address(address)
+        host, port = split_host_port(address)  # config.py has checked the form
         try:
             self.server = ThreadingHTTPServer((host, port), Handler)
         except OSError as e:

@@ -65,6 +65,23 @@ def send(sock: zmq.Socket, envelope: list[bytes], body: dict, flags: int = 0) ->
     sock.send(payload, flags)
 
 
+def read_request(
+    book: RequestBook, envelope: list[bytes], version: bytes, body: dict, max_texts: int
+) -> Request | None:
+    """A client's request, checked; None where the book has answered it with an error."""
+    if version != protocol.VERSION:
+        message = f"unsupported protocol version {version[:16]!r}; this server speaks {protocol.VERSION!r}"
+        request_id = protocol.reply_id(body.get("id"))
+        book.error_reply(envelope, request_id, body.get("op"), ErrorCode.BAD_REQUEST, message)
+        return None
+    book.counters["requests"] += 1
+    try:
+        return parse_request(body, max_texts)
+    except RequestError as e:
+        book.error_reply(envelope, e.request_id, body.get("op"), e.code, e.message)
+        return None
+
+
 class Router:
     """One shard: its sockets and event loop. What each request becomes is the book's
     (book.py); which instance runs which text is dispatch.py's."""
@@ -109,22 +126,23 @@ class Router:
         self.auth = None  # CurveZMQ's authenticator, where this router holds the endpoint
 
     def bind(self) -> None:
-        """Listen for workers; and for clients, on server.endpoint, or, as one of several
-        shards, by connecting to the frontend that hands their requests out."""
-        if self.spec.frontend:
-            # Our peers here are the frontend and the other shards, which always read: queue
-            # every reply for them. At libzmq's high-water mark a ROUTER drops what it sends,
-            # and a frontend starved of CPU under overload falls that far behind.
-            self.clients.setsockopt(zmq.SNDHWM, 0)
-            self.clients.connect(self.spec.frontend)
-        else:
-            keys = self.server.curve
-            if keys:
+        """Listen for workers; for clients, on server.endpoint, or, as one of several shards,
+        by connecting to the frontend that hands their requests out; and on the private
+        socket the HTTP fronts and peer shards send to."""
+        if not self.spec.frontend:
+            if keys := self.server.curve:
                 self.auth = curve.serve(
                     self.ctx, self.clients, keys.secret_key_file, keys.authorized_keys_dir
                 )
             self.clients.bind(self.server.endpoint)
-        if self.spec.local:  # the HTTP fronts, and peer shards passing requests on
+        # Our peers from here on (the frontend, the HTTP fronts, peer shards) always read:
+        # queue every reply for them. At libzmq's high-water mark a ROUTER drops what it
+        # sends, and a peer starved of CPU under overload falls that far behind. (libzmq
+        # copies the options at each bind and connect: server.endpoint's keep the default.)
+        self.clients.setsockopt(zmq.SNDHWM, 0)
+        if self.spec.frontend:
+            self.clients.connect(self.spec.frontend)
+        if self.spec.local:
             self.clients.bind(self.spec.local)
         self.workers.bind(self.spec.workers_endpoint)
 
@@ -232,16 +250,8 @@ class Router:
             self._drop(f"an unparseable client message: {e}")
             return
         book = self.book
-        request_id = protocol.reply_id(body.get("id"))
-        if version != protocol.VERSION:
-            message = f"unsupported protocol version {version[:16]!r}; this server speaks {protocol.VERSION!r}"
-            book.error_reply(envelope, request_id, body.get("op"), ErrorCode.BAD_REQUEST, message)
-            return
-        book.counters["requests"] += 1
-        try:
-            request = parse_request(body, self.server.max_texts)
-        except RequestError as e:
-            book.error_reply(envelope, e.request_id, body.get("op"), e.code, e.message)
+        request = read_request(book, envelope, version, body, self.server.max_texts)
+        if request is None:
             return
         if request.op == "status" and self.spec.frontend and self.supervisor_identity:
             ask = self.whole.ask(envelope, request.id, self.own_status(), time.monotonic())

@@ -12,7 +12,8 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from numaserve import curve
-from numaserve.config import Config, split_host_port
+from numaserve.addresses import split_host_port
+from numaserve.config import Config
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.topology import read_topology
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
