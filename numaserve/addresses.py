@@ -8,9 +8,10 @@ import re
 
 
 def split_host_port(address: str) -> tuple[str, int] | None:
-    """("::1", 8080) for "[::1]:8080"; None for anything that is not host:port."""
+    """("::1", 8080) for "[::1]:8080"; None for anything that is not host:port (port 0, any
+    free port, included: a config refuses it, a test's endpoint may ask for it)."""
     match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})", address)
-    if not match or not 1 <= int(match.group(2)) <= 65535:
+    if not match or int(match.group(2)) > 65535:
         return None
     return match.group(1).strip("[]"), int(match.group(2))
 

@@ -412,7 +412,7 @@ def _check_server(config: Config, source: str) -> None:
         )
     for key, example in (("metrics", "127.0.0.1:9464"), ("http", "127.0.0.1:8080")):
         address = getattr(server, key)
-        if address and split_host_port(address) is None:
+        if address and (split_host_port(address) or ("", 0))[1] == 0:
             raise ConfigError(
                 f"{source}: server.{key}: expected host:port, like {example} or [::1]:"
                 f'{example.rpartition(":")[2]}, or "" to turn it off; got {address!r}'
