@@ -277,9 +277,9 @@ def http_fronts(
             server=config.server,
             index=i,
             stats_file=f"{runtime_dir}/http-{i}.json",
-            cpus=places[i % len(places)][1],
-            nodes=places[i % len(places)][0] if places[i % len(places)][1] else (),
+            cpus=cpus,
+            nodes=nodes if cpus else (),
             drain_timeout_s=config.supervisor.drain_timeout_s,
         )
-        for i in range(count)
+        for i, (nodes, cpus) in ((i, places[i % len(places)]) for i in range(count))
     )

@@ -82,12 +82,7 @@ class App:
         """A task's results, one per text, from the model's shards; an ApiError for theirs."""
         if request.gone:  # asked and hung up: nothing runs for nobody
             raise ApiError(499, "the client closed the connection")
-        if len(texts) > self.spec.server.max_texts:
-            raise ApiError(
-                413,
-                f"{len(texts)} inputs in one request; the limit is "
-                f"{self.spec.server.max_texts} (server.max_texts)",
-            )
+        self.check_count(texts)
         body = {"op": op, "texts": texts}
         if self.spec.named:
             body["model"] = model.name
@@ -99,6 +94,14 @@ class App:
         if reply.get("status") != "ok":
             raise errors.from_reply(reply.get("error") or {})
         return reply["results"]
+
+    def check_count(self, texts: list) -> None:
+        """More inputs than server.max_texts in one request is 413, before any is read."""
+        limit = self.spec.server.max_texts
+        if len(texts) > limit:
+            raise ApiError(
+                413, f"{len(texts)} inputs in one request; the limit is {limit} (server.max_texts)"
+            )
 
     def tokenizer(self, model: HttpModel):
         """The model's fast tokenizer, loaded on first use: only /tokenize, /decode and token

@@ -56,6 +56,7 @@ class Request:
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     body: bytes = b""
     connection: Connection | None = field(default=None, repr=False)
+    json: dict | None = field(default=None, repr=False)  # the body, once a route has read it
 
     @property
     def gone(self) -> bool:

@@ -30,13 +30,17 @@ class Route:
 
 def json_body(request: Request) -> dict:
     """The request's JSON object: malformed JSON is 400, anything but an object 422. Any
-    Content-Type is read as JSON: `curl -d` sends form-urlencoded unless told otherwise."""
+    Content-Type is read as JSON: `curl -d` sends form-urlencoded unless told otherwise. Read
+    once: POST / reads it for the model, then the model's route for the rest."""
+    if request.json is not None:
+        return request.json
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as e:
         raise ApiError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object")
+    request.json = body
     return body
 
 

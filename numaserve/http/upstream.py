@@ -23,17 +23,10 @@ import zmq
 
 from numaserve import protocol
 from numaserve.protocol import ErrorCode
+from numaserve.router.process import NOBLOCK, send
 
 log = logging.getLogger("numaserve.http")
 SWEEP_S = 0.25  # how often requests past their time are looked for
-# Plain ints, as the router's: pyzmq's IntFlag builds an enum member per `|` and `&`.
-EVENTS, POLLIN, NOBLOCK, SNDMORE, RCVMORE = (
-    int(zmq.EVENTS),
-    int(zmq.POLLIN),
-    int(zmq.NOBLOCK),
-    int(zmq.SNDMORE),
-    int(zmq.RCVMORE),
-)
 
 
 @dataclass
@@ -104,20 +97,16 @@ class Upstream:
         call = self.calls.pop(request_id, None)
         if call is None:
             return
-        frames = protocol.pack({"id": request_id, "op": "cancel"})
         sock = self.sockets[call.model]
         for _ in range(self.fanout[call.model]):
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK)
+                send(sock, [], {"id": request_id, "op": "cancel"}, NOBLOCK)
             except zmq.Again:
                 return
 
     def _send(self, call: Call) -> bool:
-        version, payload = protocol.pack(call.body)
-        sock = self.sockets[call.model]
-        try:  # the two frames: send_multipart's checks cost more than the send
-            sock.send(version, NOBLOCK | SNDMORE)
-            sock.send(payload, NOBLOCK)
+        try:
+            send(self.sockets[call.model], [], call.body, NOBLOCK)
         except zmq.Again:
             _answer(call.future, _error(call, ErrorCode.NO_INSTANCE, "no router shard is up"))
             return False
@@ -131,11 +120,9 @@ class Upstream:
     def _drain(self) -> None:
         self.drain_soon = False
         for sock in self.sockets.values():
-            while sock.getsockopt(EVENTS) & POLLIN:
-                try:
-                    frames = [sock.recv(NOBLOCK)]
-                    while sock.getsockopt(RCVMORE):
-                        frames.append(sock.recv(NOBLOCK))
+            while True:  # until there is none: what the edge-triggered descriptor asks
+                try:  # not getsockopt(EVENTS) first: a poll syscall each time, as the router found
+                    frames = sock.recv_multipart(NOBLOCK)
                 except zmq.Again:
                     break
                 self._reply(frames)

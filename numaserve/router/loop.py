@@ -29,7 +29,7 @@ from numaserve.router.connections import Connections
 from numaserve.router.dispatch import Dispatcher, Job
 from numaserve.router.handover import Handover, is_handed_over
 from numaserve.router.metrics import RouterMetrics
-from numaserve.router.process import begin, context
+from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, begin, context, send
 from numaserve.router.requests import Pending
 from numaserve.specs import RouterSpec, model_key
 from numaserve.whole_status import whole_server
@@ -49,20 +49,6 @@ HANDOVER_TIMEOUT_S = 30.0
 # A status op the supervisor has not answered for the whole server by then (it answers as soon
 # as its loop wakes on the question) gets this shard's own status.
 WHOLE_STATUS_TIMEOUT_S = 1.0
-# Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
-# cost the router 4% of its time.
-EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
-SNDMORE = int(zmq.SNDMORE)
-
-
-def send(sock: zmq.Socket, envelope: list[bytes], body: dict, flags: int = 0) -> None:
-    """send_multipart's work for a protocol message, without its per-frame type checks and
-    flag enums (a tenth of the router's cost of a send)."""
-    version, payload = protocol.pack(body)
-    for frame in envelope:
-        sock.send(frame, SNDMORE | flags)
-    sock.send(version, SNDMORE | flags)
-    sock.send(payload, flags)
 
 
 def read_request(

@@ -29,9 +29,9 @@ def texts(app: App, model: HttpModel, value: object, key: str) -> list[str]:
     if all(isinstance(v, str) for v in value):
         return value
     if all(_is_ids(v) for v in value):
-        return [_decode(app, model, ids, key) for ids in value]
+        return [decode(app, model, ids, key) for ids in value]
     if _is_ids(value):
-        return [_decode(app, model, value, key)]
+        return [decode(app, model, value, key)]
     raise ApiError(422, f"{key} must be a string, a list of strings, or token ids")
 
 
@@ -43,13 +43,18 @@ def _is_ids(value: object) -> bool:
     )
 
 
-def _decode(app: App, model: HttpModel, ids: list[int], key: str) -> str:
+def decode(app: App, model: HttpModel, ids: object, key: str, skip_special: bool = True) -> str:
+    """Token ids back to text by the model's tokenizer; ids that are not its are a 422."""
     tokenizer = app.tokenizer(model)
     size = tokenizer.get_vocab_size()
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise ApiError(422, f"{key} must be token ids (0-{size - 1}), or a list of lists of them")
     bad = next((i for i in ids if not 0 <= i < size), None)
     if bad is not None:
         raise ApiError(422, f"{key}: token id {bad} is not in the vocabulary (0-{size - 1})")
-    return tokenizer.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
 def dimensions_of(body: dict) -> int | None:

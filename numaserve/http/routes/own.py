@@ -34,10 +34,7 @@ async def ner(app: App, request: Request) -> Response:
 async def by_task(app: App, request: Request) -> Response:
     """POST / and /invocations (SageMaker's path): the named model's task's own route."""
     model = app.model_of(request, json_body(request))
-    route = tei.BY_TASK[model.model.task]
-    handlers = {"/embed": tei.embed, "/predict": tei.predict, "/rerank": tei.rerank, "/ner": ner}
-    handler = handlers[route]
-    return await handler(app, request)
+    return await app.routes["POST", tei.BY_TASK[model.model.task]].handler(app, request)
 
 
 async def openapi(app: App, request: Request) -> Response:

@@ -130,8 +130,7 @@ async def tokenize(app: App, request: Request) -> Response:
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise ApiError(422, "inputs must be a string or a non-empty list of strings", "Empty")
-    if len(texts) > app.spec.server.max_texts:
-        raise ApiError(413, f"{len(texts)} inputs; the limit is {app.spec.server.max_texts}")
+    app.check_count(texts)
     special = flag(body, "add_special_tokens", True)
     tokenizer = app.tokenizer(model)
     return ok([_tokens(tokenizer.encode(t, add_special_tokens=special), t) for t in texts])
@@ -166,15 +165,8 @@ async def decode(app: App, request: Request) -> Response:
     batch = (
         ids if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids) else [ids]
     )
-    tokenizer = app.tokenizer(model)
-    size = tokenizer.get_vocab_size()
-    for one in batch:
-        if not isinstance(one, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in one
-        ):
-            raise ApiError(422, f"ids must be token ids (0-{size - 1}), or a list of lists of them")
     skip = flag(body, "skip_special_tokens", True)
-    return ok([tokenizer.decode(one, skip_special_tokens=skip) for one in batch])
+    return ok([inputs.decode(app, model, one, "ids", skip) for one in batch])
 
 
 async def info(app: App, request: Request) -> Response:
