@@ -19,6 +19,7 @@ import yaml
 
 from numaserve.addresses import is_local, split_host_port
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
+from numaserve.protocol import SMALLEST_MESSAGE_LIMIT
 from numaserve.tasks import NAMES
 
 AUTO = "auto"
@@ -86,7 +87,7 @@ class ServerConfig:
     max_batch_tokens: int = field(default=128, metadata=_bounds(1))
     max_wait_ms: int = field(default=0, metadata=_bounds(0, 1000))
     max_texts: int = field(default=64, metadata=_bounds(1, 10_000))  # texts in one request
-    max_message_bytes: int = field(default=4 << 20, metadata=_bounds(1024))
+    max_message_bytes: int = field(default=4 << 20, metadata=_bounds(SMALLEST_MESSAGE_LIMIT))
     heartbeat_ms: int = field(default=500, metadata=_bounds(10, 60_000))
     heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))
     # Router shards: auto is one per NUMA node that holds instances, behind one endpoint.

@@ -11,6 +11,9 @@ from enum import Enum
 import msgpack
 
 VERSION = b"NS1"
+# The least server.max_message_bytes may be: a request no larger always gets through, so a
+# client asks the server's limit (in its `ping` reply) only for a larger one.
+SMALLEST_MESSAGE_LIMIT = 1024
 
 
 class ProtocolError(ValueError):

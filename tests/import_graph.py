@@ -42,7 +42,7 @@ ALLOWED = {
     "http": {"base", "host", "specs", "backends", "router", "http"},
     "monitoring": {"base", "host", "monitoring"},
     "supervisor": {"base", "host", "specs", "monitoring", "supervisor"},
-    "client": {"base"},
+    "client": {"base", "client"},
     "loadgen": {"base", "client", "loadgen"},
     "testing": {"base", "host", "specs", "client", "testing"},
     "cli": {

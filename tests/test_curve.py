@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from numaserve import protocol
-from numaserve.client import AsyncClient, Client, ClientKeys, Timeout
+from numaserve.client import AsyncClient, Client, ClientKeys, HandshakeFailed, Timeout
 from numaserve.config import ConfigError, parse_config
 from numaserve.curve import CurveError, keygen, read_key_pair, read_public_key
 from numaserve.testing.cluster import Cluster
@@ -175,7 +175,7 @@ def test_a_stranger_plaintext_and_a_wrong_server_key_get_nothing_and_cost_the_ro
     for keyset in (client_keys(keys, "stranger"), None, client_keys(keys, "billing", "search")):
         with (
             Client(cluster.endpoint, timeout=0.5, retries=1, curve=keyset) as client,
-            pytest.raises(Timeout),
+            pytest.raises(HandshakeFailed),
         ):
             client.embed("let me in")
     raw = zmq.Context.instance().socket(zmq.DEALER)  # plaintext, no client library
@@ -187,8 +187,10 @@ def test_a_stranger_plaintext_and_a_wrong_server_key_get_nothing_and_cost_the_ro
     raw.close()
     after = request_counts(cluster)
     assert after["requests"] == before["requests"] + 1  # the status call itself, nothing else
-    # Each connection is refused once, in the handshake: two tries for each client, and raw.
-    assert after["refused_handshakes"] >= before["refused_handshakes"] + 7
+    # raw, kept open for a second, is refused at each reconnect. (A client that gives up at
+    # its first refusal may close before the router has read its greeting: a closed
+    # connection, then, not a refusal.)
+    assert after["refused_handshakes"] >= before["refused_handshakes"] + 1
 
 
 def test_a_key_added_to_the_directory_is_let_in_at_its_next_connection(cluster, keys, tmp_path):

@@ -248,7 +248,11 @@ class Router:
             return
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")
-            extra = {"server": self.own_status(as_whole=True)} if request.op == "status" else {}
+            extra = (
+                {"server": self.own_status(as_whole=True)}
+                if request.op == "status"
+                else {"max_message_bytes": self.spec.server.max_message_bytes}
+            )
             self._reply(envelope, protocol.ok_reply(request.id, **extra))
             return
         refusal = self._refusal(request)

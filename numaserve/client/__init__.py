@@ -1,0 +1,70 @@
+"""Client library: `Client` (blocking) and `AsyncClient` (asyncio) for a numaserve server.
+
+Each request goes out on a DEALER socket and waits up to `timeout` for the reply with its id.
+On a timeout the socket is closed and a fresh one, to the next endpoint, sends the request
+again (the zguide's Lazy Pirate), up to `retries` times: requests are idempotent. `overloaded`
+and `no_instance` replies also move on to the next endpoint when there is more than one.
+
+    with Client(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"], timeout=1.0) as client:
+        vectors = [e.vector for e in client.embed(["first text", "second text"])]
+
+A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("premise",
+"hypothesis"))` is one Classification, `classify([("a", "b"), ("c", "d")])` a list. A
+cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
+token classifier finds entities: `ner("Ada Lovelace lived in London")`.
+
+A server with `server.curve` admits only clients holding an authorised key pair:
+
+    keys = ClientKeys.load(server_key="server.key", client_key="billing.key_secret")
+    client = Client("tcp://10.0.0.1:5555", curve=keys)
+
+A client for one model of a server that names its models asks for it by name:
+`Client("tcp://10.0.0.1:5555", model="toxicity")` (without: the server's only model).
+
+A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
+"""
+
+from numaserve.client.aio import AsyncClient
+from numaserve.client.blocking import Client
+from numaserve.client.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    HandshakeFailed,
+    InternalError,
+    NoInstance,
+    NumaserveError,
+    Overloaded,
+    Timeout,
+    TooLarge,
+    TooLong,
+    Unreachable,
+)
+from numaserve.curve import ClientKeys
+
+# The results each task returns, importable from here: `from numaserve.client import Embedding`.
+from numaserve.tasks.classify import Classification
+from numaserve.tasks.embed import Embedding
+from numaserve.tasks.ner import Entities, Entity
+from numaserve.tasks.rerank import Ranked
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "Classification",
+    "Client",
+    "ClientKeys",
+    "DeadlineExceeded",
+    "Embedding",
+    "Entities",
+    "Entity",
+    "HandshakeFailed",
+    "InternalError",
+    "NoInstance",
+    "NumaserveError",
+    "Overloaded",
+    "Ranked",
+    "Timeout",
+    "TooLarge",
+    "TooLong",
+    "Unreachable",
+]

@@ -1,0 +1,140 @@
+"""`AsyncClient`: the asyncio client; each call borrows a socket of its own from a small pool,
+so one client serves many coroutines at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import zmq.asyncio
+
+from numaserve import protocol
+from numaserve.client.arguments import (
+    Texts,
+    as_batch,
+    check_aggregation,
+    check_deadline,
+    rerank_fields,
+    results,
+)
+from numaserve.client.calls import WATCH_POLL_S, Calls, Failures, Link
+from numaserve.client.errors import NumaserveError, Timeout
+from numaserve.curve import ClientKeys
+from numaserve.tasks.ner import DEFAULT_AGGREGATION
+from numaserve.tasks.rerank import Ranked
+
+
+class AsyncClient(Calls):
+    """The asyncio twin of Client: each call borrows a socket of its own from a small pool."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
+        timeout: float = 5.0,
+        retries: int = 3,
+        curve: ClientKeys | None = None,
+        model: str | None = None,
+        connect_timeout: float = 2.0,
+        max_message_bytes: int | None = None,
+    ):
+        super().__init__(
+            endpoints, timeout, retries, curve, model, connect_timeout, max_message_bytes
+        )
+        self.ctx = zmq.asyncio.Context.instance()
+        self._idle: list[Link] = []
+
+    async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        batch, single = as_batch(texts, pairs=False)
+        return results("embed", await self.call("embed", batch, deadline_ms), single)
+
+    async def classify(self, texts: Texts, deadline_ms: float | None = None):
+        batch, single = as_batch(texts)
+        return results("classify", await self.call("classify", batch, deadline_ms), single)
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        deadline_ms: float | None = None,
+    ) -> list[Ranked]:
+        batch, fields = rerank_fields(query, documents, top_k)
+        return results("rerank", await self.call("rerank", batch, deadline_ms, **fields), False)
+
+    async def ner(
+        self,
+        texts: str | Sequence[str],
+        aggregation: str = DEFAULT_AGGREGATION,
+        deadline_ms: float | None = None,
+    ):
+        batch, single = as_batch(texts, pairs=False)
+        check_aggregation(aggregation)
+        body = await self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        return results("ner", body, single)
+
+    async def status(self) -> dict:
+        return (await self.call("status"))["server"]
+
+    async def ping(self) -> float:
+        start = time.perf_counter()
+        await self.call("ping")
+        return time.perf_counter() - start
+
+    async def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
+        check_deadline(deadline_ms)
+        body = self.request(op, texts, deadline_ms, **fields)
+        frames = protocol.pack(body)
+        if self.limit_unknown(frames, self.max_message_bytes):
+            self.max_message_bytes = (await self.call("ping")).get("max_message_bytes", 0) or 0
+        if (too_large := self.too_large(op, frames)) is not None:
+            raise too_large
+        failures = Failures(self.endpoints)
+        error: NumaserveError = Timeout(f"no reply to {op}")
+        for attempt in range(self.attempts()):
+            # A socket that timed out is closed; a fresh one goes to the next endpoint.
+            link = self._idle.pop() if self._idle and not attempt else self.socket(self.ctx)
+            await link.sock.send_multipart(frames)
+            reply = await self._reply(op, link, body["id"])
+            if isinstance(reply, NumaserveError):
+                link.close()
+            else:
+                self._idle.append(link)
+            outcome = self.outcome(reply, link, failures)
+            if not isinstance(outcome, NumaserveError):
+                return outcome
+            error = outcome
+        raise error
+
+    async def _reply(self, op: str, link: Link, request_id) -> dict | NumaserveError:
+        deadline = time.monotonic() + self.timeout
+        reply = asyncio.ensure_future(self._reply_to(link.sock, request_id))
+        try:
+            while link.watch is not None and (left := deadline - time.monotonic()) > 0:
+                done, _ = await asyncio.wait({reply}, timeout=min(left, WATCH_POLL_S))
+                if (problem := self.link_error(link)) is not None:
+                    return problem
+                if done:
+                    return reply.result()
+            return await asyncio.wait_for(reply, max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            return self.no_reply(op, link)
+        finally:
+            reply.cancel()
+
+    async def _reply_to(self, sock, request_id) -> dict:
+        while True:
+            reply = self.matches(await sock.recv_multipart(), request_id)
+            if reply is not None:
+                return reply
+
+    def close(self) -> None:
+        for link in self._idle:
+            link.close()
+        self._idle.clear()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()

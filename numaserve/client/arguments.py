@@ -1,0 +1,79 @@
+"""A call's arguments checked before anything is sent: a TypeError or ValueError that names
+the argument, not a traceback from deep inside msgpack or the server's bad_request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from numaserve.tasks import TASKS
+from numaserve.tasks.ner import AGGREGATIONS
+
+Texts = str | tuple[str, str] | Sequence[str | tuple[str, str]]  # one text or pair, or a list
+
+
+def as_batch(texts: Texts, argument: str = "texts", pairs: bool = True) -> tuple[list, bool]:
+    """(the texts as a list, whether one text or pair was given rather than a list); a
+    TypeError naming the argument for anything else."""
+    single = isinstance(texts, (str, tuple))
+    unordered = isinstance(texts, (bytes, bytearray, dict, set, frozenset))
+    if not single and (unordered or not isinstance(texts, Iterable)):
+        raise TypeError(f"{argument}: expected {_expected(pairs)}; got {_describe(texts)}")
+    batch = [texts] if single else list(texts)
+    for item in batch:
+        if not _is_text(item, pairs):
+            raise TypeError(f"{argument}: expected {_expected(pairs)}; got {_describe(item)}")
+    return batch, single
+
+
+def _expected(pairs: bool) -> str:
+    return (
+        "a string, a (text, text) pair, or a list of them"
+        if pairs
+        else "a string or a list of strings"
+    )
+
+
+def _is_text(item, pairs: bool) -> bool:
+    if isinstance(item, str):
+        return True
+    return (
+        pairs
+        and isinstance(item, tuple)
+        and len(item) == 2
+        and all(isinstance(x, str) for x in item)
+    )
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def check_deadline(deadline_ms) -> None:
+    if deadline_ms is not None and (
+        isinstance(deadline_ms, bool)
+        or not isinstance(deadline_ms, (int, float))
+        or not deadline_ms > 0
+    ):
+        raise ValueError(f"deadline_ms: milliseconds above 0, or None; got {deadline_ms!r}")
+
+
+def rerank_fields(query, documents, top_k) -> tuple[list, dict]:
+    if not isinstance(query, str):
+        raise TypeError(f"query: expected a string; got {_describe(query)}")
+    batch, single = as_batch(documents, "documents", pairs=False)
+    if single:
+        raise TypeError("documents: expected a list of strings; got one string")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k: a whole number, 1 or more, or None; got {top_k!r}")
+    return batch, {"query": query, "top_k": top_k}
+
+
+def check_aggregation(aggregation) -> None:
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation: one of {', '.join(AGGREGATIONS)}; got {aggregation!r}")
+
+
+def results(op: str, body: dict, single: bool):
+    items = [TASKS[op].from_wire(result) for result in body["results"]]
+    return items[0] if single else items

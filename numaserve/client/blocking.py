@@ -1,0 +1,135 @@
+"""`Client`: the blocking client, one socket at a time (not thread-safe: one per thread)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import zmq
+
+from numaserve import protocol
+from numaserve.client.arguments import (
+    Texts,
+    as_batch,
+    check_aggregation,
+    check_deadline,
+    rerank_fields,
+    results,
+)
+from numaserve.client.calls import WATCH_POLL_S, Calls, Failures
+from numaserve.client.errors import NumaserveError, Timeout
+from numaserve.curve import ClientKeys
+from numaserve.tasks.ner import DEFAULT_AGGREGATION
+from numaserve.tasks.rerank import Ranked
+
+
+class Client(Calls):
+    """A blocking client. `timeout`: seconds to wait for a reply on each try; `retries`: how
+    many more tries, each on a fresh socket to the next endpoint; `connect_timeout`: seconds
+    before an endpoint where nothing accepts the connection counts as not answering (no
+    retries then); `max_message_bytes`: the largest request to send (default: the server's
+    own limit, asked once a request is larger than any server's limit can be)."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
+        timeout: float = 5.0,
+        retries: int = 3,
+        curve: ClientKeys | None = None,
+        model: str | None = None,
+        connect_timeout: float = 2.0,
+        max_message_bytes: int | None = None,
+    ):
+        super().__init__(
+            endpoints, timeout, retries, curve, model, connect_timeout, max_message_bytes
+        )
+        self.ctx = zmq.Context.instance()
+        self.link = self.socket(self.ctx)
+
+    def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        """One Embedding for a string, a list of them for a list of strings."""
+        batch, single = as_batch(texts, pairs=False)
+        return results("embed", self.call("embed", batch, deadline_ms), single)
+
+    def classify(self, texts: Texts, deadline_ms: float | None = None):
+        """One Classification for a string or a pair (a tuple of two strings), a list of them
+        for a list."""
+        batch, single = as_batch(texts)
+        return results("classify", self.call("classify", batch, deadline_ms), single)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        deadline_ms: float | None = None,
+    ) -> list[Ranked]:
+        """Each document's score for `query`, in order; with `top_k`, the best k, best first."""
+        batch, fields = rerank_fields(query, documents, top_k)
+        return results("rerank", self.call("rerank", batch, deadline_ms, **fields), False)
+
+    def ner(
+        self,
+        texts: str | Sequence[str],
+        aggregation: str = DEFAULT_AGGREGATION,
+        deadline_ms: float | None = None,
+    ):
+        """The named entities of a string (an Entities), or of each of a list. `aggregation`:
+        none, simple, first, average or max, as transformers' pipeline has them."""
+        batch, single = as_batch(texts, pairs=False)
+        check_aggregation(aggregation)
+        body = self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        return results("ner", body, single)
+
+    def status(self) -> dict:
+        return self.call("status")["server"]
+
+    def ping(self) -> float:
+        """Seconds for a round trip to the router."""
+        start = time.perf_counter()
+        self.call("ping")
+        return time.perf_counter() - start
+
+    def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
+        check_deadline(deadline_ms)
+        body = self.request(op, texts, deadline_ms, **fields)
+        frames = protocol.pack(body)
+        if self.limit_unknown(frames, self.max_message_bytes):
+            self.max_message_bytes = self.call("ping").get("max_message_bytes", 0) or 0
+        if (too_large := self.too_large(op, frames)) is not None:
+            raise too_large
+        failures = Failures(self.endpoints)
+        error: NumaserveError = Timeout(f"no reply to {op}")
+        for attempt in range(self.attempts()):
+            if attempt:
+                self.link.close()
+                self.link = self.socket(self.ctx)
+            self.link.sock.send_multipart(frames)
+            outcome = self.outcome(self._reply(op, body["id"]), self.link, failures)
+            if not isinstance(outcome, NumaserveError):
+                return outcome
+            error = outcome
+        raise error
+
+    def _reply(self, op: str, request_id) -> dict | NumaserveError:
+        """The reply to request_id on the current link, or why there is none."""
+        link, deadline = self.link, time.monotonic() + self.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if (problem := self.link_error(link)) is not None:
+                return problem
+            wait = left if link.watch is None else min(left, WATCH_POLL_S)
+            if link.sock.poll(wait * 1000):
+                reply = self.matches(link.sock.recv_multipart(), request_id)
+                if reply is not None:
+                    self.link_error(link)  # a passed handshake: stop watching
+                    return reply
+        return self.no_reply(op, link)
+
+    def close(self) -> None:
+        self.link.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,226 @@
+"""What both clients share: endpoints, request ids, each connection's link and its watch,
+and reading replies."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import zmq
+
+from numaserve import protocol
+from numaserve.client.errors import (
+    ERRORS,
+    MOVE_ON,
+    HandshakeFailed,
+    InternalError,
+    NumaserveError,
+    Timeout,
+    TooLarge,
+    Unreachable,
+)
+from numaserve.client.linkwatch import LinkWatch
+from numaserve.curve import ClientKeys
+
+WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a reply is awaited
+
+
+class Calls:
+    """What both clients share: endpoints, request ids, and reading replies."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        timeout: float,
+        retries: int,
+        curve: ClientKeys | None,
+        model: str | None,
+        connect_timeout: float,
+        max_message_bytes: int | None,
+    ):
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
+            raise ValueError(f"endpoints: one or more endpoint strings; got {endpoints!r}")
+        _check_positive("timeout", timeout)
+        _check_positive("connect_timeout", connect_timeout)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries: a whole number, 0 or more; got {retries!r}")
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model: a model name (str) or None; got {type(model).__name__}")
+        self.timeout, self.retries, self.curve = timeout, retries, curve
+        self.connect_timeout = connect_timeout
+        self.model = model
+        # None: ask the server (its ping reply) once a request is larger than any limit may be
+        self.max_message_bytes = max_message_bytes
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid()}-{id(self):x}-"
+        self._endpoint = 0
+
+    def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
+        body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
+        if self.model is not None and texts is not None:  # status and ping are the server's
+            body["model"] = self.model
+        for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
+            if value is not None:
+                body[key] = value
+        return body
+
+    def next_endpoint(self) -> str:
+        endpoint = self.endpoints[self._endpoint % len(self.endpoints)]
+        self._endpoint += 1
+        return endpoint
+
+    def attempts(self) -> int:
+        return self.retries + 1
+
+    @staticmethod
+    def matches(frames: list[bytes], request_id) -> dict | None:
+        """The reply to request_id, or None for a stale reply to an earlier attempt."""
+        try:
+            body = protocol.unpack(frames)
+        except protocol.ProtocolError:
+            return None
+        return body if body.get("id") == request_id else None
+
+    @staticmethod
+    def result(body: dict):
+        if body.get("status") == "ok":
+            return body
+        error = body.get("error") or {}
+        raise ERRORS.get(error.get("code"), InternalError)(str(error.get("message")))
+
+    def timed_out(self, op: str) -> Timeout:
+        tried = ", ".join(self.endpoints)
+        return Timeout(
+            f"no reply to {op} within {self.timeout:g} s ({self.attempts()} tries on {tried}): "
+            "the server took the connection but did not answer in time (busy, or stopping?)"
+        )
+
+    def socket(self, ctx) -> Link:
+        """A fresh DEALER to the next endpoint, speaking CURVE where this client has keys, and
+        watched until its handshake passes."""
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        if self.curve is not None:
+            self.curve.apply(sock)
+        link = Link(sock, self.next_endpoint(), time.monotonic(), LinkWatch(sock))
+        sock.connect(link.endpoint)
+        return link
+
+    def no_reply(self, op: str, link: Link) -> NumaserveError:
+        """Why a try on `link` ended without a reply: nothing took the connection, the
+        handshake failed, or the server is there but slow."""
+        return self.link_error(link, ended=True) or self.timed_out(op)
+
+    def link_error(self, link: Link, ended: bool = False) -> NumaserveError | None:
+        """Why the link's endpoint cannot answer, once its monitor shows it; None meanwhile
+        (`ended`: the try's time is up). A link whose handshake passed stops being watched."""
+        watch = link.watch
+        if watch is None:
+            return None
+        watch.read()
+        if watch.passed:
+            link.unwatch()
+            return None
+        if watch.failed is not None:
+            return HandshakeFailed(self._handshake_failure(link.endpoint, watch.failed))
+        waited = time.monotonic() - link.opened
+        if not watch.connected and (ended or waited >= self.connect_timeout):
+            return Unreachable(
+                f"nothing is answering at {link.endpoint}: no connection within "
+                f"{min(waited, self.connect_timeout):.1f} s (is a numaserve server running there?)"
+            )
+        return None
+
+    def _handshake_failure(self, endpoint: str, event: int) -> str:
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (
+                f"{endpoint} refused this client's key: it is not in the server's "
+                "server.curve.authorized_keys_dir"
+            )
+        if self.curve is not None:
+            return (
+                f"the CurveZMQ handshake with {endpoint} failed: the server key given is not "
+                "this server's, or the server has no server.curve (then connect without keys)"
+            )
+        return (
+            f"the ZeroMQ handshake with {endpoint} failed: a server with server.curve takes "
+            "only clients with keys (ClientKeys; --server-key and --client-key), or what "
+            "listens there is not a numaserve server"
+        )
+
+    def too_large(self, op: str, frames: list[bytes]) -> TooLarge | None:
+        size = sum(len(f) for f in frames)
+        if self.max_message_bytes is None or size <= self.max_message_bytes:
+            return None
+        return TooLarge(
+            f"this {op} request is {size:,} bytes; the server takes at most "
+            f"{self.max_message_bytes:,} (its server.max_message_bytes): send fewer or "
+            "shorter texts in each request"
+        )
+
+    @staticmethod
+    def limit_unknown(frames: list[bytes], limit: int | None) -> bool:
+        """Whether to ask the server's limit before sending these frames."""
+        return limit is None and sum(len(f) for f in frames) > protocol.SMALLEST_MESSAGE_LIMIT
+
+    def outcome(self, reply: dict | NumaserveError, link: Link, failures: Failures):
+        """What a try came to: the reply, or the error to try again after; raised where no
+        other try can help (an error reply, or every endpoint found unreachable)."""
+        if isinstance(reply, NumaserveError):
+            if isinstance(reply, (Unreachable, HandshakeFailed)):
+                failures.add(link.endpoint, reply)
+            return reply
+        try:
+            return self.result(reply)
+        except NumaserveError as e:
+            if isinstance(e, MOVE_ON) and len(self.endpoints) > 1:
+                return e
+            raise
+
+
+class Failures:
+    """The endpoints one call found unreachable or refusing: once that is all of them, the
+    call fails at once, with what each said, instead of retrying into the same wall."""
+
+    def __init__(self, endpoints: list[str]):
+        self.endpoints = set(endpoints)
+        self.errors: dict[str, NumaserveError] = {}
+
+    def add(self, endpoint: str, error: NumaserveError) -> None:
+        self.errors[endpoint] = error
+        if set(self.errors) >= self.endpoints:
+            errors = list(self.errors.values())
+            if all(isinstance(e, Unreachable) for e in errors) and len(errors) > 1:
+                where = ", ".join(self.errors)
+                raise Unreachable(f"nothing is answering at {where}: no connection to any")
+            if len(errors) == 1:
+                raise errors[0]
+            raise type(errors[-1])("; ".join(e.message for e in errors))
+
+
+@dataclass
+class Link:
+    """A client socket, the endpoint it connects to, and its monitor until the handshake."""
+
+    sock: zmq.Socket
+    endpoint: str
+    opened: float
+    watch: LinkWatch | None
+
+    def unwatch(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+
+    def close(self) -> None:
+        self.unwatch()
+        self.sock.close(linger=0)
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}: a number of seconds above 0; got {value!r}")
