@@ -100,7 +100,7 @@ class Router:
         self.clients.linger = 0
         self.workers = self.ctx.socket(zmq.ROUTER)
         self.workers.linger = 0
-        self.connections = Connections(self.clients, spec.server.max_message_bytes)
+        self.connections = Connections(self.clients, spec.server.curve is not None)
         self.stopping = False
         self.supervisor: dict = {}  # the supervisor's slot table, for status
         self.supervisor_identity: bytes | None = None  # its connection, once it has sent one
