@@ -5,7 +5,9 @@ import json
 import socket
 
 import pytest
+from click.testing import CliRunner
 
+from numaserve.cli import main
 from numaserve.loadgen.bench import (
     CorpusError,
     Result,
@@ -14,6 +16,7 @@ from numaserve.loadgen.bench import (
     http_target,
     load_corpus,
 )
+from tests.harness.stand_in import InProcessRouter
 
 
 def test_corpus_keeps_every_non_blank_line(tmp_path):
@@ -75,7 +78,8 @@ def http_server():
         def do_POST(self):
             received = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             text = received.get("text") or received.get("inputs") or received["input"]
-            body = json.dumps(received).encode()
+            busy = {"error": "the model is busy", "error_type": "Overloaded"}  # TEI's shape
+            body = json.dumps(busy if "busy" in text else received).encode()
             self.send_response(503 if "busy" in text else 200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -116,6 +120,37 @@ def test_http_error_statuses_are_counted_by_code(http_server):
     assert result.errors == {"http_503": 6} and result.latencies == []
 
 
+def test_the_result_shows_what_the_server_said_for_each_error_code(http_server):
+    summary = closed_loop(http_target(http_server), ["busy text"], 1, 2).summary()
+    assert summary["error_messages"] == {"http_503": "the model is busy"}
+    assert "  http_503: the model is busy" in format_result(summary)
+
+
+@pytest.fixture
+def router(tmp_path):
+    made = InProcessRouter(tmp_path)  # the real router, stand-in workers doing embed
+    yield made
+    made.close()
+
+
+def test_a_bench_where_every_request_fails_exits_1_with_the_servers_reason(router):
+    command = ["bench", "--endpoint", router.endpoint, "--op", "classify"]
+    out = CliRunner().invoke(main, [*command, "--clients", "1", "--requests", "3"])
+    assert out.exit_code == 1, out.output
+    assert "bad_request: 3" in out.output
+    assert "every request failed (bad_request: " in out.output
+    assert "does embed, not classify" in out.output
+
+
+def test_a_bench_says_when_its_results_came_from_the_cache(router, tmp_path):
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("the only text, asked again and again\n")
+    command = ["bench", "--endpoint", router.endpoint, "--corpus", str(corpus)]
+    out = CliRunner().invoke(main, [*command, "--clients", "1", "--requests", "5"])
+    assert out.exit_code == 0, out.output
+    assert "4 of 5 texts were answered from the router's cache" in out.output
+
+
 def test_an_http_server_that_is_not_there_counts_connection_errors():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -135,10 +170,6 @@ def test_http_target_wants_an_http_url():
 
 
 def test_bench_refuses_an_open_loop_over_http():
-    from click.testing import CliRunner
-
-    from numaserve.cli import main
-
     out = CliRunner().invoke(main, ["bench", "--http", "http://127.0.0.1:1/", "--rate", "5"])
     assert out.exit_code == 2 and "closed loop only" in out.output
 

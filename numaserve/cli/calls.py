@@ -7,6 +7,7 @@ import sys
 import click
 
 from numaserve.cli.common import (
+    MachineError,
     UserError,
     asked_model,
     call_server,
@@ -191,6 +192,7 @@ def bench(
     except ValueError as e:
         raise UserError(f"--http: {e}") from None
     total = int(rate * duration) if rate else clients * requests
+    cache_before = None if url else _cache_counts(endpoints)
     show = not as_json and total >= 200
     with (
         click.progressbar(length=total, label="requests", file=sys.stderr)
@@ -216,11 +218,32 @@ def bench(
             result = load.closed_loop(
                 connect, texts, clients, requests, label, bar.update, seed, draw
             )
+    if cache_before is not None and (cache_after := _cache_counts(endpoints)) is not None:
+        result.cache = {k: cache_after[k] - cache_before[k] for k in cache_before}
     summary = result.summary()
     if as_json:
         print_json(summary)
     else:
         click.echo(load.format_result(summary))
+    if summary["requests"] and not summary["ok"]:
+        reasons = summary["error_messages"] or {code: "" for code in summary["errors"]}
+        why = "; ".join(f"{code}: {message}".rstrip(": ") for code, message in reasons.items())
+        raise MachineError(f"every request failed ({why})")
+
+
+def _cache_counts(endpoints) -> dict[str, int] | None:
+    """The router cache's hits and misses now, to tell how many of a run's texts it answered;
+    None where the server does not say."""
+    from numaserve.client import Client, NumaserveError
+
+    try:
+        with Client(list(endpoints), timeout=5, curve=client_keys()) as client:
+            cache = client.status().get("cache") or {}
+    except NumaserveError:
+        return None
+    if not all(isinstance(cache.get(k), int) for k in ("hits", "misses")):
+        return None
+    return {k: cache[k] for k in ("hits", "misses")}
 
 
 class _NoBar:

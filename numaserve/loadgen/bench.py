@@ -54,9 +54,13 @@ class Result:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # of successful requests, in seconds
     errors: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)  # each error code's first message
+    cache: dict[str, int] | None = None  # the router cache's hits and misses during the run
 
-    def record_error(self, code: str) -> None:
+    def record_error(self, code: str, message: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+        if message:
+            self.reasons.setdefault(code, message)
 
     def summary(self) -> dict:
         lat = sorted(self.latencies)
@@ -70,6 +74,8 @@ class Result:
             "requests": len(lat) + sum(self.errors.values()),
             "ok": len(lat),
             "errors": dict(self.errors),
+            "error_messages": dict(self.reasons),
+            "cache": self.cache,
             "seconds": round(self.seconds, 3),
             "throughput_rps": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
             "latency_ms": {
@@ -89,22 +95,30 @@ def format_result(summary: dict) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(summary["errors"].items())) or "none"
-    return "\n".join(
-        [
-            f"{summary['mode']} loop, {summary['op']}: {summary['requests']} requests in {summary['seconds']:.1f} s",
-            f"throughput  {summary['throughput_rps']:.1f} requests/s",
-            f"latency ms  p50 {ms(lat['p50'])}  p95 {ms(lat['p95'])}  p99 {ms(lat['p99'])}  max {ms(lat['max'])}",
-            f"errors      {errors}",
-        ]
-    )
+    lines = [
+        f"{summary['mode']} loop, {summary['op']}: {summary['requests']} requests in {summary['seconds']:.1f} s",
+        f"throughput  {summary['throughput_rps']:.1f} requests/s",
+        f"latency ms  p50 {ms(lat['p50'])}  p95 {ms(lat['p95'])}  p99 {ms(lat['p99'])}  max {ms(lat['max'])}",
+        f"errors      {errors}",
+    ]
+    lines += [f"  {code}: {message}" for code, message in sorted(summary["error_messages"].items())]
+    if (cache := summary["cache"]) and cache["hits"]:
+        texts = cache["hits"] + cache["misses"]
+        lines.append(
+            f"cache       {cache['hits']} of {texts} texts were answered from the router's cache, "
+            "not the model (server.cache_size: 0, or a corpus of more distinct texts, measures "
+            "the model)"
+        )
+    return "\n".join(lines)
 
 
 class Failed(Exception):
-    """A request that got no result; `code` says why (a numaserve error code, `http_503`...)."""
+    """A request that got no result; `code` says why (a numaserve error code, `http_503`...),
+    and `message` what the server said, where it said something."""
 
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: str, message: str = "") -> None:
         super().__init__(code)
-        self.code = code
+        self.code, self.message = code, message
 
 
 Send = Callable[..., object]  # sends one request (Draw's arguments) and waits, or raises Failed
@@ -144,7 +158,7 @@ def numaserve_target(
                 try:
                     return call(*request)
                 except NumaserveError as e:
-                    raise Failed(e.code) from None
+                    raise Failed(e.code, e.message) from None
 
             yield send
 
@@ -207,7 +221,7 @@ def http_target(
                 conn.close()
                 raise Failed("connection") from None
             if response.status != 200:
-                raise Failed(f"http_{response.status}")
+                raise Failed(f"http_{response.status}", _error_message(data))
             return data
 
         try:
@@ -216,6 +230,17 @@ def http_target(
             conn.close()
 
     return connect
+
+
+def _error_message(data: bytes) -> str:
+    """What an HTTP error response says: its JSON `error` (TEI, OpenAI), or its first bytes."""
+    try:
+        error = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        return data[:200].decode("utf-8", "replace")
+    if isinstance(error, dict):  # OpenAI's {"error": {"message": ...}}
+        error = error.get("message")
+    return str(error)[:200] if error else data[:200].decode("utf-8", "replace")
 
 
 def closed_loop(
@@ -244,12 +269,12 @@ def closed_loop(
                     send(*request)
                     elapsed, error = time.perf_counter() - began, None
                 except Failed as e:
-                    error = e.code
+                    error = e
                 with lock:  # the progress bar is not thread-safe either
                     if error is None:
                         result.latencies.append(elapsed)
                     else:
-                        result.record_error(error)
+                        result.record_error(error.code, error.message)
                     if progress:
                         progress(1)
 
@@ -286,7 +311,7 @@ def open_loop(
             await getattr(client, op)(*request)
             result.latencies.append(time.perf_counter() - due)
         except NumaserveError as e:
-            result.record_error(e.code)
+            result.record_error(e.code, e.message)
         if progress:
             progress(1)
 
