@@ -13,10 +13,13 @@ from numaserve.cli.common import (
     call_server,
     client_keys,
     endpoint_option,
+    file_option,
     json_option,
     main,
     model_option,
     print_json,
+    print_results,
+    read_texts,
     timeout_option,
 )
 from numaserve.tasks import NAMES, TASKS
@@ -42,18 +45,22 @@ def _result_json(result) -> dict:
 
 
 @main.command()
-@click.argument("texts", nargs=-1, required=True)
+@click.argument("texts", nargs=-1)
+@file_option
 @model_option
 @endpoint_option
 @timeout_option
-def embed(texts, endpoints, timeout: float) -> None:
-    """Print the embeddings of TEXTS as JSON, one object per text."""
-    results = call_server(endpoints, timeout, "embed", list(texts))
-    print_json({"results": [_result_json(r) for r in results]})
+@json_option
+def embed(texts, file, endpoints, timeout: float, as_json: bool) -> None:
+    """Print the embeddings of TEXTS as JSON, a line per text ('-': one text from standard
+    input)."""
+    results = call_server(endpoints, timeout, "embed", read_texts(texts, file))
+    print_results([_result_json(r) for r in results])
 
 
 @main.command()
-@click.argument("texts", nargs=-1, required=True)
+@click.argument("texts", nargs=-1)
+@file_option
 @click.option(
     "--pairs",
     is_flag=True,
@@ -62,17 +69,21 @@ def embed(texts, endpoints, timeout: float) -> None:
 @model_option
 @endpoint_option
 @timeout_option
-def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
-    """Print the label and probabilities of each of TEXTS (or each pair) as JSON."""
+@json_option
+def classify(texts, file, pairs: bool, endpoints, timeout: float, as_json: bool) -> None:
+    """Print the label and probabilities of each of TEXTS (or each pair) as JSON, a line per
+    text ('-': one text from standard input)."""
+    texts = read_texts(texts, file)
     if pairs and len(texts) % 2:
         raise click.UsageError(f"--pairs needs an even number of texts; got {len(texts)}")
     batch = list(zip(texts[::2], texts[1::2], strict=True)) if pairs else list(texts)
     results = call_server(endpoints, timeout, "classify", batch)
-    print_json({"results": [_result_json(r) for r in results]})
+    print_results([_result_json(r) for r in results])
 
 
 @main.command()
-@click.argument("texts", nargs=-1, required=True)
+@click.argument("texts", nargs=-1)
+@file_option
 @click.option(
     "--aggregation",
     type=click.Choice(AGGREGATIONS),
@@ -83,24 +94,31 @@ def classify(texts, pairs: bool, endpoints, timeout: float) -> None:
 @model_option
 @endpoint_option
 @timeout_option
-def ner(texts, aggregation: str, endpoints, timeout: float) -> None:
-    """Print the named entities of each of TEXTS as JSON (a server with model.task: ner)."""
-    results = call_server(endpoints, timeout, "ner", list(texts), aggregation)
-    print_json({"results": [_result_json(r) for r in results]})
+@json_option
+def ner(texts, file, aggregation: str, endpoints, timeout: float, as_json: bool) -> None:
+    """Print the named entities of each of TEXTS as JSON, a line per text (a server with
+    model.task: ner; '-': one text from standard input)."""
+    results = call_server(endpoints, timeout, "ner", read_texts(texts, file), aggregation)
+    print_results([_result_json(r) for r in results])
 
 
 @main.command()
 @click.argument("query")
-@click.argument("documents", nargs=-1, required=True)
+@click.argument("documents", nargs=-1)
+@file_option
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
 @model_option
 @endpoint_option
 @timeout_option
-def rerank(query, documents, top_k: int | None, endpoints, timeout: float) -> None:
-    """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, in order, or the
-    best --top-k first."""
-    results = call_server(endpoints, timeout, "rerank", query, list(documents), top_k)
-    print_json({"results": [_result_json(r) for r in results]})
+@json_option
+def rerank(
+    query, documents, file, top_k: int | None, endpoints, timeout: float, as_json: bool
+) -> None:
+    """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, a line per
+    document, in order, or the best --top-k first ('-': one document from standard input)."""
+    documents = read_texts(documents, file, "DOCUMENTS")
+    results = call_server(endpoints, timeout, "rerank", query, documents, top_k)
+    print_results([_result_json(r) for r in results])
 
 
 @main.command()

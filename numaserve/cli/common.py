@@ -4,6 +4,8 @@ line and exits 2, never a traceback), the options, and the calls to a running se
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import click
 
@@ -52,6 +54,39 @@ def print_json(data: dict) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
+def print_results(results: list[dict]) -> None:
+    """`{"results": [...]}` with one line per result: an embedding's numbers stay on its line."""
+    lines = ",\n".join(f"  {json.dumps(result)}" for result in results)
+    click.echo(f'{{"results": [\n{lines}\n]}}' if results else '{"results": []}')
+
+
+def read_texts(texts: tuple[str, ...], file: str | None, what: str = "TEXTS") -> list[str]:
+    """The texts given: each argument, `-` standing for the whole of standard input as one
+    text; then `file`'s non-blank lines, one text each (`-`: standard input's)."""
+    if texts.count("-") + (file == "-") > 1:
+        raise UserError("standard input can be read once: give '-' or --file -, not both")
+    given = [sys.stdin.read().rstrip("\n") if text == "-" else text for text in texts]
+    if file is not None:
+        try:
+            content = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--file: cannot read {file}: {e}") from None
+        given += [line for line in content.splitlines() if line.strip()]
+    if not given:
+        raise UserError(
+            f"no text: give {what} as arguments, '-' to read one text from standard input, "
+            "or --file FILE (one text per line; --file - reads them from standard input)"
+        )
+    return given
+
+
+file_option = click.option(
+    "--file",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Read texts from FILE, one per line ('-': standard input).",
+)
+
+
 sysfs_option = click.option(
     "--sysfs-root",
     type=click.Path(file_okay=False),
@@ -96,7 +131,9 @@ _SERVER_OPTIONS = (
         multiple=True,
         default=["tcp://127.0.0.1:5555"],
         show_default=True,
-        help="The server's endpoint; repeat it to fail over between servers.",
+        envvar="NUMASERVE_ENDPOINT",
+        help="The server's endpoint; repeat it to fail over between servers. "
+        "[env: NUMASERVE_ENDPOINT, several separated by spaces]",
     ),
     click.option(
         "--server-key",
@@ -157,12 +194,17 @@ def client_keys():
 
 
 def call_server(endpoints, timeout: float, method: str, *args, **kwargs):
-    from numaserve.client import Client, NumaserveError
+    from numaserve.client import Client, NumaserveError, Unreachable
 
     try:
         with Client(
             list(endpoints), timeout=timeout, curve=client_keys(), model=asked_model()
         ) as client:
             return getattr(client, method)(*args, **kwargs)
+    except Unreachable as e:
+        raise MachineError(
+            f"{e.message}. Start one with `numaserve start --config FILE` (or `--model PATH`), "
+            "or point --endpoint (or NUMASERVE_ENDPOINT) at the one that runs"
+        ) from None
     except NumaserveError as e:
         raise MachineError(f"{e.code}: {e.message}") from None

@@ -6,6 +6,16 @@ import subprocess
 import sys
 
 
-def numaserve(*args, timeout: float = 60) -> subprocess.CompletedProcess:
+def numaserve(
+    *args, timeout: float = 60, stdin: str | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`stdin`: what standard input holds (default: nothing); `env`: added to the environment."""
     exe = shutil.which("numaserve", path=os.path.dirname(sys.executable)) or "numaserve"
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [exe, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin or "",
+        env={**os.environ, **(env or {})},
+    )
