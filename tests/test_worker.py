@@ -196,7 +196,7 @@ def test_missing_model_exits_with_the_model_code(router, tmp_path):
     spec = worker_spec(router, model=ModelConfig(path=str(tmp_path / "nope")))
     code, log = exit_of(spec, tmp_path)
     assert code == exitcodes.MODEL
-    assert "does not exist" in log and "Traceback" not in log
+    assert "no such directory" in log and "Traceback" not in log
 
 
 def test_corrupt_checkpoint_exits_with_the_model_code(router, tmp_path, classifier_dir):

@@ -14,21 +14,11 @@ from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.tasks import TASKS
 
 
-def model_directory(config: ModelConfig) -> Path:
-    directory = Path(resolve_model_path(config.path))
-    if not directory.is_dir():
-        raise ModelLoadError(
-            f"model.backend onnxruntime needs a local model directory, not the hub id "
-            f"{config.path}: save it with save_pretrained(DIR) and set model.path: DIR"
-        )
-    return directory
-
-
 def prepare_artifact(config: ModelConfig, isa: tuple[str, ...] = ()) -> tuple[Path, ModelFacts]:
     """The model's ONNX artifact, built if missing, and the checkpoint's facts: `numaserve
     prepare`, the supervisor before it starts any instance, and each worker (which then
     finds it built) call this."""
-    directory = model_directory(config)
+    directory = Path(resolve_model_path(config.path))
     facts = ModelFacts.read(directory)
     facts.check(config)  # before a build that can take minutes
     TASKS[config.task].check_checkpoint(directory, config.path)

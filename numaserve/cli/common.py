@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from numaserve import __version__
+from numaserve import __version__, exitcodes
 from numaserve.host.cpulist import CPUListError, parse_cpulist
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, read_topology
 
@@ -25,6 +25,28 @@ class HeldError(click.ClickException):
     (EX_TEMPFAIL, so that systemd's Restart=on-failure tries again)."""
 
     exit_code = 75
+
+
+class ModelError(click.ClickException):
+    """A model that cannot be found: EX_CONFIG, as an instance that cannot load it exits, so
+    that systemd does not restart into the same error (RestartPreventExitStatus=78)."""
+
+    exit_code = exitcodes.MODEL
+
+
+def model_problems(config) -> list[str]:
+    """What is wrong with each model's path, checked before anything is planned or started:
+    a missing directory is the config's mistake, not an instance's failure seconds later."""
+    from numaserve.modelpath import ModelLoadError, resolve_model_path
+
+    problems = []
+    for i, served in enumerate(config.models):
+        try:
+            resolve_model_path(served.path)
+        except ModelLoadError as e:
+            where = f"models[{i}].path" if config.named else "model.path"
+            problems.append(f"{config.source}: {str(e).replace('model.path', where, 1)}")
+    return problems
 
 
 class MachineError(click.ClickException):

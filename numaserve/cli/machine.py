@@ -11,6 +11,7 @@ from numaserve.cli.common import (
     config_option,
     json_option,
     main,
+    model_problems,
     print_json,
     read_machine,
     sysfs_option,
@@ -69,6 +70,11 @@ def plan(
     topo = read_machine(sysfs_root, allowed_cpus, allowed_mems)
     for warning in topo.warnings:
         click.echo(f"warning: {warning}", err=True)
+    problems = model_problems(config)
+    if problems and not sysfs_root:
+        raise UserError("; ".join(problems))
+    for problem in problems:  # a plan for another machine, whose models may be there
+        click.echo(f"warning: {problem}", err=True)
     ledger = None if sysfs_root else _ledger()  # other servers run on this machine only
     try:
         topo, result, holders = plan_around(

@@ -14,12 +14,14 @@ from numaserve import exitcodes
 from numaserve.cli.common import (
     HeldError,
     MachineError,
+    ModelError,
     UserError,
     call_server,
     config_option,
     endpoint_option,
     json_option,
     main,
+    model_problems,
     print_json,
     read_machine,
     timeout_option,
@@ -28,21 +30,64 @@ from numaserve.config import ConfigError, load_config
 from numaserve.host.ledger import CoresHeldError
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import TopologyError
+from numaserve.tasks import NAMES
 
 
 @main.command()
-@config_option
-def start(config_path: str) -> None:
-    """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads FILE)."""
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="YAML config file (see docs/configuration.md).",
+)
+@click.option(
+    "--model",
+    "model_path",
+    metavar="PATH",
+    help="Instead of --config: serve this model with every default (a directory, "
+    "bundled:minilm, or a hub id from the local Hugging Face cache).",
+)
+@click.option(
+    "--task",
+    type=click.Choice(NAMES),
+    default="embed",
+    show_default=True,
+    help="--model: what the model does.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8080,
+    show_default=True,
+    help="--model: the HTTP API's port, on 127.0.0.1.",
+)
+@click.option(
+    "--zmq-port",
+    type=click.IntRange(1, 65535),
+    default=5555,
+    show_default=True,
+    help="--model: the ZeroMQ endpoint's port, on 127.0.0.1.",
+)
+def start(
+    config_path: str | None, model_path: str | None, task: str, port: int, zmq_port: int
+) -> None:
+    """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config):
+    `--config FILE`, or `--model PATH [--task T] [--port P]` with no file at all."""
     from numaserve.curve import CurveError
     from numaserve.logs import setup_logging
     from numaserve.monitoring.endpoint import MonitoringError
     from numaserve.supervisor.server import start as run
 
+    if (config_path is None) == (model_path is None):
+        raise UserError("give --config FILE, or --model PATH to serve a model with no file")
+    if model_path is not None:
+        config_path = _model_config(model_path, task, port, zmq_port)
     try:
         config = load_config(config_path)
     except ConfigError as e:
         raise UserError(str(e)) from None
+    if problems := model_problems(config):
+        raise ModelError("; ".join(problems))
     setup_logging(config.logging.level, config.logging.format)
     try:
         code = run(config_path, config)
@@ -57,6 +102,27 @@ def start(config_path: str) -> None:
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)
+
+
+def _model_config(model_path: str, task: str, port: int, zmq_port: int) -> str:
+    """The config `start --model` runs, written to a file of this process's own (removed at
+    exit) so that the server, its reload and the core ledger see it as they see any other."""
+    import atexit
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from numaserve.modelpath import path_against
+
+    config = {
+        "model": {"path": path_against(model_path, Path.cwd()), "task": task},
+        "server": {"endpoint": f"tcp://127.0.0.1:{zmq_port}", "http": f"127.0.0.1:{port}"},
+    }
+    fd, name = tempfile.mkstemp(prefix="numaserve-model-", suffix=".yaml")
+    with os.fdopen(fd, "w") as file:
+        json.dump(config, file)  # JSON is YAML
+    atexit.register(os.unlink, name)
+    return name
 
 
 @main.command()
