@@ -146,3 +146,12 @@ def test_a_bad_argument_is_an_error_naming_it_before_anything_is_sent(call, argu
 def test_a_bad_client_setting_is_an_error_naming_it(settings, argument):
     with pytest.raises((TypeError, ValueError), match=f"^{argument}: "):
         Client(**{"endpoints": "tcp://127.0.0.1:5555", **settings})
+
+
+def test_a_server_that_does_not_say_its_limit_gets_the_request(tmp_path):
+    router = InProcessRouter(tmp_path)
+    try:
+        with Client(router.endpoint, timeout=5, max_message_bytes=0) as client:  # 0: not told
+            assert client.embed("y" * 2000).tokens > 0
+    finally:
+        router.close()

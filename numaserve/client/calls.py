@@ -53,7 +53,8 @@ class Calls:
         self.timeout, self.retries, self.curve = timeout, retries, curve
         self.connect_timeout = connect_timeout
         self.model = model
-        # None: ask the server (its ping reply) once a request is larger than any limit may be
+        # None: ask the server (its ping reply) once a request is larger than any limit may be;
+        # 0: a server that does not say
         self.max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
@@ -154,7 +155,7 @@ class Calls:
 
     def too_large(self, op: str, frames: list[bytes]) -> TooLarge | None:
         size = sum(len(f) for f in frames)
-        if self.max_message_bytes is None or size <= self.max_message_bytes:
+        if not self.max_message_bytes or size <= self.max_message_bytes:  # 0: not told
             return None
         return TooLarge(
             f"this {op} request is {size:,} bytes; the server takes at most "
