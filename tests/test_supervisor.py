@@ -222,8 +222,10 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(tmp_path):
     finally:
         server.stop()
     assert code == 0 and took < 15
-    # accepted requests were answered; new ones during the drain got a clear `no_instance`
-    assert set(counts) <= {"ok", "NoInstance", "Timeout"} and counts.get("Timeout", 0) <= 3, counts
+    # accepted requests were answered; new ones during the drain got a clear `no_instance`,
+    # and those after the exit are told that nothing listens any more
+    expected = {"ok", "NoInstance", "Timeout", "Unreachable"}
+    assert set(counts) <= expected and counts.get("Timeout", 0) <= 3, counts
     assert all(gone(p) for p in pids)
     events = [json.loads(line) for line in server.log().splitlines()]  # every line is JSON
     seen = {e.get("event") for e in events}
