@@ -56,6 +56,11 @@ def server(tmp_path):
 class Load:
     """Clients sending unique texts back to back, recording how each request ended."""
 
+    # What a draining server's clients may see: answers; a clear `no_instance` for requests
+    # sent during the drain; and, for those sent after the exit, that nothing listens any more
+    # (a few Timeouts where the exit came while one waited).
+    DRAIN_OUTCOMES = frozenset({"ok", "NoInstance", "Timeout", "Unreachable"})
+
     def __init__(self, endpoint: str, clients: int = 2):
         self.endpoint = endpoint
         self.outcomes: list[str] = []
@@ -222,10 +227,7 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(tmp_path):
     finally:
         server.stop()
     assert code == 0 and took < 15
-    # accepted requests were answered; new ones during the drain got a clear `no_instance`,
-    # and those after the exit are told that nothing listens any more
-    expected = {"ok", "NoInstance", "Timeout", "Unreachable"}
-    assert set(counts) <= expected and counts.get("Timeout", 0) <= 3, counts
+    assert set(counts) <= Load.DRAIN_OUTCOMES and counts.get("Timeout", 0) <= 3, counts
     assert all(gone(p) for p in pids)
     events = [json.loads(line) for line in server.log().splitlines()]  # every line is JSON
     seen = {e.get("event") for e in events}
