@@ -3,6 +3,8 @@ handshake, a request over the server's size limit, a bad argument. Real sockets:
 a bound ROUTER that never answers, a CurveZMQ ROUTER, and the real router in a thread."""
 
 import asyncio
+import socket
+import threading
 import time
 
 import pytest
@@ -29,6 +31,29 @@ def silent_endpoint():
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     yield f"tcp://127.0.0.1:{port}"
     sock.close()
+
+
+@pytest.fixture
+def closing_endpoint():
+    """A TCP port that accepts each connection and closes it at once: a proxy or a port
+    forward with no server behind it (QEMU's, a load balancer's)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def accept_and_close():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                listener.accept()[0].close()
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=accept_and_close, daemon=True)
+    thread.start()
+    yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    listener.close()
 
 
 @pytest.fixture
@@ -68,6 +93,16 @@ def test_the_async_client_says_nothing_is_listening_too():
     with pytest.raises(Unreachable):
         asyncio.run(ask())
     assert time.monotonic() - start < 3.5
+
+
+def test_connections_accepted_and_closed_at_once_are_nothing_answering_not_a_handshake(
+    closing_endpoint,
+):
+    start = time.monotonic()
+    with Client(closing_endpoint, timeout=5) as client, pytest.raises(Unreachable) as e:
+        client.ping()
+    assert time.monotonic() - start < 3.5
+    assert "closed before the ZeroMQ handshake" in str(e.value)
 
 
 def test_a_server_that_takes_the_connection_but_never_answers_is_retried_then_a_timeout(

@@ -129,7 +129,15 @@ class Calls:
         if watch.failed is not None:
             return HandshakeFailed(self._handshake_failure(link.endpoint, watch.failed))
         waited = time.monotonic() - link.opened
-        if not watch.connected and (ended or waited >= self.connect_timeout):
+        if not (ended or waited >= self.connect_timeout):
+            return None
+        if watch.dropped:
+            return Unreachable(
+                f"nothing is answering at {link.endpoint}: its connections were accepted and "
+                "closed before the ZeroMQ handshake ended (a proxy or port forward with no "
+                "server behind it, or a server stopping?)"
+            )
+        if not watch.connected:
             return Unreachable(
                 f"nothing is answering at {link.endpoint}: no connection within "
                 f"{min(waited, self.connect_timeout):.1f} s (is a numaserve server running there?)"

@@ -36,7 +36,11 @@ class LinkWatch:
         self.monitor.connect(address)
         self.connected = False  # something accepted the connection
         self.passed = False  # the ZMTP handshake (and CURVE's, where used) succeeded
-        self.failed: int | None = None  # the HANDSHAKE_FAILED_* event, once one came
+        # The HANDSHAKE_FAILED_* event where a peer refused the handshake (AUTH, PROTOCOL)
+        self.failed: int | None = None
+        # Connections closed before the handshake ended: a proxy or port forward with nothing
+        # behind it, or a server stopping. libzmq connects again by itself.
+        self.dropped = 0
 
     def read(self) -> None:
         """Take in the events the monitor has now."""
@@ -46,6 +50,8 @@ class LinkWatch:
                 self.connected = True
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = self.passed = True
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self.dropped += 1
             elif event & HANDSHAKE_FAILED:
                 self.connected, self.failed = True, event
 
