@@ -58,8 +58,9 @@ class Load:
 
     # What a draining server's clients may see: answers; a clear `no_instance` for requests
     # sent during the drain; and, for those sent after the exit, that nothing listens any more
-    # (a few Timeouts where the exit came while one waited).
-    DRAIN_OUTCOMES = frozenset({"ok", "NoInstance", "Timeout", "Unreachable"})
+    # (or, connecting as its socket closed, that the connection closed before the handshake;
+    # a few Timeouts where the exit came while one waited).
+    DRAIN_OUTCOMES = frozenset({"ok", "NoInstance", "Timeout", "Unreachable", "HandshakeFailed"})
 
     def __init__(self, endpoint: str, clients: int = 2):
         self.endpoint = endpoint

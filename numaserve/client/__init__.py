@@ -22,9 +22,9 @@ A client for one model of a server that names its models asks for it by name:
 `Client("tcp://10.0.0.1:5555", model="toxicity")` (without: the server's only model).
 
 When no answer can come, a call says why rather than waiting out every retry: `Unreachable`
-where nothing accepts the connection within `connect_timeout` (2 s), or what does closes it
-before the handshake (a proxy with no server behind it), `HandshakeFailed` where
-the ZeroMQ or CurveZMQ handshake fails (keys missing, not let in, or wrong), `TooLarge` for a
+where nothing accepts the connection within `connect_timeout` (2 s), `HandshakeFailed` where
+the ZeroMQ or CurveZMQ handshake fails (keys missing, not let in, or wrong) or the connection
+is closed before it ends (also what a proxy with no server behind it does), `TooLarge` for a
 request over the server's `server.max_message_bytes` (checked before it is sent), and
 `Timeout` (which the first two are too) where the server took the connection but did not
 answer in time. A bad argument is a TypeError or ValueError that names it.

@@ -131,12 +131,8 @@ class Calls:
         waited = time.monotonic() - link.opened
         if not (ended or waited >= self.connect_timeout):
             return None
-        if watch.dropped:
-            return Unreachable(
-                f"nothing is answering at {link.endpoint}: its connections were accepted and "
-                "closed before the ZeroMQ handshake ended (a proxy or port forward with no "
-                "server behind it, or a server stopping?)"
-            )
+        if watch.dropped:  # a CURVE server that cannot read us, or nothing behind a proxy
+            return HandshakeFailed(self._handshake_failure(link.endpoint, None))
         if not watch.connected:
             return Unreachable(
                 f"nothing is answering at {link.endpoint}: no connection within "
@@ -144,22 +140,35 @@ class Calls:
             )
         return None
 
-    def _handshake_failure(self, endpoint: str, event: int) -> str:
+    def _handshake_failure(self, endpoint: str, event: int | None) -> str:
+        """Why a handshake failed, from its HANDSHAKE_FAILED_* event (None: the connections
+        were closed before it ended) and whether this client speaks CURVE."""
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return (
                 f"{endpoint} refused this client's key: it is not in the server's "
                 "server.curve.authorized_keys_dir"
             )
-        if self.curve is not None:
-            return (
-                f"the CurveZMQ handshake with {endpoint} failed: the server key given is not "
-                "this server's, or the server has no server.curve (then connect without keys)"
-            )
-        return (
-            f"the ZeroMQ handshake with {endpoint} failed: a server with server.curve takes "
-            "only clients with keys (ClientKeys; --server-key and --client-key), or what "
-            "listens there is not a numaserve server"
+        what = (
+            f"{endpoint} closed the connection before the ZeroMQ handshake ended"
+            if event is None
+            else f"the ZeroMQ handshake with {endpoint} failed"
         )
+        if self.curve is not None:
+            cause = (
+                "the server key given is not this server's, or the server has no server.curve "
+                "(then connect without keys)"
+            )
+        else:
+            cause = (
+                "a server with server.curve takes only clients with keys (ClientKeys; "
+                "--server-key and --client-key)"
+            )
+        elsewhere = (
+            "a proxy or port forward with no server behind it, or a server that is stopping"
+            if event is None
+            else "what listens there is not a numaserve server"
+        )
+        return f"{what}: {cause}; or {elsewhere}"
 
     def too_large(self, op: str, frames: list[bytes]) -> TooLarge | None:
         size = sum(len(f) for f in frames)
