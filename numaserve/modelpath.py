@@ -39,22 +39,24 @@ def resolve_model_path(path: str) -> str:
                 f"model.path: {path}: {directory} has no config.json; reinstall it"
             )
         return str(directory)
-    local = Path(path).expanduser()
-    if path.startswith(("/", ".", "~")) or local.exists() or not HUB_ID.fullmatch(path):
-        return _checkpoint_directory(local, path)
-    return _hub_snapshot(path)
+    if _names_hub_model(path, Path.cwd()):
+        return _hub_snapshot(path)
+    return _checkpoint_directory(Path(path).expanduser(), path)
 
 
 def path_against(path: str, base: Path) -> str:
     """A model.path as a config file in `base` means it: a relative path is read against
     `base`, not the current directory; a bundled name, an absolute path and a hub id (ORG/NAME
     with no such directory in `base`) stay as they are."""
-    if path.startswith(("bundled:", "/", "~")):
+    if path.startswith(("bundled:", "/", "~")) or _names_hub_model(path, base):
         return path
-    candidate = base / path
-    if candidate.exists() or path.startswith(".") or not HUB_ID.fullmatch(path):
-        return os.path.normpath(candidate)
-    return path
+    return os.path.normpath(base / path)
+
+
+def _names_hub_model(path: str, directory: Path) -> bool:
+    """Whether `path` is a hub id: ORG/NAME (which no path starting with /, . or ~ is), with
+    no such directory in `directory` to mean instead."""
+    return bool(HUB_ID.fullmatch(path)) and not (directory / path).exists()
 
 
 def _checkpoint_directory(local: Path, path: str) -> str:

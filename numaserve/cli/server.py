@@ -33,6 +33,16 @@ from numaserve.host.topology import TopologyError
 from numaserve.tasks import NAMES
 
 
+def _port_option(name: str, default: int, whose: str):
+    return click.option(
+        name,
+        type=click.IntRange(1, 65535),
+        default=default,
+        show_default=True,
+        help=f"--model: {whose} port, on 127.0.0.1.",
+    )
+
+
 @main.command()
 @click.option(
     "--config",
@@ -54,20 +64,8 @@ from numaserve.tasks import NAMES
     show_default=True,
     help="--model: what the model does.",
 )
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=8080,
-    show_default=True,
-    help="--model: the HTTP API's port, on 127.0.0.1.",
-)
-@click.option(
-    "--zmq-port",
-    type=click.IntRange(1, 65535),
-    default=5555,
-    show_default=True,
-    help="--model: the ZeroMQ endpoint's port, on 127.0.0.1.",
-)
+@_port_option("--port", 8080, "the HTTP API's")
+@_port_option("--zmq-port", 5555, "the ZeroMQ endpoint's")
 def start(
     config_path: str | None, model_path: str | None, task: str, port: int, zmq_port: int
 ) -> None:

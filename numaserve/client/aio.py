@@ -20,27 +20,15 @@ from numaserve.client.arguments import (
 )
 from numaserve.client.calls import WATCH_POLL_S, Calls, Failures, Link
 from numaserve.client.errors import NumaserveError, Timeout
-from numaserve.curve import ClientKeys
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
 
 
 class AsyncClient(Calls):
-    """The asyncio twin of Client: each call borrows a socket of its own from a small pool."""
+    """The asyncio twin of Client (its settings are Calls'): each call borrows a socket of its
+    own from a small pool."""
 
-    def __init__(
-        self,
-        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
-        timeout: float = 5.0,
-        retries: int = 3,
-        curve: ClientKeys | None = None,
-        model: str | None = None,
-        connect_timeout: float = 2.0,
-        max_message_bytes: int | None = None,
-    ):
-        super().__init__(
-            endpoints, timeout, retries, curve, model, connect_timeout, max_message_bytes
-        )
+    def open(self) -> None:
         self.ctx = zmq.asyncio.Context.instance()
         self._idle: list[Link] = []
 

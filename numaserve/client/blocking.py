@@ -18,31 +18,14 @@ from numaserve.client.arguments import (
 )
 from numaserve.client.calls import WATCH_POLL_S, Calls, Failures
 from numaserve.client.errors import NumaserveError, Timeout
-from numaserve.curve import ClientKeys
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
 
 
 class Client(Calls):
-    """A blocking client. `timeout`: seconds to wait for a reply on each try; `retries`: how
-    many more tries, each on a fresh socket to the next endpoint; `connect_timeout`: seconds
-    before an endpoint where nothing accepts the connection counts as not answering (no
-    retries then); `max_message_bytes`: the largest request to send (default: the server's
-    own limit, asked once a request is larger than any server's limit can be)."""
+    """A blocking client; its settings are Calls'."""
 
-    def __init__(
-        self,
-        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
-        timeout: float = 5.0,
-        retries: int = 3,
-        curve: ClientKeys | None = None,
-        model: str | None = None,
-        connect_timeout: float = 2.0,
-        max_message_bytes: int | None = None,
-    ):
-        super().__init__(
-            endpoints, timeout, retries, curve, model, connect_timeout, max_message_bytes
-        )
+    def open(self) -> None:
         self.ctx = zmq.Context.instance()
         self.link = self.socket(self.ctx)
 

@@ -29,17 +29,23 @@ WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a repl
 
 
 class Calls:
-    """What both clients share: endpoints, request ids, and reading replies."""
+    """What both clients share: their settings, endpoints, request ids, and reading replies.
+
+    `timeout`: seconds to wait for a reply on each try; `retries`: how many more tries, each on
+    a fresh socket to the next endpoint; `connect_timeout`: seconds before an endpoint where
+    nothing accepts the connection counts as not answering (no retries then);
+    `max_message_bytes`: the largest request to send (default: the server's own limit, asked
+    once a request is larger than any server's limit can be)."""
 
     def __init__(
         self,
-        endpoints: str | Sequence[str],
-        timeout: float,
-        retries: int,
-        curve: ClientKeys | None,
-        model: str | None,
-        connect_timeout: float,
-        max_message_bytes: int | None,
+        endpoints: str | Sequence[str] = "tcp://127.0.0.1:5555",
+        timeout: float = 5.0,
+        retries: int = 3,
+        curve: ClientKeys | None = None,
+        model: str | None = None,
+        connect_timeout: float = 2.0,
+        max_message_bytes: int | None = None,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
@@ -59,6 +65,11 @@ class Calls:
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._endpoint = 0
+        self.open()
+
+    def open(self) -> None:
+        """The client's ZeroMQ context and first sockets (each client its own kind)."""
+        raise NotImplementedError
 
     def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
