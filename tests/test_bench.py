@@ -185,3 +185,21 @@ def test_default_corpus_does_not_depend_on_what_the_caller_imported(monkeypatch)
     monkeypatch.setattr(logging.Logger, "patched_in", patched, raising=False)
     corpus._read_in_fresh_interpreter.cache_clear()
     assert "This sentence was patched into the stdlib by a test." not in load_corpus(None)
+
+
+@pytest.mark.parametrize(
+    "loop", [["--clients", "2", "--requests", "10"], ["--rate", "40", "--duration", "0.5"]]
+)
+def test_a_bench_over_two_servers_spreads_and_counts_the_replies_of_each(router, tmp_path, loop):
+    (tmp_path / "other").mkdir()
+    other = InProcessRouter(tmp_path / "other")
+    try:
+        command = ["bench", "--endpoint", router.endpoint, "--endpoint", other.endpoint, "--json"]
+        out = CliRunner().invoke(main, [*command, *loop])
+        assert out.exit_code == 0, out.output
+        servers = json.loads(out.output)["servers"]
+        assert set(servers) == {router.endpoint, other.endpoint}
+        assert sum(servers.values()) == 20
+        assert min(servers.values()) >= 8, servers
+    finally:
+        other.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import click
 
@@ -167,6 +168,14 @@ def rerank(
     "--timeout", default=10.0, show_default=True, help="Seconds before a request counts as failed."
 )
 @click.option(
+    "--retries",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="More tries for a request with no reply, each on another server where there is one "
+    "(0: count every miss; a client of a fleet retries).",
+)
+@click.option(
     "--seed", default=0, show_default=True, help="Seed for drawing texts from the corpus."
 )
 @json_option
@@ -183,6 +192,7 @@ def bench(
     rate,
     duration,
     timeout,
+    retries,
     seed,
     as_json,
 ) -> None:
@@ -201,11 +211,14 @@ def bench(
         takers = " or ".join(f"--op {name}" for name, task in TASKS.items() if task.takes_pairs)
         raise UserError(f"--pairs is for {takers}")
     draw = load.drawing(op, pairs, documents)
+    servers: Counter[str] = Counter()
     try:
         connect = (
             load.http_target(url, timeout, api_key=api_key, model=asked_model())
             if url
-            else load.numaserve_target(list(endpoints), op, timeout, client_keys(), asked_model())
+            else load.numaserve_target(
+                list(endpoints), op, timeout, client_keys(), asked_model(), retries, servers
+            )
         )
     except ValueError as e:
         raise UserError(f"--http: {e}") from None
@@ -230,12 +243,14 @@ def bench(
                 draw,
                 client_keys(),
                 asked_model(),
+                retries,
             )
         else:
             label = f"POST {url}" if url else op
             result = load.closed_loop(
                 connect, texts, clients, requests, label, bar.update, seed, draw
             )
+            result.servers = servers
     if cache_before is not None and (cache_after := _cache_counts(endpoints)) is not None:
         result.cache = {k: cache_after[k] - cache_before[k] for k in cache_before}
     summary = result.summary()
@@ -250,18 +265,23 @@ def bench(
 
 
 def _cache_counts(endpoints) -> dict[str, int] | None:
-    """The router cache's hits and misses now, to tell how many of a run's texts it answered;
-    None where the server does not say."""
+    """The router caches' hits and misses now, summed over every server (each address of
+    the endpoints), to tell how many of a run's texts they answered; None where a server does
+    not say."""
     from numaserve.client import Client, NumaserveError
+    from numaserve.client.endpoints import Endpoints
 
-    try:
-        with Client(list(endpoints), timeout=5, curve=client_keys()) as client:
-            cache = client.status().get("cache") or {}
-    except NumaserveError:
-        return None
-    if not all(isinstance(cache.get(k), int) for k in ("hits", "misses")):
-        return None
-    return {k: cache[k] for k in ("hits", "misses")}
+    counts = {"hits": 0, "misses": 0}
+    for address in Endpoints(endpoints).addresses:
+        try:
+            with Client(address, timeout=5, retries=0, curve=client_keys()) as client:
+                cache = client.status().get("cache") or {}
+        except NumaserveError:
+            return None
+        if not all(isinstance(cache.get(k), int) for k in counts):
+            return None
+        counts = {k: counts[k] + cache[k] for k in counts}
+    return counts
 
 
 class _NoBar:

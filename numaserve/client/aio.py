@@ -1,5 +1,5 @@
-"""`AsyncClient`: the asyncio client; each call borrows a socket of its own from a small pool,
-so one client serves many coroutines at once."""
+"""`AsyncClient`: the asyncio client; each call borrows a socket of its own from a small pool
+for its endpoint, so one client serves many coroutines at once, spread over every endpoint."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from numaserve.client.arguments import (
     rerank_fields,
     results,
 )
-from numaserve.client.calls import WATCH_POLL_S, Calls, Failures, Link
+from numaserve.client.calls import WATCH_POLL_S, Calls, Link
 from numaserve.client.errors import NumaserveError, Timeout
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
@@ -30,7 +30,7 @@ class AsyncClient(Calls):
 
     def open(self) -> None:
         self.ctx = zmq.asyncio.Context.instance()
-        self._idle: list[Link] = []
+        self._idle: dict[str, list[Link]] = {}  # by endpoint: sockets with no call waiting
 
     async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         batch, single = as_batch(texts, pairs=False)
@@ -77,17 +77,26 @@ class AsyncClient(Calls):
             self.max_message_bytes = (await self.call("ping")).get("max_message_bytes", 0) or 0
         if (too_large := self.too_large(op, frames)) is not None:
             raise too_large
-        failures = Failures(self.endpoints)
+        if self.pool.resolve_due():
+            found = await asyncio.get_running_loop().run_in_executor(None, self.pool.lookup)
+            self.forget(self.pool.update(found))
+        failures, tried = self.failures(), []
         error: NumaserveError = Timeout(f"no reply to {op}")
         for attempt in range(self.attempts()):
-            # A socket that timed out is closed; a fresh one goes to the next endpoint.
-            link = self._idle.pop() if self._idle and not attempt else self.socket(self.ctx)
-            await link.sock.send_multipart(frames)
-            reply = await self._reply(op, link, body["id"])
-            if isinstance(reply, NumaserveError):
+            tried.append(endpoint := self.choose(tried))
+            idle = self._idle.setdefault(endpoint, [])
+            # A socket that timed out is closed; a retry goes out on a fresh one.
+            link = idle.pop() if idle and not attempt else self.socket(self.ctx, endpoint)
+            self.pool.sent(endpoint)
+            try:
+                await link.sock.send_multipart(frames)
+                reply = await self._reply(op, link, body["id"])
+            finally:
+                self.pool.done(endpoint)
+            if isinstance(reply, NumaserveError) or endpoint not in self.pool.addresses:
                 link.close()
             else:
-                self._idle.append(link)
+                idle.append(link)
             outcome = self.outcome(reply, link, failures)
             if not isinstance(outcome, NumaserveError):
                 return outcome
@@ -116,10 +125,15 @@ class AsyncClient(Calls):
             if reply is not None:
                 return reply
 
+    def forget(self, gone: list[str]) -> None:
+        super().forget(gone)
+        for endpoint in gone:
+            for link in self._idle.pop(endpoint, []):
+                link.close()
+
     def close(self) -> None:
-        for link in self._idle:
-            link.close()
-        self._idle.clear()
+        self.forget(list(self._idle))
+        self.probes.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -1,4 +1,5 @@
-"""`Client`: the blocking client, one socket at a time (not thread-safe: one per thread)."""
+"""`Client`: the blocking client, one request at a time over a socket to each endpoint (not
+thread-safe: one per thread)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from numaserve.client.arguments import (
     rerank_fields,
     results,
 )
-from numaserve.client.calls import WATCH_POLL_S, Calls, Failures
+from numaserve.client.calls import WATCH_POLL_S, Calls, Link
 from numaserve.client.errors import NumaserveError, Timeout
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
@@ -27,7 +28,7 @@ class Client(Calls):
 
     def open(self) -> None:
         self.ctx = zmq.Context.instance()
-        self.link = self.socket(self.ctx)
+        self.links: dict[str, Link] = {}  # by endpoint, opened at its first request
 
     def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One Embedding for a string, a list of them for a list of strings."""
@@ -81,22 +82,34 @@ class Client(Calls):
             self.max_message_bytes = self.call("ping").get("max_message_bytes", 0) or 0
         if (too_large := self.too_large(op, frames)) is not None:
             raise too_large
-        failures = Failures(self.endpoints)
+        if self.pool.resolve_due():
+            self.forget(self.pool.update(self.pool.lookup()))
+        failures, tried = self.failures(), []
         error: NumaserveError = Timeout(f"no reply to {op}")
-        for attempt in range(self.attempts()):
-            if attempt:
-                self.link.close()
-                self.link = self.socket(self.ctx)
-            self.link.sock.send_multipart(frames)
-            outcome = self.outcome(self._reply(op, body["id"]), self.link, failures)
+        for _ in range(self.attempts()):
+            tried.append(endpoint := self.choose(tried))
+            link = self.links.get(endpoint) or self.links.setdefault(
+                endpoint, self.socket(self.ctx, endpoint)
+            )
+            link.sock.send_multipart(frames)
+            reply = self._reply(op, link, body["id"])
+            if isinstance(reply, NumaserveError):  # Lazy Pirate: a fresh socket next time
+                self.links.pop(endpoint).close()
+            outcome = self.outcome(reply, link, failures)
             if not isinstance(outcome, NumaserveError):
                 return outcome
             error = outcome
         raise error
 
-    def _reply(self, op: str, request_id) -> dict | NumaserveError:
-        """The reply to request_id on the current link, or why there is none."""
-        link, deadline = self.link, time.monotonic() + self.timeout
+    def forget(self, gone: list[str]) -> None:
+        super().forget(gone)
+        for endpoint in gone:
+            if endpoint in self.links:
+                self.links.pop(endpoint).close()
+
+    def _reply(self, op: str, link: Link, request_id) -> dict | NumaserveError:
+        """The reply to request_id on `link`, or why there is none."""
+        deadline = time.monotonic() + self.timeout
         while (left := deadline - time.monotonic()) > 0:
             if (problem := self.link_error(link)) is not None:
                 return problem
@@ -109,7 +122,8 @@ class Client(Calls):
         return self.no_reply(op, link)
 
     def close(self) -> None:
-        self.link.close()
+        self.forget(list(self.links))
+        self.probes.close()
 
     def __enter__(self) -> Client:
         return self

@@ -6,12 +6,14 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
 
 from numaserve import protocol
+from numaserve.client.endpoints import RESOLVE_EVERY_S, Endpoints
 from numaserve.client.errors import (
     ERRORS,
     MOVE_ON,
@@ -23,6 +25,7 @@ from numaserve.client.errors import (
     Unreachable,
 )
 from numaserve.client.linkwatch import LinkWatch
+from numaserve.client.probes import Probes
 from numaserve.curve import ClientKeys
 
 WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a reply is awaited
@@ -31,11 +34,13 @@ WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a repl
 class Calls:
     """What both clients share: their settings, endpoints, request ids, and reading replies.
 
-    `timeout`: seconds to wait for a reply on each try; `retries`: how many more tries, each on
-    a fresh socket to the next endpoint; `connect_timeout`: seconds before an endpoint where
-    nothing accepts the connection counts as not answering (no retries then);
-    `max_message_bytes`: the largest request to send (default: the server's own limit, asked
-    once a request is larger than any server's limit can be)."""
+    `endpoints`: one or more servers; requests spread over all of them, and over every address
+    a host name resolves to (client/endpoints.py). `timeout`: seconds to wait for a reply on
+    each try; `retries`: how many more tries, each on a fresh socket to another endpoint where
+    there is one; `connect_timeout`: seconds before an endpoint where nothing accepts the
+    connection counts as not answering (no retries then); `max_message_bytes`: the largest
+    request to send (default: the server's own limit, asked once a request is larger than any
+    server's limit can be); `resolve_every`: seconds between lookups of the host names."""
 
     def __init__(
         self,
@@ -46,12 +51,14 @@ class Calls:
         model: str | None = None,
         connect_timeout: float = 2.0,
         max_message_bytes: int | None = None,
+        resolve_every: float = RESOLVE_EVERY_S,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
             raise ValueError(f"endpoints: one or more endpoint strings; got {endpoints!r}")
         _check_positive("timeout", timeout)
         _check_positive("connect_timeout", connect_timeout)
+        _check_positive("resolve_every", resolve_every)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries: a whole number, 0 or more; got {retries!r}")
         if model is not None and not isinstance(model, str):
@@ -64,8 +71,10 @@ class Calls:
         self.max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
-        self._endpoint = 0
+        self.pool = Endpoints(self.endpoints, resolve_every)
+        self.served: Counter[str] = Counter()  # replies (of any status) by endpoint address
         self.open()
+        self.probes = Probes(self.ctx, self._configure, timeout)
 
     def open(self) -> None:
         """The client's ZeroMQ context and first sockets (each client its own kind)."""
@@ -80,10 +89,22 @@ class Calls:
                 body[key] = value
         return body
 
-    def next_endpoint(self) -> str:
-        endpoint = self.endpoints[self._endpoint % len(self.endpoints)]
-        self._endpoint += 1
-        return endpoint
+    def choose(self, tried: list[str]) -> str:
+        """Where the next try goes (Endpoints.choose), after taking back the set-aside
+        endpoints that answer again."""
+        for endpoint in self.probes.answered():
+            self.pool.answered(endpoint)
+        self.pool.take_back()
+        return self.pool.choose(tried)
+
+    def forget(self, gone: list[str]) -> None:
+        """Addresses a host name no longer resolves to: their sockets close (each client
+        closes its own; the probes here)."""
+        for endpoint in gone:
+            self.probes.stop(endpoint)
+
+    def failures(self) -> Failures:
+        return Failures(list(self.pool.addresses))
 
     def attempts(self) -> int:
         return self.retries + 1
@@ -111,16 +132,21 @@ class Calls:
             "the server took the connection but did not answer in time (busy, or stopping?)"
         )
 
-    def socket(self, ctx) -> Link:
-        """A fresh DEALER to the next endpoint, speaking CURVE where this client has keys, and
+    def socket(self, ctx, endpoint: str) -> Link:
+        """A fresh DEALER to `endpoint`, speaking CURVE where this client has keys, and
         watched until its handshake passes."""
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
-        if self.curve is not None:
-            self.curve.apply(sock)
-        link = Link(sock, self.next_endpoint(), time.monotonic(), LinkWatch(sock))
+        self._configure(sock, endpoint)
+        link = Link(sock, endpoint, time.monotonic(), LinkWatch(sock))
         sock.connect(link.endpoint)
         return link
+
+    def _configure(self, sock: zmq.Socket, endpoint: str) -> None:
+        if self.curve is not None:
+            self.curve.apply(sock)
+        if endpoint.startswith("tcp://["):
+            sock.ipv6 = True
 
     def no_reply(self, op: str, link: Link) -> NumaserveError:
         """Why a try on `link` ended without a reply: nothing took the connection, the
@@ -198,15 +224,20 @@ class Calls:
 
     def outcome(self, reply: dict | NumaserveError, link: Link, failures: Failures):
         """What a try came to: the reply, or the error to try again after; raised where no
-        other try can help (an error reply, or every endpoint found unreachable)."""
+        other try can help (an error reply, or every endpoint found unreachable). An endpoint
+        that did not answer is set aside until it does."""
         if isinstance(reply, NumaserveError):
+            if self.pool.set_aside(link.endpoint):
+                self.probes.start(link.endpoint)
             if isinstance(reply, (Unreachable, HandshakeFailed)):
                 failures.add(link.endpoint, reply)
             return reply
+        self.pool.succeeded(link.endpoint)
+        self.served[link.endpoint] += 1
         try:
             return self.result(reply)
         except NumaserveError as e:
-            if isinstance(e, MOVE_ON) and len(self.endpoints) > 1:
+            if isinstance(e, MOVE_ON) and len(self.pool.addresses) > 1:
                 return e
             raise
 

@@ -18,6 +18,7 @@ import random
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Result:
     errors: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # each error code's first message
     cache: dict[str, int] | None = None  # the router cache's hits and misses during the run
+    servers: Counter[str] = field(default_factory=Counter)  # replies by server address
 
     def record_error(self, code: str, message: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -76,6 +78,7 @@ class Result:
             "errors": dict(self.errors),
             "error_messages": dict(self.reasons),
             "cache": self.cache,
+            "servers": dict(sorted(self.servers.items())),
             "seconds": round(self.seconds, 3),
             "throughput_rps": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
             "latency_ms": {
@@ -102,6 +105,10 @@ def format_result(summary: dict) -> str:
         f"errors      {errors}",
     ]
     lines += [f"  {code}: {message}" for code, message in sorted(summary["error_messages"].items())]
+    if len(servers := summary["servers"]) > 1:
+        replies = sum(servers.values())
+        lines.append("servers     replies by server (the client spreads over every one):")
+        lines += [f"  {where}: {n} ({100 * n / replies:.1f}%)" for where, n in servers.items()]
     if (cache := summary["cache"]) and cache["hits"]:
         texts = cache["hits"] + cache["misses"]
         lines.append(
@@ -146,13 +153,17 @@ def numaserve_target(
     timeout: float = 10.0,
     curve: ClientKeys | None = None,
     model: str | None = None,
+    retries: int = 0,
+    servers: Counter[str] | None = None,
 ) -> Connect:
-    """Clients of the server at `endpoints`, asking `model` (None: the server's only one)."""
+    """Clients of the servers at `endpoints`, asking `model` (None: the server's only one),
+    each trying `retries` more times; each client's replies by server are added to
+    `servers`."""
 
     @contextlib.contextmanager
     def connect() -> Iterator[Send]:
-        with Client(endpoints, timeout=timeout, retries=0, curve=curve, model=model) as client:
-            call = getattr(client, op)
+        with Client(endpoints, timeout=timeout, retries=retries, curve=curve, model=model) as c:
+            call = getattr(c, op)
 
             def send(*request) -> object:
                 try:
@@ -160,7 +171,11 @@ def numaserve_target(
                 except NumaserveError as e:
                     raise Failed(e.code, e.message) from None
 
-            yield send
+            try:
+                yield send
+            finally:
+                if servers is not None:
+                    servers.update(c.served)
 
     return connect
 
@@ -301,8 +316,10 @@ def open_loop(
     draw: Draw = one_text,
     curve: ClientKeys | None = None,
     model: str | None = None,
+    retries: int = 0,
 ) -> Result:
-    """`rate` requests a second for `duration` seconds, each sent when due, to `model`."""
+    """`rate` requests a second for `duration` seconds, each sent when due, to `model`, each
+    tried `retries` more times where it gets no reply."""
     result = Result("open", op)
     rng = random.Random(seed)
 
@@ -317,7 +334,7 @@ def open_loop(
 
     async def run() -> None:
         async with AsyncClient(
-            endpoints, timeout=timeout, retries=0, curve=curve, model=model
+            endpoints, timeout=timeout, retries=retries, curve=curve, model=model
         ) as client:
             began = time.perf_counter()
             tasks = []
@@ -327,6 +344,7 @@ def open_loop(
                 tasks.append(asyncio.create_task(one(client, draw(rng, texts), due)))
             await asyncio.gather(*tasks)
             result.seconds = time.perf_counter() - began
+            result.servers.update(client.served)
 
     asyncio.run(run())
     return result

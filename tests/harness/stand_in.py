@@ -50,6 +50,7 @@ class StandInWorker(threading.Thread):
         self.ready, self.vector = ready or {}, vector
         self.running = True
         self.runs = 0
+        self.inputs = 0  # texts run, over every batch
 
     def run(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -70,6 +71,7 @@ class StandInWorker(threading.Thread):
             while due and due[0][0] <= time.monotonic():
                 _, body = due.pop(0)
                 self.runs += 1
+                self.inputs += len(body["inputs"])
                 results = [{"embedding": self.vector} for _ in body["inputs"]]
                 reply = {"type": protocol.RESULT, "job": body["job"], "results": results}
                 sock.send_multipart(protocol.pack(reply))
@@ -89,11 +91,12 @@ class InProcessRouter:
         delay: float = 0.0,
         start_workers: bool = True,
         frontend: str | None = None,
+        endpoint: str | None = None,
         **server_settings,
     ):
         """`frontend`: an address the router connects to as a shard does to its frontend,
-        instead of binding its own endpoint."""
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        instead of binding its own endpoint; `endpoint`: its own (default: a free port)."""
+        self.endpoint = endpoint or f"tcp://127.0.0.1:{free_port()}"
         server = ServerConfig(endpoint=self.endpoint, heartbeat_ms=500, **server_settings)
         spec = RouterSpec(
             workers_endpoint=f"ipc://{directory}/workers.sock",
