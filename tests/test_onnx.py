@@ -1,6 +1,7 @@
 """The ONNX Runtime backend: real exports, optimisations and quantisations of saved
 checkpoints, real artifact files shared between real processes, a real pinned worker."""
 
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -247,3 +248,21 @@ def test_a_missing_artifact_in_a_read_only_cache_is_a_clear_error(classifier_dir
     cache.mkdir()
     with pytest.raises(ModelLoadError, match=r"cannot be built there.*numaserve prepare"):
         ensure_artifact(classifier_dir, ModelConfig(task="classify"), False, read_only(cache))
+
+
+def test_a_runtime_without_torch_finds_the_artifact_a_build_with_torch_made(
+    classifier_dir, monkeypatch
+):
+    """The container image serves with ONNX Runtime alone: its build stage exports with torch,
+    and the runtime, without torch, must compute the same artifact key."""
+    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    with_torch = artifact_key(classifier_dir, config, False)
+    installed = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "torch":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert artifact_key(classifier_dir, config, False) == with_torch

@@ -2,7 +2,9 @@
 shared by every worker that serves the same model with the same options.
 
 An artifact lives at CACHE/onnx/KEY/model.onnx, where KEY hashes the model's files, the
-options and the versions that built it. The first worker to start builds it under a lock;
+options and the ONNX Runtime version that optimised it. Not torch's: a runtime without torch
+(the container image) must find what a build stage with torch exported, and another torch
+exports an equivalent graph. The first worker to start builds it under a lock;
 the others wait and load it. It is written to a temporary file and renamed into place, with
 its SHA-256 beside it: a worker that finds a file that does not match (a crash mid-copy, a
 full disk) says so and rebuilds it.
@@ -77,8 +79,7 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
         "quantize": config.quantize,
         "full_range": full_range,
         "opset": OPSET,
-        # Versions from package metadata: importing torch would cost the worker 200 MB.
-        "torch": importlib.metadata.version("torch"),
+        # From package metadata: importing it would cost the worker memory it never uses.
         "onnxruntime": importlib.metadata.version("onnxruntime"),
     }
     if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
