@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from numaserve.client import Client, ClientKeys
+from numaserve.host.cpulist import parse_cpulist
 from numaserve.testing.cluster import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,22 @@ pytestmark = [
         reason="builds and runs the image with podman, as root (.ci/run installs it)",
     ),
 ]
+
+
+# Each numaserve process's allowed CPUs, memory nodes and uid, read from /proc inside.
+PINNING = (
+    "import os, json\n"
+    "out = {}\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "        status = dict(l.split(':\\t', 1) for l in open(f'/proc/{pid}/status').read().splitlines() if ':\\t' in l)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if any(b'numaserve' in part for part in cmd):\n"
+    "        out[pid] = [status['Cpus_allowed_list'].strip(), status['Mems_allowed_list'].strip(), status['Uid'].split()[0]]\n"
+    "print(json.dumps(out))\n"
+)
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -89,15 +106,10 @@ def served(image, keys):
     cpu = max(os.sched_getaffinity(0))
     ports = {name: free_port() for name in ("zmq", "http", "metrics")}
     name = f"numaserve-test-{os.getpid()}"
-    mounts = [
-        f"{keys / 'curve'}:/etc/numaserve/curve:ro",
-        f"{keys / 'curve-clients'}:/etc/numaserve/curve-clients:ro",
-        f"{keys / 'http-keys'}:/etc/numaserve/http-keys:ro",
-    ]
     podman(
         "run", "--detach", "--name", name, "--read-only", "--network", "bridge",
         f"--cpuset-cpus={cpu}", "--cpuset-mems=0", "--memory=4g",
-        *(arg for m in mounts for arg in ("--volume", m)),
+        *key_volumes(keys),
         "-p", f"127.0.0.1:{ports['zmq']}:5555", "-p", f"127.0.0.1:{ports['http']}:8080",
         "-p", f"127.0.0.1:{ports['metrics']}:9464",
         image,
@@ -109,6 +121,12 @@ def served(image, keys):
         yield name, cpu, ports
     finally:
         podman("rm", "--force", "--time", "0", name, check=False)
+
+
+def key_volumes(keys: Path) -> list[str]:
+    """--volume options: the keys where the image's config reads them."""
+    mounts = ("curve", "curve-clients", "http-keys")
+    return [arg for m in mounts for arg in ("--volume", f"{keys / m}:/etc/numaserve/{m}:ro")]
 
 
 def wait_ready(name: str, metrics_port: int, timeout: float = 180) -> None:
@@ -139,20 +157,7 @@ def test_the_image_is_small_and_holds_no_torch(image):
 
 def test_each_process_is_pinned_inside_the_cpuset(served):
     name, cpu, _ = served
-    script = (
-        "import os, json\n"
-        "out = {}\n"
-        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    try:\n"
-        "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
-        "        status = dict(l.split(':\\t', 1) for l in open(f'/proc/{pid}/status').read().splitlines() if ':\\t' in l)\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    if any(b'numaserve' in part for part in cmd):\n"
-        "        out[pid] = [status['Cpus_allowed_list'].strip(), status['Mems_allowed_list'].strip(), status['Uid'].split()[0]]\n"
-        "print(json.dumps(out))\n"
-    )
-    processes = json.loads(podman("exec", name, "python3", "-c", script).stdout)
+    processes = json.loads(podman("exec", name, "python3", "-c", PINNING).stdout)
     assert len(processes) >= 3, processes  # supervisor, router, a worker (and HTTP fronts)
     for pid, (cpus, mems, uid) in processes.items():
         assert (cpus, mems, uid) == (str(cpu), "0", "10001"), (pid, cpus, mems, uid)
@@ -193,3 +198,25 @@ def test_sigterm_drains_and_the_container_exits_0(served):
     logs = podman("logs", name).stdout + podman("logs", name).stderr
     assert state["ExitCode"] == 0, logs[-3000:]
     assert "drain" in logs.lower(), logs[-3000:]
+
+
+def test_a_quota_over_shared_cpus_is_warned_of_and_pinning_stays_inside_them(image, keys):
+    """A Kubernetes node without the static CPU manager: the container runs on the shared
+    CPUs, held back by a quota. It says so, and still pins inside the CPUs it was given."""
+    cpus = sorted(os.sched_getaffinity(0))
+    name = f"numaserve-quota-{os.getpid()}"
+    metrics = free_port()
+    podman(
+        "run", "--detach", "--name", name, "--read-only", "--cpus=0.5",
+        f"--cpuset-cpus={','.join(map(str, cpus))}", "--cpuset-mems=0",
+        *key_volumes(keys), "-p", f"127.0.0.1:{metrics}:9464",
+        image,
+    )  # fmt: skip
+    try:
+        wait_ready(name, metrics)
+        logs = podman("logs", name).stdout + podman("logs", name).stderr
+        assert "0.5 CPUs' worth of time (its cgroup's CPU quota)" in logs, logs[-3000:]
+        pinned = podman("exec", name, "python3", "-c", PINNING).stdout
+        assert all(set(parse_cpulist(c)) <= set(cpus) for c, _, _ in json.loads(pinned).values())
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=False)

@@ -14,6 +14,7 @@ from pathlib import Path
 from numaserve import curve
 from numaserve.addresses import split_host_port
 from numaserve.config import Config
+from numaserve.host.cpu_quota import cpu_quota, shared_pool_warning
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.topology import read_topology
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
@@ -31,6 +32,8 @@ def start(config_path: str, config: Config) -> int:
     topo = read_topology()
     for warning in topo.warnings:
         log.warning("topology: %s", warning)
+    if shared := shared_pool_warning(cpu_quota(), len(topo.allowed_cpus)):
+        log.warning("cpus: %s", shared, extra={"event": "cpu_quota"})
     if config.server.curve:  # fail here: a shard or frontend would only exit with it
         curve.server_keys(
             config.server.curve.secret_key_file, config.server.curve.authorized_keys_dir
