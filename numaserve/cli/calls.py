@@ -199,17 +199,11 @@ def bench(
     """Load a running server and report throughput, latency percentiles and errors."""
     from numaserve.loadgen import bench as load
 
+    _check_bench_options(op, pairs, url, rate)
     try:
         texts = load.load_corpus(corpus)
     except load.CorpusError as e:
         raise UserError(str(e)) from None
-    if url and rate:
-        raise UserError("--http drives the closed loop only; leave out --rate")
-    if url and (pairs or op == "rerank"):
-        raise UserError("--http sends single texts; leave out --pairs and --op rerank")
-    if pairs and not TASKS[op].takes_pairs:
-        takers = " or ".join(f"--op {name}" for name, task in TASKS.items() if task.takes_pairs)
-        raise UserError(f"--pairs is for {takers}")
     draw = load.drawing(op, pairs, documents)
     servers: Counter[str] = Counter()
     try:
@@ -262,6 +256,16 @@ def bench(
         reasons = summary["error_messages"] or {code: "" for code in summary["errors"]}
         why = "; ".join(f"{code}: {message}".rstrip(": ") for code, message in reasons.items())
         raise MachineError(f"every request failed ({why})")
+
+
+def _check_bench_options(op: str, pairs: bool, url: str | None, rate: float | None) -> None:
+    if url and rate:
+        raise UserError("--http drives the closed loop only; leave out --rate")
+    if url and (pairs or op == "rerank"):
+        raise UserError("--http sends single texts; leave out --pairs and --op rerank")
+    if pairs and not TASKS[op].takes_pairs:
+        takers = " or ".join(f"--op {name}" for name, task in TASKS.items() if task.takes_pairs)
+        raise UserError(f"--pairs is for {takers}")
 
 
 def _cache_counts(endpoints) -> dict[str, int] | None:
