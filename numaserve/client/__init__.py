@@ -1,9 +1,14 @@
 """Client library: `Client` (blocking) and `AsyncClient` (asyncio) for a numaserve server.
 
 Each request goes out on a DEALER socket and waits up to `timeout` for the reply with its id.
-On a timeout the socket is closed and a fresh one, to the next endpoint, sends the request
-again (the zguide's Lazy Pirate), up to `retries` times: requests are idempotent. `overloaded`
-and `no_instance` replies also move on to the next endpoint when there is more than one.
+On a timeout the socket is closed and a fresh one, to another endpoint where there is one,
+sends the request again (the zguide's Lazy Pirate), up to `retries` times: requests are
+idempotent. `overloaded` and `no_instance` replies also move on to another endpoint.
+
+Given several endpoints, or a host name that resolves to several addresses (a Kubernetes
+headless Service), a client spreads its requests over all of them, the fewest outstanding
+first; one that stops answering is set aside until it answers a ping again. How, for clients
+in other languages: docs/protocol.md#many-servers.
 
     with Client(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"], timeout=1.0) as client:
         vectors = [e.vector for e in client.embed(["first text", "second text"])]
