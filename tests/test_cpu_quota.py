@@ -22,30 +22,30 @@ def made_up(tmp_path: Path, cgroup: str, mountinfo: str, files: dict[str, str]) 
     return cpu_quota(proc, tmp_path)
 
 
-def test_a_v1_container_reads_its_own_cgroup_mounted_at_the_mount_point(tmp_path):
-    quota = made_up(
-        tmp_path,
+V1_VIEWS = {
+    # A runc container: its own cgroup mounted at the mount point (the mount's root is its path).
+    "container": (
         f"3:cpuset:{POD}\n1:cpu:{POD}\n",
         f"92 91 0:29 {POD} /sys/fs/cgroup/cpu ro,nosuid - cgroup cgroup rw,cpu\n",
-        {
-            "sys/fs/cgroup/cpu/cpu.cfs_quota_us": "50000\n",
-            "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
-        },
-    )
-    assert quota == 0.5
-
-
-def test_a_v1_host_finds_the_cgroup_under_the_whole_tree(tmp_path):
-    quota = made_up(
-        tmp_path,
+        "sys/fs/cgroup/cpu",
+    ),
+    # A host: the whole tree mounted, the process's cgroup below it.
+    "host": (
         "4:cpu,cpuacct:/user.slice/job\n",
         "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n",
-        {
-            "sys/fs/cgroup/cpu,cpuacct/user.slice/job/cpu.cfs_quota_us": "800000",
-            "sys/fs/cgroup/cpu,cpuacct/user.slice/job/cpu.cfs_period_us": "100000",
-        },
-    )
-    assert quota == 8
+        "sys/fs/cgroup/cpu,cpuacct/user.slice/job",
+    ),
+}
+
+
+@pytest.mark.parametrize("view", V1_VIEWS)
+def test_v1_finds_the_cgroup_as_a_container_and_a_host_see_it(tmp_path, view):
+    cgroup, mountinfo, directory = V1_VIEWS[view]
+    files = {
+        f"{directory}/cpu.cfs_quota_us": "250000\n",
+        f"{directory}/cpu.cfs_period_us": "100000\n",
+    }
+    assert made_up(tmp_path, cgroup, mountinfo, files) == 2.5
 
 
 def test_a_v1_quota_of_minus_one_is_no_limit(tmp_path):
