@@ -240,3 +240,17 @@ def test_a_server_that_stops_is_set_aside_and_taken_back_when_it_answers_again(r
             client.embed("after it came back")
             time.sleep(0.05)
         assert client.pool.aside() == []
+
+
+def test_an_async_client_sets_a_stopped_server_aside_and_keeps_answering(routers):
+    steady, leaving = routers(), routers()
+    leaving.close()
+
+    async def calls():
+        endpoints = [steady.endpoint, leaving.endpoint]
+        async with AsyncClient(endpoints, timeout=0.5, retries=2) as client:
+            await asyncio.gather(*(client.embed(f"text {i}") for i in range(20)))
+            return client.pool.aside()
+
+    assert asyncio.run(calls()) == [leaving.endpoint]
+    assert served(steady) == 20
