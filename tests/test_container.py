@@ -25,6 +25,9 @@ MAX_IMAGE_MB = 600
 
 pytestmark = [
     pytest.mark.slow,
+    # The first build makes the base (debootstrap) and downloads every wheel: minutes more
+    # than the suite's 180 s a test; later builds reuse podman's layers.
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("podman") is None,
         reason="builds and runs the image with podman, as root (.ci/run installs it)",
