@@ -154,7 +154,8 @@ _SERVER_OPTIONS = (
         default=["tcp://127.0.0.1:5555"],
         show_default=True,
         envvar="NUMASERVE_ENDPOINT",
-        help="The server's endpoint; repeat it to fail over between servers. "
+        help="The server's endpoint; repeat it to spread the calls over several servers (a "
+        "host name stands for every address it resolves to). "
         "[env: NUMASERVE_ENDPOINT, several separated by spaces]",
     ),
     click.option(
