@@ -4,13 +4,20 @@ router, this client and the baseline's alternating in rounds on the same connect
 
     git show REV:numaserve/client.py > /tmp/baseline_client.py   # (before the package split)
     .venv/bin/python -m benchmarks.client_ab --baseline /tmp/baseline_client.py
+    .venv/bin/python -m benchmarks.client_ab --baseline-rev REV     # any commit: its whole tree
+
+With --baseline-rev each round runs in a child process whose numaserve is the commit's (taken
+with `git archive`) or this tree's, so the client package and what it imports both change.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,19 +49,66 @@ def round_trips(module, endpoint: str, calls: int) -> float:
         return (time.perf_counter() - began) / calls * 1e6
 
 
+ROUND = """
+import sys, time
+from numaserve import client
+with client.Client(sys.argv[1], timeout=5) as c:
+    c.embed("a text the router's cache answers")
+    began = time.perf_counter()
+    for _ in range(int(sys.argv[2])):
+        c.embed("a text the router's cache answers")
+    print((time.perf_counter() - began) / int(sys.argv[2]) * 1e6)
+"""
+
+
+def round_trips_in(tree: Path, endpoint: str, calls: int) -> float:
+    """round_trips with the numaserve package of `tree`, in a child process."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", ROUND, endpoint, str(calls)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tree,
+    )
+    return float(out.stdout.split()[-1])
+
+
+def rev_tree(rev: str) -> Path:
+    """The numaserve package of commit `rev`, unpacked in a temporary directory."""
+    tree = Path(tempfile.mkdtemp(prefix="client-ab-"))
+    archive = subprocess.run(["git", "archive", rev, "numaserve"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline", required=True, help="another version's client module file")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--baseline", help="another version's client module file")
+    which.add_argument("--baseline-rev", help="a commit, whose numaserve package is the baseline")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
-    baseline = load_baseline(args.baseline)
+    if args.baseline_rev:
+        here = Path(current.__file__).resolve().parents[2]
+        base = rev_tree(args.baseline_rev)
+
+        def measure(name, endpoint):
+            return round_trips_in(base if name == "baseline" else here, endpoint, args.calls)
+    else:
+        modules = {"baseline": load_baseline(args.baseline), "current": current}
+
+        def measure(name, endpoint):
+            return round_trips(modules[name], endpoint, args.calls)
+
     cluster = Cluster(Path(tempfile.mkdtemp()), CONFIG).start()
     try:
         times: dict[str, list[float]] = {"baseline": [], "current": []}
         for _ in range(args.rounds):
-            for name, module in (("baseline", baseline), ("current", current)):
-                times[name].append(round_trips(module, cluster.endpoint, args.calls))
+            for name in times:
+                times[name].append(measure(name, cluster.endpoint))
     finally:
         cluster.stop()
     for name, values in times.items():

@@ -122,6 +122,8 @@ class Endpoints:
         """The address for the next try: among those answering and not yet tried by this
         call, the one with the fewest outstanding requests (in turn among equals); where none
         is left, one set aside (it may be back), then one already tried."""
+        if len(self.addresses) == 1:  # the common case, at no cost
+            return next(iter(self.addresses))
         tried = set(tried)
         everyone = list(self.addresses.values())
         pools = (
