@@ -88,9 +88,9 @@ class Client(Calls):
         error: NumaserveError = Timeout(f"no reply to {op}")
         for _ in range(self.attempts()):
             tried.append(endpoint := self.choose(tried))
-            link = self.links.get(endpoint) or self.links.setdefault(
-                endpoint, self.socket(self.ctx, endpoint)
-            )
+            link = self.links.get(endpoint)
+            if link is None:
+                link = self.links[endpoint] = self.socket(self.ctx, endpoint)
             link.sock.send_multipart(frames)
             reply = self._reply(op, link, body["id"])
             if isinstance(reply, NumaserveError):  # Lazy Pirate: a fresh socket next time

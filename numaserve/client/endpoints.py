@@ -6,7 +6,7 @@ again every `resolve_every` seconds, and soon after any of its addresses stops a
 that pods replaced under new addresses are found. Each request goes to the address with the
 fewest requests outstanding from this client, in turn among equals: load spreads over every
 server, and a slower one gets less. An address that stops answering is set aside until it
-answers again (Probes ask it) and at least `aside_s` has passed, doubling while it keeps
+answers again (Probes ask it) and at least ASIDE_S has passed, doubling while it keeps
 failing each time it is taken back. Pure: the clock and the resolver are given, so tests can
 drive both.
 """

@@ -53,19 +53,11 @@ class Probes:
 
     def answered(self) -> list[str]:
         """The endpoints whose ping came back since the last look; their probes end."""
-        back = []
+        back = [endpoint for endpoint, probe in self.probes.items() if _pong(probe)]
+        for endpoint in back:
+            self.stop(endpoint)
         for endpoint, probe in list(self.probes.items()):
-            while probe.sock.poll(0):
-                try:
-                    body = protocol.unpack(probe.sock.recv_multipart(zmq.NOBLOCK))
-                except (protocol.ProtocolError, zmq.Again):
-                    continue
-                if body.get("id") == probe.request_id and body.get("status") == "ok":
-                    back.append(endpoint)
-                    break
-            if endpoint in back:
-                self.stop(endpoint)
-            elif time.monotonic() - probe.sent >= self.timeout:
+            if time.monotonic() - probe.sent >= self.timeout:
                 self.start(endpoint)
         return back
 
@@ -77,3 +69,15 @@ class Probes:
     def close(self) -> None:
         for endpoint in list(self.probes):
             self.stop(endpoint)
+
+
+def _pong(probe: Probe) -> bool:
+    """Whether the probe's ping came back (other messages are read and dropped)."""
+    while probe.sock.poll(0):
+        try:
+            body = protocol.unpack(probe.sock.recv_multipart(zmq.NOBLOCK))
+        except (protocol.ProtocolError, zmq.Again):
+            continue
+        if body.get("id") == probe.request_id and body.get("status") == "ok":
+            return True
+    return False

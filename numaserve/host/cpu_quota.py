@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-NO_LIMIT = None
-
 
 def cpu_quota(proc: Path = Path("/proc/self"), root: Path = Path("/")) -> float | None:
     """CPUs' worth of time a second this process's cgroup may use; None where unlimited or
@@ -26,7 +24,7 @@ def cpu_quota(proc: Path = Path("/proc/self"), root: Path = Path("/")) -> float 
         cgroups = (proc / "cgroup").read_text().splitlines()
         mounts = (proc / "mountinfo").read_text().splitlines()
     except OSError:
-        return NO_LIMIT
+        return None
     for line in cgroups:  # "ID:CONTROLLERS:PATH"; v2 is "0::PATH"
         _, controllers, path = line.split(":", 2)
         if controllers == "":
@@ -39,7 +37,7 @@ def cpu_quota(proc: Path = Path("/proc/self"), root: Path = Path("/")) -> float 
             continue
         if quota:
             return quota
-    return NO_LIMIT
+    return None
 
 
 def _directory(
