@@ -5,10 +5,12 @@ inside the container), and it serves over the published ports: ZeroMQ with Curve
 HTTP with an API key, metrics. SIGTERM drains. Slow (builds the image the first time, then
 podman's layer cache): CI runs it in its slow step, as root."""
 
+import functools
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from numaserve.client import Client, ClientKeys
 from numaserve.host.cpulist import parse_cpulist
 from numaserve.testing.cluster import free_port
+from tests.harness.console import numaserve
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/numaserve:test"
@@ -51,17 +54,23 @@ PINNING = (
 )
 
 
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    runtime = subprocess.run(
+@functools.cache
+def oci_runtime() -> tuple[str, ...]:
+    """The podman option for the OCI runtime this machine needs, if any."""
+    out = subprocess.run(
         [str(ROOT / "deploy/container/oci-runtime")], capture_output=True, text=True
-    ).stdout.split()
+    )
+    return tuple(out.stdout.split())
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     if args[0] == "run":
         # podman's default limits of open files and processes (about a million and four) are
         # above what this machine lets runc set without CAP_SYS_RESOURCE: ask for fewer, and
         # enough for numaserve.
         args = ("run", "--ulimit=nofile=16384:16384", "--ulimit=nproc=16384:16384", *args[1:])
     out = subprocess.run(
-        ["podman", *runtime, *args], capture_output=True, text=True, timeout=timeout
+        ["podman", *oci_runtime(), *args], capture_output=True, text=True, timeout=timeout
     )
     if check and out.returncode:
         raise AssertionError(f"podman {' '.join(args)}: {out.returncode}\n{out.stderr[-3000:]}")
@@ -70,7 +79,7 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    env = {**os.environ, "PYTHON": str(ROOT / ".venv/bin/python")}
+    env = {**os.environ, "PYTHON": sys.executable}  # pip downloads the wheels with this one
     out = subprocess.run(
         [str(ROOT / "deploy/container/build"), IMAGE],
         capture_output=True,
@@ -89,11 +98,8 @@ def keys(tmp_path_factory) -> Path:
     an HTTP API key; readable by the image's user (uid 10001) and no one else."""
     root = tmp_path_factory.mktemp("keys")
     for directory, name in (("curve", "server"), ("client", "billing")):
-        subprocess.run(
-            [str(ROOT / ".venv/bin/numaserve"), "keygen", "--name", name, str(root / directory)],
-            check=True,
-            capture_output=True,
-        )
+        out = numaserve("keygen", "--name", name, root / directory)
+        assert out.returncode == 0, out.stderr
     (root / "curve-clients").mkdir()
     shutil.copy(root / "client/billing.key", root / "curve-clients/billing.key")
     (root / "http-keys").mkdir()

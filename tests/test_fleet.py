@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.harness import fleet as fleet_
+from tests.harness.console import numaserve_exe
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,7 +64,7 @@ def test_the_load_spreads_within_20_percent_over_the_hosts(fleet):
 def test_a_host_killed_under_load_fails_no_request_and_takes_traffic_again_once_back(fleet):
     lost = fleet.hosts[1]
     load = subprocess.Popen(
-        ["ip", "netns", "exec", fleet.client_ns, fleet_.numaserve_exe(), *bench_args(fleet, 30)],
+        ["ip", "netns", "exec", fleet.client_ns, numaserve_exe(), *bench_args(fleet, 30)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -6,13 +6,17 @@ import subprocess
 import sys
 
 
+def numaserve_exe() -> str:
+    """This environment's `numaserve` script (else the one on PATH)."""
+    return shutil.which("numaserve", path=os.path.dirname(sys.executable)) or "numaserve"
+
+
 def numaserve(
     *args, timeout: float = 60, stdin: str | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """`stdin`: what standard input holds (default: nothing); `env`: added to the environment."""
-    exe = shutil.which("numaserve", path=os.path.dirname(sys.executable)) or "numaserve"
     return subprocess.run(
-        [exe, *map(str, args)],
+        [numaserve_exe(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -16,11 +16,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
+from tests.harness.console import numaserve_exe
 from tests.harness.processes import wait_gone
 
 SUBNET = "10.231.7"
@@ -164,7 +164,3 @@ class Host:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
-
-
-def numaserve_exe() -> str:
-    return os.path.join(os.path.dirname(sys.executable), "numaserve")
