@@ -19,6 +19,7 @@ import yaml
 
 from numaserve.addresses import is_local, split_host_port
 from numaserve.config_files import read_against
+from numaserve.config_precision import precision_problem
 from numaserve.modelpath import ModelLoadError, checkpoint_max_length
 from numaserve.protocol import SMALLEST_MESSAGE_LIMIT
 from numaserve.tasks import NAMES
@@ -48,8 +49,9 @@ class ModelConfig:
     # classifier's entities.
     task: Literal[NAMES] = "embed"  # numaserve/tasks
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
-    backend: Literal["torch", "onnxruntime"] = "onnxruntime"
-    quantize: Literal["int8", "none"] = "int8"
+    # openvino: the same artifact, compiled by OpenVINO (bf16 on AMX/AVX512_BF16 CPUs).
+    backend: Literal["torch", "onnxruntime", "openvino"] = "onnxruntime"
+    quantize: Literal["int8", "bf16", "none"] = "int8"  # config_precision.py: which backend runs which
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.
@@ -441,11 +443,8 @@ def _check_model(
     """One model's rules across its keys and its pools: `where` is its key (`model`,
     `models[1]`), `pools_key` its pools' (`placement.pools`, `models[1].pools`). `declared`:
     where max_length came from, when the checkpoint set it (_with_checkpoint_max_length)."""
-    if model.keep_fp32 and model.quantize != "int8":
-        raise ConfigError(
-            f"{source}: {where}.keep_fp32: names layers to leave out of int8, but "
-            f"{where}.quantize is {model.quantize!r}, so every layer is fp32; remove one of the two"
-        )
+    if problem := precision_problem(model.backend, model.quantize, model.keep_fp32, where):
+        raise ConfigError(f"{source}: {problem}")
     if not pools:
         raise ConfigError(f"{source}: {pools_key}: at least one pool is required")
     _check_names([p.name for p in pools], pools_key, "it names instances and log lines", source)

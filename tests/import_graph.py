@@ -30,6 +30,7 @@ BASE = {
     "lifecycle",
     "curve",
     "config_files",
+    "config_precision",
 }
 ALLOWED = {
     "base": {"base"},

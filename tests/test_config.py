@@ -264,6 +264,16 @@ def test_placement_pools_with_models_are_an_error():
             "models[0].keep_fp32: names layers to leave out of int8, but models[0].quantize",
         ),
         (
+            "models: [{name: a, backend: openvino, quantize: int8}]",
+            "models[0].quantize: int8 is not offered by backend openvino, which runs bf16 or "
+            "none; int8 runs on backend onnxruntime, torch",
+        ),
+        (
+            "models: [{name: a, backend: torch, quantize: bf16}]",
+            "models[0].quantize: bf16 is not offered by backend torch, which runs int8 or none; "
+            "bf16 runs on backend openvino",
+        ),
+        (
             "models: [{name: a, pools: [{name: x, max_tokens: 10}]}]",
             "models[0].max_length is not set, so it is bundled:minilm's max_seq_length, 256",
         ),

@@ -27,6 +27,10 @@ def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1)
         from numaserve.backends.onnx import OnnxModel
 
         return OnnxModel(config, isa, threads)
+    if config.backend == "openvino":
+        from numaserve.backends.openvino import OpenVinoModel
+
+        return OpenVinoModel(config, isa, threads)
     from numaserve.backends.torch import TorchModel
 
     return TorchModel(config, isa, threads)
@@ -36,9 +40,14 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
     """Build or verify the model's ONNX artifact (`numaserve prepare`), so that a first build
     (minutes for a large model on a slow CPU) runs before any instance starts, and never once
     per instance. False (logged) when the model cannot be prepared."""
-    if config.backend != "onnxruntime":
+    if config.backend == "torch":
         return True
     from numaserve.backends.onnx import prepare_artifact
+    from numaserve.backends.openvino import (
+        fp32_artifact_config,
+        import_openvino,
+        inference_precision,
+    )
 
     started = time.monotonic()
     log.info(
@@ -47,6 +56,10 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
         extra={"event": "prepare"},
     )
     try:
+        if config.backend == "openvino":
+            inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
+            import_openvino()
+            config = fp32_artifact_config(config)
         artifact, _ = prepare_artifact(config, isa)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})

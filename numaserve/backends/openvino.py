@@ -1,0 +1,90 @@
+"""The OpenVINO backend: the runtime of OpenVINO Model Server and optimum-intel, on the same
+ONNX artifact as the onnxruntime backend's fp32 one (onnx_build.py), compiled for this CPU.
+
+`quantize: bf16` runs the matrix products in bfloat16 on CPUs that have them in hardware
+(AMX, AVX512_BF16): about twice fp32's speed on long texts at fp32's accuracy
+(docs/accuracy.md). `quantize: none` asks for f32 outright, since OpenVINO would pick bf16 on
+such CPUs by itself. One stream and `threads` threads; they inherit the worker's pinned CPUs
+and memory policy, and OpenVINO is told not to re-pin them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from numaserve.backends.base import Model
+from numaserve.backends.onnx import prepare_artifact
+from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError
+
+BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
+INSTALL_HINT = (
+    "model.backend openvino needs the openvino package: pip install 'numaserve[openvino]' "
+    "(or set model.backend: onnxruntime)"
+)
+
+
+def import_openvino():
+    """openvino, with its usage statistics switched off before it loads: its converter and
+    NNCF send them unless told not to, and no numaserve process reaches off the host."""
+    sys.modules.setdefault("openvino_telemetry", None)  # their senders import it; None: absent
+    try:
+        import openvino
+    except ImportError:
+        raise ModelLoadError(INSTALL_HINT) from None
+    return openvino
+
+
+def inference_precision(config: ModelConfig, isa: tuple[str, ...]) -> str:
+    """OpenVINO's INFERENCE_PRECISION_HINT for model.quantize on a CPU with these extensions."""
+    if config.quantize == "bf16":
+        if not BF16_ISA & set(isa):
+            raise ModelLoadError(
+                "model.quantize: bf16 needs a CPU with bfloat16 arithmetic (AMX or "
+                f"AVX512_BF16); this one has {' '.join(isa) or 'neither'}: use quantize: none "
+                "or auto"
+            )
+        return "bf16"
+    return "f32"
+
+
+def fp32_artifact_config(config: ModelConfig) -> ModelConfig:
+    """The config whose ONNX artifact OpenVINO compiles: the fp32 one, shared with
+    onnxruntime's (OpenVINO applies its precision when it compiles)."""
+    return dataclasses.replace(config, backend="onnxruntime", quantize="none", keep_fp32=())
+
+
+class OpenVinoModel(Model):
+    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+        precision = inference_precision(config, isa)
+        ov = import_openvino()
+        self.artifact, facts = prepare_artifact(fp32_artifact_config(config), isa)
+        core = ov.Core()
+        try:
+            compiled = core.compile_model(
+                core.read_model(str(self.artifact)),
+                "CPU",
+                {
+                    "INFERENCE_NUM_THREADS": threads,
+                    "NUM_STREAMS": 1,
+                    "PERFORMANCE_HINT": "LATENCY",
+                    "INFERENCE_PRECISION_HINT": precision,
+                    "ENABLE_CPU_PINNING": False,  # the worker's own binding stands
+                },
+            )
+        except Exception as e:
+            raise ModelLoadError(f"OpenVINO cannot compile {self.artifact}: {e}") from None
+        self.request = compiled.create_infer_request()
+        self.inputs = {port.get_any_name() for port in compiled.inputs}
+        width = compiled.outputs[0].get_partial_shape()[-1]
+        super().__init__(config, facts, width=width.get_length())
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if types is not None and "token_type_ids" in self.inputs:
+            feeds["token_type_ids"] = types
+        out = self.request.infer(feeds)[0]  # the request's own buffer: copied before reuse
+        return np.array(out, dtype=np.float32)
