@@ -51,7 +51,9 @@ class ModelConfig:
     # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
     # openvino: the same artifact, compiled by OpenVINO (bf16 on AMX/AVX512_BF16 CPUs).
     backend: Literal["torch", "onnxruntime", "openvino"] = "onnxruntime"
-    quantize: Literal["int8", "bf16", "none"] = "int8"  # config_precision.py: which backend runs which
+    quantize: Literal["int8", "bf16", "none"] = (
+        "int8"  # config_precision.py: which backend runs which
+    )
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.

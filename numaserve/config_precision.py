@@ -11,7 +11,9 @@ PRECISIONS = {
 }
 
 
-def precision_problem(backend: str, quantize: str, keep_fp32: tuple[str, ...], where: str) -> str | None:
+def precision_problem(
+    backend: str, quantize: str, keep_fp32: tuple[str, ...], where: str
+) -> str | None:
     """What is wrong with this model's precision keys, or None."""
     if keep_fp32 and quantize != "int8":
         return (

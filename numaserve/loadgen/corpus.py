@@ -1,5 +1,7 @@
-"""Real English sentences that ship with every Python: the first sentences of the standard
-library's docstrings. Used to measure accuracy and to drive benchmarks with natural lengths."""
+"""Real English prose that ships with every Python: the standard library's docstrings. Their
+first sentences (short texts) drive benchmarks with natural lengths; whole paragraphs and runs
+of them (2-300 words) are the prose of every length that accuracy is checked on
+(backends/gate.py), since int8's errors grow with length."""
 
 from __future__ import annotations
 
@@ -91,26 +93,44 @@ def first_sentence(doc: str) -> str | None:
     return sentence
 
 
+def passages(doc: str) -> list[str]:
+    """The prose paragraphs of a docstring, alone and in runs of 2 and 4, of 2-300 words."""
+    paragraphs = [" ".join(p.split()) for p in doc.strip().split("\n\n")]
+    prose = [
+        p
+        for p in paragraphs
+        if p and p[0].isalpha() and sum(ch in "(){}[]=>" for ch in p) < len(p.split()) / 4
+    ]
+    runs = (" ".join(prose[i : i + n]) for i in range(len(prose)) for n in (1, 2, 4))
+    return [text for text in runs if 2 <= len(text.split()) <= 300]
+
+
 def stdlib_sentences_by_module() -> list[tuple[str, str]]:
     """(module, sentence) for each distinct first sentence, in a fixed order."""
-    return list(_read_in_fresh_interpreter())
+    return list(_read_in_fresh_interpreter("sentences"))
+
+
+def stdlib_passages() -> list[str]:
+    """Each distinct docstring passage (passages()), in a fixed order: 6,000 texts, a median
+    of 20 words and up to 300, on Python 3.11."""
+    return [text for _, text in _read_in_fresh_interpreter("passages")]
 
 
 @functools.cache
-def _read_in_fresh_interpreter() -> tuple[tuple[str, str], ...]:
+def _read_in_fresh_interpreter(kind: str) -> tuple[tuple[str, str], ...]:
     """Read in a fresh interpreter: packages patch the stdlib when imported (transformers adds
     Logger methods, others wrap inspect functions), and the corpus must not depend on what the
     caller happened to import."""
     out = subprocess.run(
-        [sys.executable, "-I", "-m", "numaserve.loadgen.corpus"],
+        [sys.executable, "-I", "-m", "numaserve.loadgen.corpus", kind],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return tuple((module, sentence) for module, sentence in json.loads(out))
+    return tuple((module, text) for module, text in json.loads(out))
 
 
-def _read_docstrings() -> list[tuple[str, str]]:
+def _read_docstrings(kind: str) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for name in MODULES:
         try:
@@ -125,9 +145,12 @@ def _read_docstrings() -> list[tuple[str, str]]:
                 members += [m for _, m in sorted(vars(obj).items()) if callable(m)]
             for member in members:
                 doc = getattr(member, "__doc__", None)
-                if isinstance(doc, str) and (s := first_sentence(doc)):
-                    seen.setdefault(s, name)
-    return [(module, sentence) for sentence, module in seen.items()]
+                if not isinstance(doc, str):
+                    continue
+                texts = passages(doc) if kind == "passages" else [first_sentence(doc)]
+                for text in filter(None, texts):
+                    seen.setdefault(text, name)
+    return [(module, text) for text, module in seen.items()]
 
 
 def stdlib_sentences(limit: int | None = None) -> list[str]:
@@ -135,4 +158,4 @@ def stdlib_sentences(limit: int | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    json.dump(_read_docstrings(), sys.stdout)
+    json.dump(_read_docstrings(sys.argv[1]), sys.stdout)

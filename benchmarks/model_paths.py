@@ -1,0 +1,191 @@
+"""Every model path numaserve can run, and two it does not offer, on one pinned core: each
+one's accuracy through the gate (backends/gate.py) and its speed against today's default
+(onnxruntime int8), on short texts and on mixed ones (issue 36).
+
+bundled:minilm, batch 1, no padding, 1 thread. Accuracy: the gate's 320 docstring passages
+(2-300 words) against torch fp32. Speed: the peers corpus (benchmarks/peers.py): stdlib first
+sentences (short) and runs of 1-16 of them (mixed); the candidates take turns round after
+round, so they share the machine's noise. Memory: each candidate loaded alone in a fresh
+process after 20 texts, its PSS.
+
+Not offered, measured for the record (--static): ONNX Runtime static int8 (QDQ, calibrated on
+128 other passages, the Linear layers' MatMuls) and OpenVINO int8 by NNCF (`pip install nncf`;
+its usage statistics are unloaded like openvino's).
+
+Run:  .venv/bin/python -m benchmarks.model_paths [--texts 300] [--rounds 3] [--cpu 1] [--static]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OFFERED = (
+    ("onnxruntime", "int8", ()),
+    ("onnxruntime", "int8", ("*.output.dense",)),
+    ("onnxruntime", "none", ()),
+    ("openvino", "bf16", ()),
+    ("openvino", "none", ()),
+    ("torch", "int8", ()),
+    ("torch", "none", ()),
+)
+
+
+def label(backend: str, quantize: str, keep: tuple[str, ...]) -> str:
+    return f"{backend} {quantize}" + (f" keep_fp32 {','.join(keep)}" if keep else "")
+
+
+def offered(isa) -> list[tuple]:
+    from numaserve.backends.openvino import BF16_ISA
+
+    return [c for c in OFFERED if c[1] != "bf16" or BF16_ISA & set(isa)]
+
+
+def load(candidate: tuple, isa, calibration: list[list[int]]):
+    from numaserve.backends import load_model
+    from numaserve.config import ModelConfig
+
+    backend, quantize, keep = candidate
+    if backend.startswith("static"):
+        from benchmarks.static_int8 import load_static
+
+        return load_static(backend, isa, calibration)
+    return load_model(ModelConfig(backend=backend, quantize=quantize, keep_fp32=keep), isa, 1)
+
+
+def pss_mb(candidate: tuple, cpu: int) -> float:
+    """The candidate's PSS, loaded alone in a fresh process that ran 20 texts."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.model_paths",
+            "--pss-of",
+            json.dumps(candidate),
+            "--cpu",
+            str(cpu),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return float(out.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--texts", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)))
+    parser.add_argument("--static", action="store_true", help="also the two not offered")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--pss-of", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {args.cpu})  # before any runtime starts its threads
+
+    from benchmarks.peers import mixed_texts
+    from numaserve.backends import load_model
+    from numaserve.backends.gate import Gate, gate_texts
+    from numaserve.backends.tokenizer import Tokenizer
+    from numaserve.config import ModelConfig
+    from numaserve.host.topology import read_topology
+    from numaserve.loadgen.corpus import stdlib_passages, stdlib_sentences
+
+    isa = read_topology().isa
+    tokenizer = Tokenizer("bundled:minilm", 512)
+    passages = stdlib_passages()
+    gate_set = gate_texts(passages)
+    calibration = [
+        list(e.ids)
+        for e in tokenizer.encode(
+            [t for t in passages if t not in set(gate_set)][:: max(1, len(passages) // 128)][:128]
+        )
+    ]
+    if args.pss_of:
+        model = load(
+            tuple(tuple(x) if isinstance(x, list) else x for x in json.loads(args.pss_of)),
+            isa,
+            calibration,
+        )
+        for e in tokenizer.encode(stdlib_sentences(20)):
+            model.run([list(e.ids)])
+        rollup = Path("/proc/self/smaps_rollup").read_text().split("\n")
+        print(next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) / 1024)
+        return
+
+    short = stdlib_sentences()
+    traffic = {"short": short[: args.texts], "mixed": mixed_texts(short)[: args.texts]}
+    ids = {k: [list(e.ids) for e in tokenizer.encode(v)] for k, v in traffic.items()}
+    print(f"CPU ISA: {' '.join(isa)}; 1 thread on CPU {args.cpu}; bundled:minilm, batch 1")
+    for k, v in ids.items():
+        print(f"{k}: {len(v)} texts, {statistics.median(map(len, v)):.0f} tokens median")
+    candidates = offered(isa)
+    if args.static:
+        candidates += [("static-onnxruntime", "int8", ()), ("static-openvino", "int8", ())]
+    reference = load_model(ModelConfig(backend="torch", quantize="none"), isa, 1)
+    gate = Gate("embed", tokenizer, gate_set, reference)
+    models, verdicts = {}, {}
+    for candidate in candidates:
+        models[candidate] = load(candidate, isa, calibration)
+        verdicts[candidate] = gate.judge(models[candidate])
+        print(
+            f"  {label(*candidate)}: {'passes' if verdicts[candidate].passed else 'FAILS'}: "
+            f"{verdicts[candidate].figure}",
+            flush=True,
+        )
+    del reference
+    times = {(c, k): [] for c in candidates for k in ids}
+    for kind, inputs in ids.items():
+        for model in models.values():
+            for x in inputs[:20]:
+                model.run([x])
+        for _ in range(args.rounds):
+            for candidate, model in models.items():
+                started = time.perf_counter()
+                for x in inputs:
+                    model.run([x])
+                times[candidate, kind].append((time.perf_counter() - started) / len(inputs))
+    models.clear()
+    report(candidates, verdicts, times, {c: pss_mb(c, args.cpu) for c in candidates}, args.json)
+
+
+def report(candidates, verdicts, times, pss, json_path: Path | None) -> None:
+    today = candidates[0]
+    median = {key: statistics.median(v) for key, v in times.items()}
+    w = max(len(label(*c)) for c in candidates)
+    print(f"\n{'model path':<{w}}  gate   short ms  vs today  mixed ms  vs today  PSS MB")
+    rows = {}
+    for c in candidates:
+        s, m = median[c, "short"], median[c, "mixed"]
+        rows[label(*c)] = {
+            "gate": verdicts[c].passed,
+            "figure": verdicts[c].figure,
+            "short_ms": s * 1e3,
+            "mixed_ms": m * 1e3,
+            "pss_mb": pss[c],
+            "short_vs_today": median[today, "short"] / s,
+            "mixed_vs_today": median[today, "mixed"] / m,
+        }
+        r = rows[label(*c)]
+        print(
+            f"{label(*c):<{w}}  {'pass' if r['gate'] else 'FAIL'}  {r['short_ms']:>8.2f}"
+            f"  {r['short_vs_today']:>7.2f}x  {r['mixed_ms']:>8.2f}  {r['mixed_vs_today']:>7.2f}x"
+            f"  {pss[c]:>6.0f}"
+        )
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("NUMASERVE_CACHE", f"{tmp}/cache")  # artifacts built in this run
+        main()
