@@ -32,8 +32,8 @@ from numaserve.backends.base import full_range_int8
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.backends.torch import TorchModel, quantize_int8
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.host.topology import read_topology
-from numaserve.loadgen.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
 
 AREAS = {

@@ -2,7 +2,7 @@
 
 There is no model hub here, and MiniLM (bundled) is the only pretrained encoder at hand, so
 each task gets a MiniLM fine-tuned (fp32, a minute or two on 2 cores) on the stdlib's
-docstring sentences (numaserve/loadgen/corpus.py), saved with save_pretrained, then served
+docstring sentences (numaserve/corpus.py), saved with save_pretrained, then served
 through numaserve's own code at fp32 and int8 on both backends:
 
   rerank  a cross-encoder trained (2 epochs) to score (sentence, sentence) 1 when both
@@ -37,8 +37,8 @@ from benchmarks.accuracy import AREA_OF, VARIANTS
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.host.topology import read_topology
-from numaserve.loadgen.corpus import stdlib_sentences_by_module
 from numaserve.modelpath import resolve_model_path
 from numaserve.tasks.entities import entities
 

@@ -40,8 +40,8 @@ def main() -> None:
     from numaserve.backends import load_model
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.config import ModelConfig
+    from numaserve.corpus import stdlib_sentences
     from numaserve.host.topology import read_topology
-    from numaserve.loadgen.corpus import stdlib_sentences
 
     isa = read_topology().isa
     texts = stdlib_sentences(args.texts)

@@ -19,8 +19,8 @@ from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.loadgen.corpus import stdlib_sentences
 
 
 def cosines(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:

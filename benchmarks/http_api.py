@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from benchmarks.peers import ROOT, measure
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.testing.server import ENDPOINT, Server
 
 

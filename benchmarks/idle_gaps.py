@@ -21,8 +21,8 @@ import time
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.loadgen.corpus import stdlib_sentences
 
 
 def measure(model, inputs: list[list[int]], gap_s: float, seconds: float) -> tuple[float, float]:

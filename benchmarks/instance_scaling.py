@@ -37,8 +37,8 @@ import psutil
 
 from benchmarks.router_capacity import run_load
 from numaserve.backends.tokenizer import Tokenizer
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """

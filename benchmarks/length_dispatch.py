@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from numaserve.corpus import stdlib_sentences
 from numaserve.loadgen.bench import open_loop
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """

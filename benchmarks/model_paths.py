@@ -97,8 +97,8 @@ def main() -> None:
     from numaserve.backends.gate import Gate, gate_texts
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.config import ModelConfig
+    from numaserve.corpus import stdlib_passages, stdlib_sentences
     from numaserve.host.topology import read_topology
-    from numaserve.loadgen.corpus import stdlib_passages, stdlib_sentences
 
     isa = read_topology().isa
     tokenizer = Tokenizer("bundled:minilm", 512)

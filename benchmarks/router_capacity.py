@@ -47,9 +47,9 @@ import zmq
 
 from numaserve import protocol
 from numaserve.config import CurveConfig, ModelConfig, PoolConfig, ServerConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.curve import ClientKeys, keygen, read_key_pair
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.specs import FrontendSpec, RouterSpec
 from numaserve.testing.cluster import free_port
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import zmq
 
 from numaserve import protocol
-from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.corpus import stdlib_sentences
 from numaserve.testing.cluster import Cluster, free_port  # the router and one worker, no supervisor
 
 CONFIG = """

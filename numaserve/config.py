@@ -48,12 +48,11 @@ class ModelConfig:
     # rerank: a cross-encoder's score for each (query, document) pair. ner: a token
     # classifier's entities.
     task: Literal[NAMES] = "embed"  # numaserve/tasks
-    # onnxruntime: the model exported once to an ONNX artifact (backends/onnx_build.py), the faster.
-    # openvino: the same artifact, compiled by OpenVINO (bf16 on AMX/AVX512_BF16 CPUs).
-    backend: Literal["torch", "onnxruntime", "openvino"] = "onnxruntime"
-    quantize: Literal["int8", "bf16", "none"] = (
-        "int8"  # config_precision.py: which backend runs which
-    )
+    # auto (both): the fastest backend and precision that pass the accuracy gate on this CPU
+    # (backends/choice.py). onnxruntime: the model exported once to an ONNX artifact
+    # (backends/onnx_build.py); openvino: that artifact compiled by OpenVINO.
+    backend: Literal["auto", "torch", "onnxruntime", "openvino"] = "auto"
+    quantize: Literal["auto", "int8", "bf16", "none"] = "auto"  # config_precision.py
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.

@@ -4,10 +4,11 @@ config is read, so that a combination no backend implements fails at load, not a
 from __future__ import annotations
 
 # quantize values each backend implements; "auto" (backends/choice.py) is for all of them.
+# `backend: auto` with a named precision runs it on the first backend here that offers it.
 PRECISIONS = {
     "onnxruntime": ("int8", "none"),
-    "torch": ("int8", "none"),
     "openvino": ("bf16", "none"),
+    "torch": ("int8", "none"),
 }
 
 
@@ -15,15 +16,26 @@ def precision_problem(
     backend: str, quantize: str, keep_fp32: tuple[str, ...], where: str
 ) -> str | None:
     """What is wrong with this model's precision keys, or None."""
+    if keep_fp32 and quantize == "auto":
+        return (
+            f"{where}.keep_fp32: names layers to leave out of int8, which {where}.quantize: "
+            "auto chooses by itself (with its own layers kept); set quantize: int8 to keep these"
+        )
     if keep_fp32 and quantize != "int8":
         return (
             f"{where}.keep_fp32: names layers to leave out of int8, but {where}.quantize is "
             f"{quantize!r}, so no layer is int8; remove one of the two"
         )
-    if quantize != "auto" and quantize not in PRECISIONS[backend]:
+    if "auto" not in (backend, quantize) and quantize not in PRECISIONS[backend]:
         offered = ", ".join(b for b, qs in PRECISIONS.items() if quantize in qs)
         return (
             f"{where}.quantize: {quantize} is not offered by backend {backend}, which runs "
             f"{' or '.join(PRECISIONS[backend])}; {quantize} runs on backend {offered}"
         )
     return None
+
+
+def needs_prepare(backend: str, quantize: str) -> bool:
+    """Whether `numaserve prepare` has work for this model: an ONNX artifact to build, or a
+    choice to make (`auto`). torch with a named precision loads the checkpoint as it is."""
+    return backend != "torch" or quantize == "auto"

@@ -98,7 +98,19 @@ class Engine:
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:
-        info = {"task": self.task.name, "max_length": self.model.config.max_length}
+        config, choice = self.model.config, self.model.choice
+        info = {
+            "task": self.task.name,
+            "max_length": config.max_length,
+            # What runs, decided: by `auto` (and why) or by the config.
+            "model_path": {
+                "backend": config.backend,
+                "quantize": config.quantize,
+                "keep_fp32": list(config.keep_fp32),
+                "chosen_by": "auto" if choice else "config",
+                **({"why": choice.why} if choice else {}),
+            },
+        }
         return info | self.model.head.describe()
 
 

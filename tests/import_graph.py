@@ -31,6 +31,7 @@ BASE = {
     "curve",
     "config_files",
     "config_precision",
+    "corpus",
 }
 ALLOWED = {
     "base": {"base"},

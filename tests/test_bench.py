@@ -177,7 +177,7 @@ def test_bench_refuses_an_open_loop_over_http():
 def test_default_corpus_does_not_depend_on_what_the_caller_imported(monkeypatch):
     import logging
 
-    from numaserve.loadgen import corpus
+    from numaserve import corpus
 
     def patched(self):
         """This sentence was patched into the stdlib by a test."""

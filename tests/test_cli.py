@@ -189,8 +189,8 @@ def test_missing_sysfs_root_is_a_clear_error(tmp_path):
 
 TWO_MODELS = """
 models:
-  - {name: toxicity, backend: torch, task: classify, max_length: 64, pools: [{name: main, max_tokens: 64}]}
-  - {name: embed, backend: torch, pools: [{name: main, max_tokens: 256}]}
+  - {name: toxicity, backend: torch, quantize: none, task: classify, max_length: 64, pools: [{name: main, max_tokens: 64}]}
+  - {name: embed, backend: torch, quantize: int8, pools: [{name: main, max_tokens: 256}]}
 """
 
 
@@ -219,6 +219,6 @@ def test_prepare_goes_through_every_model(tmp_path):
 
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "models[0].backend is torch: nothing to prepare",
-        "models[1].backend is torch: nothing to prepare",
+        "models[0].backend is torch, quantize none: nothing to prepare",
+        "models[1].backend is torch, quantize int8: nothing to prepare",
     ]

@@ -264,6 +264,11 @@ def test_placement_pools_with_models_are_an_error():
             "models[0].keep_fp32: names layers to leave out of int8, but models[0].quantize",
         ),
         (
+            "models: [{name: a, keep_fp32: [x]}]",
+            "models[0].keep_fp32: names layers to leave out of int8, which models[0].quantize: "
+            "auto chooses by itself",
+        ),
+        (
             "models: [{name: a, backend: openvino, quantize: int8}]",
             "models[0].quantize: int8 is not offered by backend openvino, which runs bf16 or "
             "none; int8 runs on backend onnxruntime, torch",

@@ -1,20 +1,15 @@
-"""The accuracy gate's bars (backends/gate.py), on constructed answers, and its run on real
+"""The accuracy gate's bars (tasks/agreement.py), on constructed answers, and its run on real
 models: fp32 passes, and a model made worse on purpose fails with its figure."""
 
 import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.backends.gate import (
-    Gate,
-    agreement_verdict,
-    cosine_verdict,
-    f1_verdict,
-    gate_texts,
-)
+from numaserve.backends.gate import Gate, gate_texts
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
-from numaserve.loadgen.corpus import passages, stdlib_passages
+from numaserve.corpus import passages, stdlib_passages
+from numaserve.tasks.agreement import agreement_verdict, cosine_verdict, f1_verdict
 
 
 def unit_rows(n: int, seed: int = 0) -> np.ndarray:

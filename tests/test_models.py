@@ -12,8 +12,8 @@ import pytest
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import read_topology
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 from tests.harness.checkpoints import LABELS, save_tiny_classifier
 

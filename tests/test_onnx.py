@@ -21,8 +21,8 @@ from numaserve.backends.base import full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.pinning import live_affinity
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError
 from tests.harness.console import numaserve
 from tests.harness.processes import wait_gone
@@ -49,7 +49,7 @@ def artifacts(root: Path) -> list[Path]:
 def test_fp32_export_of_a_saved_classifier_matches_torch(classifier_dir, cache):
     config = ModelConfig(path=str(classifier_dir), task="classify", quantize="none")
     onnx_model = load_model(replace(config, backend="onnxruntime"))
-    torch_model = load_model(config)
+    torch_model = load_model(replace(config, backend="torch"))
     inputs = token_ids(str(classifier_dir), SENTENCES)
     for ids in inputs:
         (a,), (b,) = onnx_model.run([ids]), torch_model.run([ids])
@@ -73,7 +73,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 from numaserve.config import ModelConfig
 from numaserve.backends import load_model
-model = load_model(ModelConfig(path=sys.argv[1], task="classify", backend="onnxruntime"))
+model = load_model(ModelConfig(path=sys.argv[1], task="classify", backend="onnxruntime", quantize="int8"))
 print(model.artifact, model.run([[101, 7592, 102]])[0].label)
 """
 
@@ -100,7 +100,9 @@ def test_two_workers_starting_at_once_share_one_artifact(classifier_dir, cache):
 
 
 def test_a_corrupt_artifact_is_detected_and_rebuilt(classifier_dir, cache, caplog):
-    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    config = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
     artifact = load_model(config).artifact
     good = artifact.read_bytes()
     artifact.write_bytes(good[: len(good) // 2])  # a copy cut short
@@ -111,7 +113,9 @@ def test_a_corrupt_artifact_is_detected_and_rebuilt(classifier_dir, cache, caplo
 
 
 def test_leftovers_of_a_killed_build_are_removed_by_the_next_one(classifier_dir, cache):
-    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    config = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
     directory = cache / "onnx" / artifact_key(classifier_dir, config, full_range_int8(ISA))
     (directory / "build-abc123").mkdir(parents=True)
     (directory / "build-abc123" / "export.onnx").write_bytes(b"half an export")
@@ -128,7 +132,7 @@ def test_a_failed_build_is_a_clear_error_and_leaves_no_artifact(classifier_dir, 
     broken = tmp_path / "broken"
     shutil.copytree(classifier_dir, broken)
     (broken / "model.safetensors").write_bytes(b"\x00not a safetensors file")
-    config = ModelConfig(path=str(broken), task="classify", backend="onnxruntime")
+    config = ModelConfig(path=str(broken), task="classify", backend="onnxruntime", quantize="int8")
     with pytest.raises(ModelLoadError, match=r"^cannot load model .* for task classify"):
         load_model(config)
     assert artifacts(cache) == [] and not list(cache.glob("onnx/*/*.tmp"))
@@ -150,7 +154,7 @@ def building(proc: psutil.Process) -> bool:
 def test_a_build_dies_with_the_worker_that_started_it(cache):
     # MiniLM: its build takes about 8 s, so a build that outlived its worker would be seen.
     code = "from numaserve.config import ModelConfig\n" + (
-        "from numaserve.backends import load_model\nload_model(ModelConfig(backend='onnxruntime'))"
+        "from numaserve.backends import load_model\nload_model(ModelConfig(backend='onnxruntime', quantize='int8'))"
     )
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -175,7 +179,7 @@ def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):
         "import sys; sys.modules['onnxruntime'] = None\n"
         "from numaserve.config import ModelConfig\n"
         "from numaserve.backends import load_model\n"
-        "load_model(ModelConfig(backend='onnxruntime'))\n"
+        "load_model(ModelConfig(backend='onnxruntime', quantize='int8'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0 and f"ModelLoadError: {INSTALL_HINT}" in out.stderr
@@ -185,7 +189,9 @@ def test_a_pinned_onnx_worker_serves_with_every_thread_on_its_cpu(classifier_dir
     router = RouterSide(tmp_path)
     spec = worker_spec(
         router,
-        model=ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime"),
+        model=ModelConfig(
+            path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+        ),
     )
     proc = start_worker(spec, tmp_path / "worker.log")  # inherits NUMASERVE_CACHE
     try:
@@ -226,14 +232,18 @@ def test_prepare_builds_the_artifact_and_a_worker_serves_from_a_read_only_cache(
     classifier_dir, cache, tmp_path, read_only, monkeypatch
 ):
     config = tmp_path / "numaserve.yaml"
-    config.write_text(f"model: {{path: {classifier_dir}, task: classify, backend: onnxruntime}}\n")
+    config.write_text(
+        f"model: {{path: {classifier_dir}, task: classify, backend: onnxruntime, quantize: int8}}\n"
+    )
     prepared = numaserve("prepare", "--config", config, timeout=300)
     assert prepared.returncode == 0, prepared.stderr
     assert "ONNX artifact ready in" in prepared.stderr and len(artifacts(cache)) == 1
     monkeypatch.setenv("NUMASERVE_CACHE", str(read_only(cache)))
     router = RouterSide(tmp_path)
     proc = start_worker(
-        worker_spec(router, model=ModelConfig(path=str(classifier_dir), task="classify")),
+        worker_spec(
+            router, model=ModelConfig(path=str(classifier_dir), task="classify", quantize="int8")
+        ),
         tmp_path / "worker.log",
     )
     try:
@@ -247,7 +257,9 @@ def test_prepare_builds_the_artifact_and_a_worker_serves_from_a_read_only_cache(
 def test_a_missing_artifact_in_a_read_only_cache_is_a_clear_error(classifier_dir, cache, read_only):
     cache.mkdir()
     with pytest.raises(ModelLoadError, match=r"cannot be built there.*numaserve prepare"):
-        ensure_artifact(classifier_dir, ModelConfig(task="classify"), False, read_only(cache))
+        ensure_artifact(
+            classifier_dir, ModelConfig(task="classify", quantize="int8"), False, read_only(cache)
+        )
 
 
 def test_a_runtime_without_torch_finds_the_artifact_a_build_with_torch_made(
@@ -255,7 +267,9 @@ def test_a_runtime_without_torch_finds_the_artifact_a_build_with_torch_made(
 ):
     """The container image serves with ONNX Runtime alone: its build stage exports with torch,
     and the runtime, without torch, must compute the same artifact key."""
-    config = ModelConfig(path=str(classifier_dir), task="classify", backend="onnxruntime")
+    config = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
     with_torch = artifact_key(classifier_dir, config, False)
     installed = importlib.metadata.version
 

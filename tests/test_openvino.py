@@ -14,8 +14,8 @@ from numaserve.backends import load_model, prepare_model
 from numaserve.backends.openvino import BF16_ISA
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_sentences
 from numaserve.host.pinning import live_affinity
-from numaserve.loadgen.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError
 from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
 

@@ -10,7 +10,7 @@ from numaserve.backends import load_model
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ConfigError, ModelConfig, parse_config
-from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError
 from tests.harness.router_side import ISA
 
@@ -48,7 +48,9 @@ def test_an_onnx_node_name_gives_its_module_path():
 
 
 def test_keep_fp32_is_read_from_the_config_as_a_list():
-    config = parse_config('model: {task: classify, keep_fp32: ["classifier", "*.layer.5.*"]}')
+    config = parse_config(
+        'model: {task: classify, quantize: int8, keep_fp32: ["classifier", "*.layer.5.*"]}'
+    )
     assert config.model.keep_fp32 == ("classifier", "*.layer.5.*")
 
 

@@ -468,8 +468,8 @@ def test_the_snapshot_says_stopping_from_sigterm_on(rig):
 
 TWO_MODELS = """
 models:
-  - {name: a, backend: torch, pools: [{name: main, max_tokens: 512, instances: 2}]}
-  - {name: b, backend: torch, pools: [{name: main, max_tokens: 512, instances: 1}]}
+  - {name: a, backend: torch, quantize: none, pools: [{name: main, max_tokens: 512, instances: 2}]}
+  - {name: b, backend: torch, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}
 supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
 server: {http: ""}
 """
@@ -499,7 +499,7 @@ def test_with_several_models_a_reload_restarts_only_the_changed_models_instances
 
 THREE_MODELS = TWO_MODELS.replace(
     "supervisor:",
-    "  - {name: c, backend: torch, pools: [{name: main, max_tokens: 512, instances: 1}]}\n"
+    "  - {name: c, backend: torch, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}\n"
     "supervisor:",
 )
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
-from numaserve.loadgen.corpus import stdlib_sentences
+from numaserve.corpus import stdlib_sentences
 from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 SENTENCES = stdlib_sentences(300)

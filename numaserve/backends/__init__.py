@@ -12,6 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from numaserve.backends.choice import concrete
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError
 
@@ -22,45 +23,49 @@ log = logging.getLogger("numaserve.backends")
 
 
 def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
-    """The model for config.backend, running `threads` intra-op threads."""
+    """The model for config.backend, running `threads` intra-op threads; `auto` settings
+    decided first (backends/choice.py). `model.choice` says why, where auto chose."""
+    config, choice = concrete(config, isa, load_model)
     if config.backend == "onnxruntime":
         from numaserve.backends.onnx import OnnxModel
 
-        return OnnxModel(config, isa, threads)
-    if config.backend == "openvino":
+        model = OnnxModel(config, isa, threads)
+    elif config.backend == "openvino":
         from numaserve.backends.openvino import OpenVinoModel
 
-        return OpenVinoModel(config, isa, threads)
-    from numaserve.backends.torch import TorchModel
+        model = OpenVinoModel(config, isa, threads)
+    else:
+        from numaserve.backends.torch import TorchModel
 
-    return TorchModel(config, isa, threads)
+        model = TorchModel(config, isa, threads)
+    model.choice = choice
+    return model
 
 
 def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
-    """Build or verify the model's ONNX artifact (`numaserve prepare`), so that a first build
-    (minutes for a large model on a slow CPU) runs before any instance starts, and never once
-    per instance. False (logged) when the model cannot be prepared."""
-    if config.backend == "torch":
-        return True
-    from numaserve.backends.onnx import prepare_artifact
-    from numaserve.backends.openvino import (
-        fp32_artifact_config,
-        import_openvino,
-        inference_precision,
-    )
-
+    """Make the `auto` choice and build or verify the model's ONNX artifact (`numaserve
+    prepare`), so that this work (minutes for a large model on a slow CPU) runs before any
+    instance starts, and never once per instance. False (logged) when the model cannot be
+    prepared."""
     started = time.monotonic()
-    log.info(
-        "preparing the ONNX artifact of %s (built once and kept; a first build takes a while)",
-        config.path,
-        extra={"event": "prepare"},
-    )
     try:
-        if config.backend == "openvino":
-            inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
-            import_openvino()
-            config = fp32_artifact_config(config)
-        artifact, _ = prepare_artifact(config, isa)
+        config, choice = concrete(config, isa, load_model)
+        if choice is not None:
+            log.info(
+                "quantize: auto chose %s for %s: %s",
+                choice.path,
+                config.path,
+                choice.why,
+                extra={"event": "prepare"},
+            )
+        if config.backend == "torch":
+            return True
+        log.info(
+            "preparing the ONNX artifact of %s (built once and kept; a first build takes a while)",
+            config.path,
+            extra={"event": "prepare"},
+        )
+        artifact = _prepare_artifact(config, isa)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})
         return False
@@ -71,3 +76,19 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
         extra={"event": "prepare"},
     )
     return True
+
+
+def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...]):
+    from numaserve.backends.onnx import prepare_artifact
+    from numaserve.backends.openvino import (
+        fp32_artifact_config,
+        import_openvino,
+        inference_precision,
+    )
+
+    if config.backend == "openvino":
+        inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
+        import_openvino()
+        config = fp32_artifact_config(config)
+    artifact, _ = prepare_artifact(config, isa)
+    return artifact

@@ -104,6 +104,8 @@ class Model:
     The backends share everything but the forward pass: the model's shape facts, the input
     checks, padding, and the task's head after it."""
 
+    choice = None  # backends/choice.py's Choice, where `quantize: auto` chose the model path
+
     def __init__(self, config: ModelConfig, facts: ModelFacts, width: int) -> None:
         """width: the output's features, the hidden size (embed) or the classes (classify)."""
         facts.check(config)

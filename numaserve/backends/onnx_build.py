@@ -68,11 +68,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
+def model_digest(model_dir: Path) -> str:
+    """The checkpoint's files, names and contents: what an artifact or a choice was made of."""
     digest = hashlib.sha256()
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
         digest.update(_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
+    digest = hashlib.sha256(model_digest(model_dir).encode())
     options = {
         "format": FORMAT,
         "task": config.task,

@@ -22,8 +22,8 @@ from numaserve.modelpath import ModelLoadError
 
 BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
 INSTALL_HINT = (
-    "model.backend openvino needs the openvino package: pip install 'numaserve[openvino]' "
-    "(or set model.backend: onnxruntime)"
+    "model.backend openvino needs the openvino package, a numaserve dependency that is "
+    "missing here: reinstall numaserve, or set model.backend: onnxruntime"
 )
 
 

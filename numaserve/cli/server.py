@@ -27,6 +27,7 @@ from numaserve.cli.common import (
     timeout_option,
 )
 from numaserve.config import ConfigError, load_config
+from numaserve.config_precision import needs_prepare
 from numaserve.host.ledger import CoresHeldError
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import TopologyError
@@ -167,8 +168,8 @@ def prepare(config_path: str) -> None:
     isa = read_machine(None, None).isa
     for i, served in enumerate(config.models):
         where = f"models[{i}]" if config.named else "model"
-        if served.backend != "onnxruntime":
-            click.echo(f"{where}.backend is {served.backend}: nothing to prepare")
+        if not needs_prepare(served.backend, served.quantize):
+            click.echo(f"{where}.backend is torch, quantize {served.quantize}: nothing to prepare")
         elif not prepare_model(served.model, isa):
             sys.exit(exitcodes.MODEL)  # the log says why
 

@@ -35,7 +35,7 @@ class CorpusError(ValueError):
 def load_corpus(path: str | Path | None) -> list[str]:
     """Non-blank lines of `path`; without a path, the stdlib docstring sentences."""
     if path is None:
-        from numaserve.loadgen.corpus import stdlib_sentences
+        from numaserve.corpus import stdlib_sentences
 
         return stdlib_sentences()
     try:

@@ -78,6 +78,7 @@ def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
                 "routed": worker is not None and not worker.stopping,
                 "threads": worker.info.get("threads") if worker else None,
                 "membind": worker.info.get("membind") if worker else None,
+                "model_path": worker.info.get("model_path") if worker else None,
                 "busy": worker.jobs if worker else 0,
                 "served": worker.served if worker else 0,
                 "live_cpus": live_cpus,
@@ -85,6 +86,19 @@ def instances(dispatch: Dispatcher, slots: list[dict] | None) -> list[dict]:
             }
         )
     return entries
+
+
+def model_path_lines(instances: list[dict], several: bool) -> list[str]:
+    """What runs each model (its instances agree unless a reload is under way), and why."""
+    seen: dict[tuple, str] = {}
+    for i in instances:
+        if path := i.get("model_path"):
+            keep = ",".join(path["keep_fp32"])
+            what = f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
+            why = f"auto: {path['why']}" if path["chosen_by"] == "auto" else "as configured"
+            model = f" of {i.get('model_name')}" if several else ""
+            seen.setdefault((model, what), f"model path{model}: {what} ({why})")
+    return list(seen.values())
 
 
 def pools(dispatch: Dispatcher, model_name: str) -> list[dict]:
@@ -182,6 +196,7 @@ def format_status(report: dict) -> str:
         for p in report["pools"]
     )
     lines.append(f"pools: {pools}")
+    lines += model_path_lines(report["instances"], several)
     cache = report["cache"]
     lines.append(
         f"cache: {cache['entries']}/{cache['capacity']} entries, hit rate {cache['hit_rate']:.1%} "

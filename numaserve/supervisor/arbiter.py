@@ -21,6 +21,7 @@ from pathlib import Path
 
 from numaserve import exitcodes, protocol
 from numaserve.config import Config
+from numaserve.config_precision import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger
 from numaserve.host.placement import Plan
@@ -152,7 +153,7 @@ class Supervisor:
             extra={"event": "start"},
         )
         self.reconcile = Reconcile.start(self)
-        if any(m.backend == "onnxruntime" for m in self.config.models):
+        if any(needs_prepare(m.backend, m.quantize) for m in self.config.models):
             self.mood = Mood.PREPARING
             self.start_prepare()
         else:

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from numaserve.config import Config, ConfigError, load_config
+from numaserve.config_precision import needs_prepare
 from numaserve.host.ledger import held_cpus, without
 from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
 from numaserve.specs import Deployment
@@ -44,7 +45,7 @@ def begin_reload(sup: Supervisor) -> None:
     sup.notifier.reloading("reloading")
     before = {m.name: m.model for m in sup.config.models}
     new = sup.reconcile.config.models
-    if any(m.backend == "onnxruntime" and m.model != before.get(m.name) for m in new):
+    if any(needs_prepare(m.backend, m.quantize) and m.model != before.get(m.name) for m in new):
         sup.start_prepare()
 
 

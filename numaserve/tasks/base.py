@@ -15,6 +15,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from numaserve.tasks.agreement import Verdict, cosine_verdict
+
 if TYPE_CHECKING:
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.requests import Request
@@ -101,6 +103,19 @@ class Task:
     def from_wire(self, result: dict):
         """One result of a reply, as the client library returns it."""
         raise NotImplementedError
+
+    # -- the accuracy gate (backends/gate.py): a model path against fp32 ----------------------
+
+    def gate_inputs(self, tokenizer: Tokenizer, texts: list[str]) -> list:
+        """The encoded inputs the gate runs, from its texts: each text alone."""
+        return tokenizer.encode(texts)
+
+    def gate_answers(self, results: list, inputs: list, texts: list[str], labels, tokenizer):
+        """What the gate compares with fp32's, from the head's results: the results."""
+        return results
+
+    def gate_verdict(self, answers: list, reference: list) -> Verdict:
+        return cosine_verdict(answers, reference)
 
 
 def labels_of(facts, width: int) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from numaserve.tasks.agreement import Verdict, agreement_verdict
 from numaserve.tasks.base import Head, Output, Task, labels_of, softmax
 
 # transformers' `problem_type` for a model that scores each label on its own (sigmoid);
@@ -60,6 +61,12 @@ class Classify(Task):
     def from_wire(self, result: dict) -> Classification:
         probs = tuple(result["probs"])
         return Classification(result["label"], probs, result["tokens"], result["truncated"])
+
+    def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
+        return [r.label for r in results]
+
+    def gate_verdict(self, answers: list, reference: list) -> Verdict:
+        return agreement_verdict(answers, reference, "texts")
 
 
 CLASSIFY = Classify()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve import protocol
+from numaserve.tasks.agreement import Verdict, f1_verdict
 from numaserve.tasks.base import Answers, Bad, Head, Output, Task, labels_of, softmax
 
 # How tokens become entities, as transformers' token-classification pipeline names it.
@@ -101,6 +102,26 @@ class Ner(Task):
     def from_wire(self, result: dict) -> Entities:
         found = [Entity(**e) for e in result["entities"]]
         return Entities(found, result["tokens"], result["truncated"])
+
+    def gate_inputs(self, tokenizer, texts: list[str]) -> list:
+        return tokenizer.encode_tagged(texts)
+
+    def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
+        """Each text's entities (the default aggregation), as (start, end, label)."""
+        from numaserve.tasks.entities import entities
+
+        return [
+            {
+                (e["start"], e["end"], e["label"])
+                for e in entities(
+                    text, encoded.tokens, scores, labels, DEFAULT_AGGREGATION, tokenizer.word_aware
+                )
+            }
+            for text, encoded, scores in zip(texts, inputs, results, strict=True)
+        ]
+
+    def gate_verdict(self, answers: list, reference: list) -> Verdict:
+        return f1_verdict(answers, reference)
 
 
 NER = Ner()

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from numaserve.modelpath import ModelLoadError, read_json
 from numaserve.protocol import check_text
+from numaserve.tasks.agreement import Verdict, agreement_verdict
 from numaserve.tasks.base import Answers, Bad, Head, Output, Task
+
+GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 
 # What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
 # activation its config names (Sigmoid unless it says otherwise).
@@ -106,6 +109,22 @@ class Rerank(Task):
 
     def from_wire(self, result: dict) -> Ranked:
         return Ranked(result["index"], result["score"], result["tokens"], result["truncated"])
+
+    def gate_inputs(self, tokenizer, texts: list[str]) -> list:
+        """Each text's opening words ask for it among itself and the next texts."""
+        n = GATE_DOCUMENTS
+        queries = [" ".join(t.split()[:8]) for t in texts]
+        return tokenizer.encode(
+            [(q, texts[(i + k) % len(texts)]) for i, q in enumerate(queries) for k in range(n)]
+        )
+
+    def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
+        """The top document of each query."""
+        n = GATE_DOCUMENTS
+        return [max(range(n), key=lambda k: results[i + k]) for i in range(0, len(results), n)]
+
+    def gate_verdict(self, answers: list, reference: list) -> Verdict:
+        return agreement_verdict(answers, reference, "queries")
 
 
 RERANK = Rerank()

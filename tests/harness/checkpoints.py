@@ -158,7 +158,7 @@ def save_byte_level_bpe_tokenizer(path: Path) -> Path:
     from tokenizers import ByteLevelBPETokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    from numaserve.loadgen.corpus import stdlib_sentences
+    from numaserve.corpus import stdlib_sentences
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     bpe = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)

@@ -27,7 +27,7 @@ from numaserve.supervisor.processes import System
 MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt_off"  # 8 cores
 
 CONFIG = """
-model: {{path: bundled:minilm, backend: {backend}}}
+model: {{path: bundled:minilm, backend: {backend}, quantize: none}}
 server: {{heartbeat_ms: 500, heartbeat_liveness: 3, routers: {routers}, http: "{http}"}}
 supervisor:
   drain_timeout_s: 30

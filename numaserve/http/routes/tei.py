@@ -169,6 +169,10 @@ async def decode(app: App, request: Request) -> Response:
     return ok([inputs.decode(app, model, one, "ids", skip) for one in batch])
 
 
+# model.quantize in TEI's words; `auto` is decided per CPU at prepare (`numaserve status`).
+DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "auto": "auto"}
+
+
 async def info(app: App, request: Request) -> Response:
     model = app.model_of(request, {})
     settings, server = model.model, app.spec.server
@@ -176,7 +180,7 @@ async def info(app: App, request: Request) -> Response:
         {
             "model_id": settings.path,
             "model_sha": None,
-            "model_dtype": "int8" if settings.quantize == "int8" else "float32",
+            "model_dtype": DTYPES[settings.quantize],
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,

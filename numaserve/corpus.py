@@ -122,7 +122,7 @@ def _read_in_fresh_interpreter(kind: str) -> tuple[tuple[str, str], ...]:
     Logger methods, others wrap inspect functions), and the corpus must not depend on what the
     caller happened to import."""
     out = subprocess.run(
-        [sys.executable, "-I", "-m", "numaserve.loadgen.corpus", kind],
+        [sys.executable, "-I", "-m", "numaserve.corpus", kind],
         capture_output=True,
         text=True,
         check=True,

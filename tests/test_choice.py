@@ -1,0 +1,158 @@
+"""`quantize: auto` (backends/choice.py): real candidates built, judged and timed on a small
+saved classifier, the choice kept and read back, and made again where it must be."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from numaserve.backends import load_model
+from numaserve.backends.choice import (
+    CANDIDATES,
+    ModelPath,
+    choice_key,
+    choose,
+    concrete,
+    ensure_choice,
+)
+from numaserve.backends.gate import gate_texts
+from numaserve.config import ModelConfig
+from numaserve.corpus import stdlib_passages
+from numaserve.modelpath import ModelLoadError
+from tests.harness.router_side import ISA
+
+TEXTS = gate_texts(stdlib_passages(), 48)
+
+
+class CountingLoads:
+    """load_model itself, counting its calls: how a test sees whether a choice was made."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, config, isa):
+        self.calls += 1
+        return load_model(config, isa)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMASERVE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def classifier_choice(classifier_dir, tmp_path_factory):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    return choose(config, ISA, load_model, TEXTS)
+
+
+def test_auto_chooses_the_fastest_candidate_that_passes_the_gate(classifier_choice):
+    judged = [t for t in classifier_choice.trials if "ms" in t]
+    chosen = next(t for t in judged if t["path"] == str(classifier_choice.path))
+    assert chosen["passed"]
+    assert all(not t["passed"] for t in judged if t["ms"] < chosen["ms"])
+    assert classifier_choice.why.startswith(
+        f"the fastest that passes the gate: {chosen['ms']:.2f} ms"
+    )
+
+
+def test_auto_tries_every_onnxruntime_and_openvino_path_and_says_why_it_skips_one(
+    classifier_choice,
+):
+    expected = [str(c) for c in CANDIDATES if c.backend in ("onnxruntime", "openvino")]
+    assert [t["path"] for t in classifier_choice.trials] == expected
+    fp32 = next(t for t in classifier_choice.trials if t["path"] == "onnxruntime none")
+    assert fp32["passed"] and "the same as fp32 for 48 of 48 texts" in fp32["figure"]
+    for trial in classifier_choice.trials:
+        assert "figure" in trial or trial["skipped"]  # bf16 on a CPU without it, for one
+
+
+def test_a_kept_choice_is_read_back_without_loading_anything(classifier_dir, cache, monkeypatch):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)  # a quicker gate
+    first, again = CountingLoads(), CountingLoads()
+    made = ensure_choice(config, ISA, first)
+    assert first.calls >= 4 and ensure_choice(config, ISA, again) == made and again.calls == 0
+    (kept,) = (cache / "choice").glob("*.json")
+    assert json.loads(kept.read_text())["path"]["backend"] == made.path.backend
+
+
+def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
+    ensure_choice(config, ISA, load_model)
+    (kept,) = (cache / "choice").glob("*.json")
+    kept.write_text('{"path": ')
+    loads = CountingLoads()
+    ensure_choice(config, ISA, loads)
+    assert loads.calls >= 4 and json.loads(kept.read_text())["path"]
+
+
+def test_another_cpu_another_model_or_another_scope_chooses_again(classifier_dir):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    key = choice_key(classifier_dir, config, ("avx2", "avx512_vnni"))
+    assert key == choice_key(classifier_dir, config, ("avx512_vnni", "avx2"))
+    assert key != choice_key(classifier_dir, config, ("avx2",))
+    assert key != choice_key(classifier_dir, replace(config, backend="onnxruntime"), ("avx2",))
+    assert key != choice_key(classifier_dir, replace(config, max_length=64), ("avx2",))
+
+
+@pytest.mark.parametrize(
+    "quantize, backend", [("int8", "onnxruntime"), ("bf16", "openvino"), ("none", "onnxruntime")]
+)
+def test_backend_auto_runs_a_named_precision_on_its_first_backend(quantize, backend):
+    def no_loads(config, isa):
+        raise AssertionError("a named precision needs no choice")
+
+    config, choice = concrete(ModelConfig(quantize=quantize), ISA, no_loads)
+    assert (config.backend, config.quantize, choice) == (backend, quantize, None)
+
+
+def test_a_named_backend_with_auto_chooses_among_its_own_paths(classifier_dir):
+    config = ModelConfig(path=str(classifier_dir), task="classify", backend="torch")
+    choice = choose(config, ISA, load_model, TEXTS[:16])
+    assert [t["path"] for t in choice.trials] == ["torch int8", "torch none"]
+    assert choice.path.backend == "torch"
+
+
+def test_no_path_that_passes_is_a_clear_error_with_each_ones_figure():
+    # Every candidate is replaced by one real model made worse on purpose (MiniLM under
+    # torch's default dynamic int8: mean cosine 0.95 in docs/accuracy.md), so none can pass.
+    import copy
+
+    import torch
+
+    worse = load_model(ModelConfig(backend="torch", quantize="none"))
+    worse.module = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(worse.module), {torch.nn.Linear}, dtype=torch.qint8
+    )
+
+    loads = []
+
+    def worse_model(config, isa):  # the first load is the fp32 reference: real
+        loads.append(config)
+        return load_model(config, isa) if len(loads) == 1 else worse
+
+    config = ModelConfig(backend="torch")
+    with pytest.raises(ModelLoadError) as refused:
+        choose(config, ISA, worse_model, TEXTS[-16:])
+    message = str(refused.value)
+    assert message.startswith("quantize: auto: no model path of bundled:minilm passes")
+    assert "torch int8: cosine to fp32 >= 0.99 on" in message
+
+
+def test_a_checkpoint_without_the_tasks_head_is_refused_with_the_reason():
+    # bundled MiniLM holds no classification head: transformers makes one at random on each
+    # load, so fp32 disagrees with fp32.
+    config = ModelConfig(task="classify", backend="torch")
+    with pytest.raises(
+        ModelLoadError, match=r"Even fp32 differs from fp32 here: .*check model\.task"
+    ):
+        choose(config, ISA, load_model, TEXTS[:16])
+
+
+def test_model_paths_read_as_the_config_writes_them():
+    assert str(ModelPath("onnxruntime", "int8", ("*.output.dense",))) == (
+        "onnxruntime int8 keep_fp32 *.output.dense"
+    )
