@@ -58,7 +58,16 @@ def whole_server(own: dict, peers: list[dict]) -> dict:
 
 
 # What a shard knows of an instance that the supervisor's slot table does not.
-ROUTER_SIDE = ("routed", "threads", "membind", "busy", "served", "live_cpus", "affinity_ok")
+ROUTER_SIDE = (
+    "routed",
+    "threads",
+    "membind",
+    "model_path",
+    "busy",
+    "served",
+    "live_cpus",
+    "affinity_ok",
+)
 
 
 def _as_routed(slot: dict, routing: dict | None) -> dict:

@@ -95,7 +95,15 @@ def test_another_cpu_another_model_or_another_scope_chooses_again(classifier_dir
     assert key == choice_key(classifier_dir, config, ("avx512_vnni", "avx2"))
     assert key != choice_key(classifier_dir, config, ("avx2",))
     assert key != choice_key(classifier_dir, replace(config, backend="onnxruntime"), ("avx2",))
-    assert key != choice_key(classifier_dir, replace(config, max_length=64), ("avx2",))
+    assert key != choice_key(classifier_dir, replace(config, task="embed"), ("avx2",))
+
+
+def test_one_choice_serves_every_max_length_and_padding(classifier_dir):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    other = replace(config, max_length=64, padding="max_length")
+    assert choice_key(classifier_dir, config, ("avx2",)) == choice_key(
+        classifier_dir, other, ("avx2",)
+    )
 
 
 @pytest.mark.parametrize(

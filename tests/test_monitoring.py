@@ -317,3 +317,25 @@ def test_a_taken_port_is_a_clear_error():
         port = taken.getsockname()[1]
         with pytest.raises(MonitoringError, match=f"cannot listen on 127.0.0.1:{port}: Address"):
             MonitoringEndpoint(f"127.0.0.1:{port}")
+
+
+def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
+    status = shard_status()
+    path = {"backend": "openvino", "quantize": "bf16", "keep_fp32": [], "chosen_by": "auto"}
+    status["instances"] = [
+        {"name": "short-0", "routed": True, "model_path": path},
+        {"name": "long-0", "routed": False, "model_path": path},  # another shard's to report
+    ]
+    got = samples(snapshot(shards=(status,), ages=(0.1,)))
+    labels = (
+        ("backend", "openvino"),
+        ("chosen_by", "auto"),
+        ("instance", "short-0"),
+        ("keep_fp32", ""),
+        DEFAULT,
+        ("quantize", "bf16"),
+    )
+    assert got[("numaserve_instance_model_path_info", labels)] == 1
+    assert [k for k in got if k[0] == "numaserve_instance_model_path_info"] == [
+        ("numaserve_instance_model_path_info", labels)
+    ]

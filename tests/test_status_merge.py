@@ -44,16 +44,20 @@ def test_a_peers_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_o
     assert main0["pid"] == 20 and main0["state"] == "starting" and not main0["routed"]
 
 
-def two_models() -> dict:
-    """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`."""
+def two_models(paths: dict | None = None) -> dict:
+    """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`.
+    `paths`: each model's model path, as the shard that routes its instance knows it."""
     table = [
         entry("toxicity.main-0", 0, 10, "ready", False),
         entry("embed.main-0", 1, 11, "ready", False),
     ]
     for slot, model in zip(table, ("toxicity", "embed"), strict=True):
         slot.update(model_name=model, pool="main", cpus=[slot["shard"]], nodes=[0])
-    own = shard(0, [{**table[0], "routed": True}, table[1]], "toxicity")
-    peer = shard(1, [table[0], {**table[1], "routed": True}], "embed")
+    routed = [{**slot, "routed": True} for slot in table]
+    for slot in routed if paths else ():
+        slot["model_path"] = paths[slot["model_name"]]
+    own = shard(0, [routed[0], table[1]], "toxicity")
+    peer = shard(1, [table[0], routed[1]], "embed")
     return whole_server(own, [peer])
 
 
@@ -83,3 +87,27 @@ def test_a_supervised_shard_shows_the_affinity_the_supervisor_read_not_its_own_p
     dispatch = Dispatcher([PoolConfig(name="main", max_tokens=64)], queue_size=1)
     [entry] = instances(dispatch, [slot])
     assert (entry["live_cpus"], entry["affinity_ok"]) == ([3], True)
+
+
+def test_the_status_says_what_runs_each_model_and_why():
+    paths = {
+        "toxicity": {
+            "backend": "onnxruntime",
+            "quantize": "int8",
+            "keep_fp32": ["classifier"],
+            "chosen_by": "config",
+        },
+        "embed": {
+            "backend": "openvino",
+            "quantize": "bf16",
+            "keep_fp32": [],
+            "chosen_by": "auto",
+            "why": "the fastest that passes the gate: 6.04 ms a text",
+        },
+    }
+    text = format_status(two_models(paths))  # embed's instance: routed by the other shard
+    assert "model path of toxicity: onnxruntime int8 keep_fp32 classifier (as configured)" in text
+    assert (
+        "model path of embed: openvino bf16 (auto: the fastest that passes the gate: 6.04 ms a "
+        "text)" in text
+    )

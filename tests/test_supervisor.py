@@ -341,6 +341,7 @@ def test_status_and_stop_commands(server):
     planned = plan_placement(read_topology(), load_config(server.config).placement).slots
     assert len(rows) == len(planned) and all("(as planned)" in r and " ready " in r for r in rows)
     assert "cache:" in status.stdout and f"supervisor: pid {server.proc.pid}" in status.stdout
+    assert "(auto: the fastest that passes the gate: " in status.stdout  # quantize: auto's why
     stop = subprocess.run(
         [exe, "stop", "--endpoint", server.endpoint], capture_output=True, text=True, timeout=60
     )

@@ -63,6 +63,7 @@ CANDIDATES = (
     ModelPath("torch", "none"),
 )
 AUTO_BACKENDS = ("onnxruntime", "openvino")
+GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,6 @@ def choice_key(model_dir: Path, config: ModelConfig, isa: tuple[str, ...]) -> st
         "format": FORMAT,
         "task": config.task,
         "backend": config.backend,
-        "max_length": config.max_length,
-        "padding": config.padding,
         "isa": sorted(isa),
         "versions": versions,
     }
@@ -187,6 +186,7 @@ def choose(
         config.path,
         extra={"event": "prepare"},
     )
+    config = gate_config(config)
     reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
     tokenizer = Tokenizer(config.path, config.max_length)
     gate = Gate(config.task, tokenizer, texts or gate_texts(stdlib_passages()), reference)
@@ -226,6 +226,16 @@ def choose(
     best = min(passed, key=lambda t: t["ms"])
     chosen = next(p for p in candidates(config.backend) if str(p) == best["path"])
     return Choice(chosen, _why(best, trials), tuple(trials))
+
+
+def gate_config(config: ModelConfig) -> ModelConfig:
+    """The settings the gate runs with, whatever the config's: one choice serves every
+    max_length and padding (batch 1 pads nothing), and its texts reach GATE_MAX_TOKENS."""
+    from numaserve.backends.base import ModelFacts
+
+    positions = ModelFacts.read(resolve_model_path(config.path)).max_positions
+    tokens = min(GATE_MAX_TOKENS, positions or GATE_MAX_TOKENS)
+    return dataclasses.replace(config, max_length=tokens, padding="dynamic", truncate=True)
 
 
 def _fp32_hint(trials: list[dict]) -> str:

@@ -62,6 +62,7 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _requests(shards)
     yield from _pools(shards)
     yield from _cache(shards)
+    yield from _model_paths(shards)
     yield from _passes(snapshot, shards)
     yield from _http(readings.http)
     yield from _numastat(readings)
@@ -211,6 +212,29 @@ def _requests(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
     yield replies
     yield latency
     yield from simple.values()
+
+
+def _model_paths(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+    """What each ready instance runs, as the shard that routes to it heard in its READY:
+    `quantize: auto`'s choice shows here (chosen_by auto) with the config's own (config)."""
+    info = InfoMetricFamily(
+        "numaserve_instance_model_path",
+        "The backend and precision an instance runs, and whether auto or the config chose them.",
+    )
+    for (_, model_name), status in shards:
+        for instance in status.get("instances", ()):
+            path = instance.get("model_path")
+            if instance.get("routed") and path:
+                labels = {
+                    "instance": instance["name"],
+                    "model_name": model_name,
+                    "backend": path["backend"],
+                    "quantize": path["quantize"],
+                    "keep_fp32": ",".join(path["keep_fp32"]),
+                    "chosen_by": path["chosen_by"],
+                }
+                info.add_metric([], labels)
+    yield info
 
 
 def _pools(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
