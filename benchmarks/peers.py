@@ -1,8 +1,9 @@
 """numaserve against its peers: same model, machine, load and load generator, in one run.
 
   numaserve        `numaserve start` with configs/default.yaml (one pinned single-core instance
-                   per core, ONNX Runtime int8, micro-batching under load), cache off: the
-                   peers have none, and cache hits would flatter us
+                   per core, the model path `quantize: auto` chooses for this CPU,
+                   micro-batching under load), cache off: the peers have none, and cache
+                   hits would flatter us
   numaserve-batch-1  the same with micro-batching off (max_batch 1)
   numaserve-http   the same server driven over its HTTP API (TEI's POST /embed), as the peers
   infinity         infinity-emb 0.0.78, its optimum (ONNX Runtime) engine and dynamic batching,
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import http.client
 import json
@@ -352,8 +354,10 @@ def default_model() -> ModelConfig:
 
 @functools.cache
 def artifact() -> Path:
-    """Its ONNX artifact on this machine (int8), as numaserve prepares it."""
-    return prepare_artifact(default_model(), read_topology().isa)[0]
+    """Its ONNX Runtime int8 artifact on this machine, as numaserve prepares it: the peers'
+    model file (numaserve's own path is what `quantize: auto` chooses)."""
+    int8 = dataclasses.replace(default_model(), backend="onnxruntime", quantize="int8")
+    return prepare_artifact(int8, read_topology().isa)[0]
 
 
 def model_dir() -> Path:
