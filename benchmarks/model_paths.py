@@ -12,7 +12,13 @@ Not offered, measured for the record (--static): ONNX Runtime static int8 (QDQ, 
 128 other passages, the Linear layers' MatMuls) and OpenVINO int8 by NNCF (`pip install nncf`;
 its usage statistics are unloaded like openvino's).
 
+`--isa "avx2 avx512f"`: choose and judge as on a CPU with only these extensions, with the gate
+alone (`--gate-only`; speeds would be this CPU's): int8 then keeps 7-bit weights, whose
+products cannot saturate AVX2's int16 pair sums, so its results are the ones an AVX2-only CPU
+computes (docs/accuracy.md), and bf16 is not offered.
+
 Run:  .venv/bin/python -m benchmarks.model_paths [--texts 300] [--rounds 3] [--cpu 1] [--static]
+          [--isa "avx2 avx512f" --gate-only]
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def pss_mb(candidate: tuple, cpu: int) -> float:
     return float(out.split()[-1])
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -88,49 +94,61 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)))
     parser.add_argument("--static", action="store_true", help="also the two not offered")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--isa", help="ISA extensions to choose for, space-separated")
+    parser.add_argument("--gate-only", action="store_true", help="accuracy, no timing")
     parser.add_argument("--pss-of", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     os.sched_setaffinity(0, {args.cpu})  # before any runtime starts its threads
 
-    from benchmarks.peers import mixed_texts
-    from numaserve.backends import load_model
-    from numaserve.backends.gate import Gate, gate_texts
+    from numaserve.backends.gate import gate_texts
     from numaserve.backends.tokenizer import Tokenizer
-    from numaserve.config import ModelConfig
-    from numaserve.corpus import stdlib_passages, stdlib_sentences
+    from numaserve.corpus import stdlib_passages
     from numaserve.host.topology import read_topology
 
-    isa = read_topology().isa
+    isa = tuple(args.isa.split()) if args.isa else read_topology().isa
     tokenizer = Tokenizer("bundled:minilm", 512)
     passages = stdlib_passages()
     gate_set = gate_texts(passages)
-    calibration = [
-        list(e.ids)
-        for e in tokenizer.encode(
-            [t for t in passages if t not in set(gate_set)][:: max(1, len(passages) // 128)][:128]
-        )
-    ]
+    others = [t for t in passages if t not in set(gate_set)]
+    every = max(1, len(passages) // 128)
+    calibration = [list(e.ids) for e in tokenizer.encode(others[::every][:128])]
     if args.pss_of:
-        model = load(
-            tuple(tuple(x) if isinstance(x, list) else x for x in json.loads(args.pss_of)),
-            isa,
-            calibration,
-        )
-        for e in tokenizer.encode(stdlib_sentences(20)):
-            model.run([list(e.ids)])
-        rollup = Path("/proc/self/smaps_rollup").read_text().split("\n")
-        print(next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) / 1024)
+        candidate = tuple(tuple(x) if isinstance(x, list) else x for x in json.loads(args.pss_of))
+        print(pss_here(load(candidate, isa, calibration), tokenizer))
         return
-
-    short = stdlib_sentences()
-    traffic = {"short": short[: args.texts], "mixed": mixed_texts(short)[: args.texts]}
-    ids = {k: [list(e.ids) for e in tokenizer.encode(v)] for k, v in traffic.items()}
-    print(f"CPU ISA: {' '.join(isa)}; 1 thread on CPU {args.cpu}; bundled:minilm, batch 1")
-    for k, v in ids.items():
-        print(f"{k}: {len(v)} texts, {statistics.median(map(len, v)):.0f} tokens median")
+    print(f"CPU ISA: {' '.join(read_topology().isa)}; 1 thread on CPU {args.cpu}; bundled:minilm")
+    if args.isa:
+        print(f"chosen and judged as on a CPU with only: {' '.join(isa)}")
     candidates = offered(isa)
     if args.static:
         candidates += [("static-onnxruntime", "int8", ()), ("static-openvino", "int8", ())]
+    models, verdicts = judge_all(candidates, isa, calibration, tokenizer, gate_set)
+    if args.gate_only:
+        return
+    times = time_all(models, tokenizer, args.texts, args.rounds)
+    models.clear()
+    report(candidates, verdicts, times, {c: pss_mb(c, args.cpu) for c in candidates}, args.json)
+
+
+def pss_here(model, tokenizer) -> float:
+    """This process's PSS in MB after the model ran 20 texts."""
+    from numaserve.corpus import stdlib_sentences
+
+    for e in tokenizer.encode(stdlib_sentences(20)):
+        model.run([list(e.ids)])
+    rollup = Path("/proc/self/smaps_rollup").read_text().split("\n")
+    return next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) / 1024
+
+
+def judge_all(candidates, isa, calibration, tokenizer, gate_set) -> tuple[dict, dict]:
+    from numaserve.backends import load_model
+    from numaserve.backends.gate import Gate
+    from numaserve.config import ModelConfig
+
     reference = load_model(ModelConfig(backend="torch", quantize="none"), isa, 1)
     gate = Gate("embed", tokenizer, gate_set, reference)
     models, verdicts = {}, {}
@@ -142,20 +160,31 @@ def main() -> None:
             f"{verdicts[candidate].figure}",
             flush=True,
         )
-    del reference
-    times = {(c, k): [] for c in candidates for k in ids}
+    return models, verdicts
+
+
+def time_all(models: dict, tokenizer, count: int, rounds: int) -> dict:
+    """Seconds per text of each model, by traffic: the models take turns, round by round."""
+    from benchmarks.peers import mixed_texts
+    from numaserve.corpus import stdlib_sentences
+
+    short = stdlib_sentences()
+    traffic = {"short": short[:count], "mixed": mixed_texts(short)[:count]}
+    ids = {k: [list(e.ids) for e in tokenizer.encode(v)] for k, v in traffic.items()}
+    for k, v in ids.items():
+        print(f"{k}: {len(v)} texts, {statistics.median(map(len, v)):.0f} tokens median")
+    times = {(c, k): [] for c in models for k in ids}
     for kind, inputs in ids.items():
         for model in models.values():
             for x in inputs[:20]:
                 model.run([x])
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for candidate, model in models.items():
                 started = time.perf_counter()
                 for x in inputs:
                     model.run([x])
                 times[candidate, kind].append((time.perf_counter() - started) / len(inputs))
-    models.clear()
-    report(candidates, verdicts, times, {c: pss_mb(c, args.cpu) for c in candidates}, args.json)
+    return times
 
 
 def report(candidates, verdicts, times, pss, json_path: Path | None) -> None:
