@@ -202,15 +202,15 @@ def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_
 
 MODELS = """
 models:
-  - {{name: kept, path: "{model}", task: classify, max_length: 64,
+  - {{name: kept, path: "{model}", task: classify, max_length: 64, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-  - {{name: changed, path: "{model}", task: classify, max_length: 64,
+  - {{name: changed, path: "{model}", task: classify, max_length: 64, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
 server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 2000, heartbeat_liveness: 10}}
 supervisor: {{start_timeout_s: 900}}
 placement: {{reserved_cores: 1, smt: false}}
 """
-ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64,
+ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
 server:"""
 

@@ -101,7 +101,10 @@ class Server:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
 
-    def wait_ready(self, timeout: float = 120) -> dict:
+    def wait_ready(self, timeout: float = 300) -> dict:
+        """Every instance ready and routed. A first start on a fresh cache chooses the model
+        path (`quantize: auto`, about 70 s for MiniLM on 2 cores) and builds its artifacts."""
+
         def ready():
             inst = self.instances()
             return (

@@ -26,7 +26,7 @@ from tests.harness.processes import wait_gone
 SUBNET = "10.231.7"
 PORT = 5555
 CONFIG = """
-model: {{path: "bundled:minilm"}}
+model: {{path: "bundled:minilm", backend: onnxruntime, quantize: int8}}  # no auto: 3 hosts at once
 server: {{endpoint: "tcp://{address}:{port}", insecure: true, heartbeat_ms: 200}}
 supervisor: {{drain_timeout_s: 5, kill_timeout_s: 3}}
 placement:
