@@ -21,6 +21,10 @@ from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError
 
 BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
+# Compiled kernels kept per input shape. OpenVINO's default (5000) let one instance grow from
+# 220 MB to 3.9 GB under micro-batches of random shapes; 64 held it at 620 MB, 4% slower
+# (benchmarks/openvino_shape_cache.py, docs/benchmarks.md#model-paths). None: OpenVINO's own.
+RUNTIME_CACHE_SHAPES: int | None = 64
 INSTALL_HINT = (
     "model.backend openvino needs the openvino package, a numaserve dependency that is "
     "missing here: reinstall numaserve, or set model.backend: onnxruntime"
@@ -73,7 +77,12 @@ class OpenVinoModel(Model):
                     "PERFORMANCE_HINT": "LATENCY",
                     "INFERENCE_PRECISION_HINT": precision,
                     "ENABLE_CPU_PINNING": False,  # the worker's own binding stands
-                },
+                }
+                | (
+                    {"CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES}
+                    if RUNTIME_CACHE_SHAPES is not None
+                    else {}
+                ),
             )
         except Exception as e:
             raise ModelLoadError(f"OpenVINO cannot compile {self.artifact}: {e}") from None
