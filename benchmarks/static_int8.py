@@ -8,7 +8,6 @@ from the fp32 ONNX artifact so that their accuracy and speed are on record.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -76,8 +75,7 @@ def load_static(kind: str, isa, calibration: list[list[int]]) -> Runner:
             str(work / "qdq.onnx"), options, providers=["CPUExecutionProvider"]
         )
         return Runner(lambda f: session.run(None, f)[0])
-    ov = import_openvino()
-    sys.modules.setdefault("openvino_telemetry", None)
+    ov = import_openvino()  # its usage statistics unloaded, for nncf too
     import nncf
 
     core = ov.Core()

@@ -12,14 +12,11 @@ import pytest
 from numaserve import protocol
 from numaserve.backends import load_model, prepare_model
 from numaserve.backends.openvino import BF16_ISA
-from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
-from numaserve.corpus import stdlib_sentences
 from numaserve.host.pinning import live_affinity
 from numaserve.modelpath import ModelLoadError
 from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
-
-SENTENCES = stdlib_sentences(64)
+from tests.test_onnx import SENTENCES, token_ids
 
 
 @pytest.fixture
@@ -27,10 +24,6 @@ def cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("NUMASERVE_CACHE", str(root))
     return root
-
-
-def token_ids(path: str, texts: list[str]) -> list[list[int]]:
-    return [list(e.ids) for e in Tokenizer(path, 256).encode(texts)]
 
 
 def test_fp32_of_a_saved_classifier_matches_torch_and_shares_onnxruntimes_artifact(
