@@ -48,6 +48,8 @@ ALLOWED = {
     "client": {"base", "client"},
     "loadgen": {"base", "client", "loadgen"},
     "testing": {"base", "host", "specs", "client", "testing"},
+    # tune measures the model (backends) and verifies real servers (testing, loadgen).
+    "tune": {"base", "host", "specs", "backends", "client", "loadgen", "testing", "tune"},
     "cli": {
         "cli",
         "base",
@@ -59,6 +61,7 @@ ALLOWED = {
         "supervisor",
         "client",
         "loadgen",
+        "tune",
     },
 }
 # The router tokenizes; it never loads a model. The HTTP front, the same; and of the router,

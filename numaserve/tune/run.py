@@ -1,0 +1,295 @@
+"""One `numaserve tune` run: the workload, the model paths, the curves (measured), the search,
+then the best few and the config as given verified as real servers, within the time budget.
+The OS-facing parts (probes, servers) stop on any exit: each sits in a `finally`."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from numaserve.backends.choice import ModelPath, candidates, concrete
+from numaserve.config import Config, PoolConfig, load_config
+from numaserve.host.ledger import Ledger, ledger_dir, plan_around
+from numaserve.host.placement import PlacementError
+from numaserve.host.topology import CPUTopology
+from numaserve.tune.measure import Job, measure, rounds
+from numaserve.tune.report import comment, table, winner
+from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search
+from numaserve.tune.tuned import tuned_mapping, tuned_text, verification_text
+from numaserve.tune.verify import ladder, verify
+from numaserve.tune.workload import Workload, read_workload
+
+LENGTHS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+BATCHES = (1, 2, 4, 8, 16, 32)
+MAX_CORES_PER_INSTANCE = 8
+MAX_PATHS = 2  # of `quantize: auto`'s passing paths, the fastest this many are measured
+VERIFIED = 2  # the best this many candidates are verified, beside the config as given
+MEASURE_SHARE = 0.4  # of the time budget
+LOAD_S = 20.0
+SERVER_START_S = 30.0  # a verification server's start, in the budget
+MIN_STEP_S = 3.0  # what a probe's model load and warm-up are allowed for, in the budget
+
+
+class TuneError(RuntimeError):
+    """Tune cannot run here, or cannot measure: the message says why and what to do."""
+
+
+class NoCoresError(TuneError):
+    """Other servers (or the config's reserved cores) leave no core to measure on."""
+
+
+class NoModelError(TuneError):
+    """The model does not load as a path tune would measure."""
+
+
+@dataclass
+class Tuning:
+    config: Config
+    raw: dict
+    topo: CPUTopology
+    ledger: Ledger | None
+    workload: Workload
+    cores: int  # for instances: free physical cores less the config's reserved ones
+    paths: dict[str, ModelPath]
+
+
+def setup(config_path: str, texts: list[str], topo: CPUTopology, say) -> Tuning:
+    config = load_config(config_path)
+    if config.named:
+        raise TuneError(f"{config.source}: tune tunes a `model:` config; this one has `models:`")
+    if config.model.task == "rerank":
+        raise TuneError("tune measures single texts; a rerank model's pairs are not tuned yet")
+    raw = yaml.safe_load(Path(config_path).read_text()) or {}
+    directory = ledger_dir()
+    ledger = Ledger(directory) if directory else None
+    free = free_cores(topo, ledger)
+    cores = free - config.placement.reserved_cores
+    if cores < 1:
+        raise NoCoresError(
+            f"no core free to measure on: {free} physical core(s) free of other servers "
+            f"(ledger {directory}), {config.placement.reserved_cores} reserved by the config"
+        )
+    workload = read_workload(texts, config.model.path, config.model.max_length)
+    say(f"workload: {workload.describe()}")
+    return Tuning(config, raw, topo, ledger, workload, cores, model_paths(config, topo, say))
+
+
+def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
+    held = {cpu for h in (ledger.holders() if ledger else []) for cpu in h.cpus}
+    allowed = topo.allowed_cpus - held
+    return sum(1 for c in topo.cores if allowed & set(c.cpus) and not held & set(c.cpus))
+
+
+def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
+    """The model paths to measure, each prepared: the config's own, or with `quantize: auto`,
+    the fastest MAX_PATHS that pass the accuracy gate (the choice is made first, if need be)."""
+    from numaserve.backends import load_model, prepare_model
+
+    model = config.model
+    concrete_model, choice = concrete(model, topo.isa, load_model)
+    if choice is None:
+        names = [ModelPath(concrete_model.backend, concrete_model.quantize, model.keep_fp32)]
+    else:
+        passed = sorted((t for t in choice.trials if t.get("passed")), key=lambda t: t["ms"])
+        offered = {str(p): p for p in candidates(model.backend)}
+        names = [offered[t["path"]] for t in passed[:MAX_PATHS] if t["path"] in offered]
+    paths = {}
+    for path in names:
+        named = dataclasses.replace(
+            model, backend=path.backend, quantize=path.quantize, keep_fp32=path.keep_fp32
+        )
+        say(f"preparing {path}")
+        if not prepare_model(named, topo.isa):
+            raise NoModelError(f"the model does not load as {path} (the log above says why)")
+        paths[str(path)] = path
+    return paths
+
+
+def measure_curves(t: Tuning, seconds: float, progress):
+    top = max(len(n.cpus) for n in t.topo.nodes) if t.topo.nodes else t.cores
+    ks = [k for k in (1, 2, 4, 8) if k <= min(t.cores, top, MAX_CORES_PER_INSTANCE)]
+    jobs = [
+        Job(
+            label,
+            dataclasses.replace(
+                t.config.model, backend=p.backend, quantize=p.quantize, keep_fp32=p.keep_fp32
+            ),
+            k,
+        )
+        for label, p in t.paths.items()
+        for k in ks
+    ]
+    lengths = measured_lengths(t.workload.lengths[-1][0], t.config.model.max_length)
+    count = len(rounds(jobs, t.topo, t.ledger))
+    each = max(10.0, seconds / count - LOAD_S)
+    return measure(jobs, t.topo, t.ledger, lengths, BATCHES, each, progress)
+
+
+def kept_shapes(paths: dict[str, ModelPath]) -> dict[str, int]:
+    """The input shapes each path's runtime keeps compiled: OpenVINO's cache; ONNX Runtime
+    and torch run any shape alike."""
+    from numaserve.backends.openvino import RUNTIME_CACHE_SHAPES
+
+    return {
+        label: RUNTIME_CACHE_SHAPES
+        for label, p in paths.items()
+        if p.backend == "openvino" and RUNTIME_CACHE_SHAPES is not None
+    }
+
+
+def measured_lengths(longest_text: int, max_length: int) -> tuple[int, ...]:
+    """The grid up to the first length past the longest text padded (1.25x), within
+    max_length: a batch's time is interpolated between these."""
+    longest = min(max_length, int(longest_text * 1.25) + 1)
+    beyond = min(max_length, next((n for n in LENGTHS if n >= longest), longest))
+    return (*(n for n in LENGTHS if n < beyond), beyond)
+
+
+def plans(t: Tuning, c: Candidate) -> bool:
+    pools = tuple(
+        PoolConfig(
+            name=f"p{i}", max_tokens=p.max_tokens, cores_per_instance=p.cores, instances=p.instances
+        )
+        for i, p in enumerate(c.pools)
+    )
+    placement = dataclasses.replace(t.config.placement, pools=pools)
+    try:
+        plan_around(t.ledger, t.topo, placement)
+    except PlacementError:
+        return False
+    return True
+
+
+def as_given(t: Tuning, predictor: Predictor) -> tuple[int, Prediction | None]:
+    """The config as given: its instance count, and what the curves predict for it."""
+    _, plan, _ = plan_around(t.ledger, t.topo, t.config.placement)
+    label = next(iter(t.paths))  # the config's own path, or auto's choice: the fastest passing
+    by_pool = {}
+    for slot in plan.slots:
+        by_pool.setdefault(slot.pool, []).append(slot)
+    pools = tuple(
+        Pool(p.max_tokens, len(by_pool[p.name][0].cpus), len(by_pool[p.name]))
+        for p in sorted(t.config.placement.pools, key=lambda p: p.max_tokens)
+        if p.name in by_pool
+    )
+    server = t.config.server
+    given = Candidate(label, pools, server.max_batch, server.max_batch_tokens)
+    try:
+        return len(plan.slots), predictor.predict(given)
+    except KeyError:  # a cores-per-instance not measured
+        return len(plan.slots), None
+
+
+def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline, texts, say):
+    """The config as given and the best VERIFIED candidates that plan, each as a real server,
+    in the time left: rows of (label, candidate or None, prediction, Verified)."""
+    chosen = [p for p in ranked[: VERIFIED * 20] if plans(t, p.candidate)][:VERIFIED]
+    instances, given = as_given(t, predictor)
+    runs = [("given", None, given, verification_text(as_given_mapping(t)), instances)]
+    for i, p in enumerate(chosen):
+        mapping = tuned_mapping(t.raw, t.config, p.candidate, t.paths[p.candidate.path])
+        count = sum(q.instances for q in p.candidate.pools)
+        runs.append((f"tuned{i + 1}", p.candidate, p, verification_text(mapping), count))
+    each = (deadline - time.monotonic()) / len(runs) - SERVER_START_S
+    step = max(MIN_STEP_S, each / len(ladder(1)))
+    ledger = t.ledger.directory if t.ledger else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="numaserve-tune-") as d:
+        for label, candidate, predicted, text, count in runs:
+            say(
+                f"verifying {label} as a real server: {candidate.describe() if candidate else 'the config as given'}"
+            )
+            ends = time.monotonic() + (deadline - time.monotonic()) / (len(runs) - len(rows))
+            verified = verify(
+                label, text, Path(d), texts, t.config.model.task, count, p99_ms, step, ends, ledger
+            )
+            rows.append((label, candidate, predicted, verified))
+    return rows
+
+
+def as_given_mapping(t: Tuning) -> dict:
+    """The config as given, with its paths absolute (its file's directory is not ours)."""
+    out = dict(t.raw)
+    out["model"] = {**(t.raw.get("model") or {}), "path": t.config.model.path}
+    return out
+
+
+def budget(minutes: float) -> tuple[float, float]:
+    total = minutes * 60
+    return total * MEASURE_SHARE, total * (1 - MEASURE_SHARE)
+
+
+class Progress:
+    """What the probes report, said as it comes."""
+
+    def __init__(self, say) -> None:
+        self.say = say
+
+    def started(self, job: Job, slot) -> None:
+        cpus = ",".join(map(str, slot.cpus))
+        self.say(f"measuring {job.path} on {job.cores} core(s): CPUs {cpus}, node(s) {slot.nodes}")
+
+    def cell(self, cell) -> None:
+        self.say(
+            f"  {cell.path}, {cell.cores} core(s): {cell.batch} x {cell.length} tokens "
+            f"{cell.seconds * 1000:.2f} ms"
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    out: Path
+    table: str
+    chosen: str  # which verified configuration the file holds, in words
+    rows: tuple  # (label, candidate, prediction, Verified)
+
+
+def tune(
+    config_path: str,
+    texts: list[str],
+    topo: CPUTopology,
+    p99_ms: float,
+    minutes: float,
+    out: Path,
+    say,
+) -> Outcome:
+    deadline = time.monotonic() + minutes * 60
+    t = setup(config_path, texts, topo, say)
+    say(f"{t.cores} core(s) for instances; model paths: {', '.join(t.paths)}")
+    measure_s = (deadline - time.monotonic()) * MEASURE_SHARE
+    curves = measure_curves(t, measure_s, Progress(say))
+    predictor = Predictor(t.workload, curves, kept_shapes(t.paths))
+    ranked = search(predictor, t.cores, p99_ms)
+    say(
+        f"searched {len(ranked)} configurations; the best predicted: "
+        f"{ranked[0].candidate.describe()}, {ranked[0].texts_per_s:.1f} texts/s, "
+        f"p99 {ranked[0].p99_ms:.1f} ms"
+    )
+    rows = verify_all(t, ranked, predictor, p99_ms, deadline, texts, say)
+    printed = table(rows, p99_ms)
+    best = winner([r[3] for r in rows], p99_ms)
+    row = next((r for r in rows if r[3] is best), rows[0])
+    label, candidate = row[0], row[1]
+    if candidate is None:
+        mapping = as_given_mapping(t)
+        chosen = (
+            "the config as given: no configuration tried served more within the target"
+            if best
+            else "the config as given: nothing tried met the p99 target"
+        )
+    else:
+        mapping = tuned_mapping(t.raw, t.config, candidate, t.paths[candidate.path])
+        chosen = f"{label}, {candidate.describe()}"
+    facts = [
+        f"Machine: {t.cores} core(s) for instances; ISA {' '.join(topo.isa) or 'unknown'}.",
+        f"Workload: {t.workload.describe()}.",
+        f"Target: p99 <= {p99_ms:g} ms. Source config: {t.config.source}.",
+    ]
+    out.write_text(tuned_text(mapping, comment(facts, printed, chosen)))
+    load_config(out)  # what it wrote must load: a mistake here is ours, and loud
+    return Outcome(out, printed, chosen, tuple(rows))

@@ -1,0 +1,66 @@
+"""What tune writes: the user's config with the tuned keys set (the model path's backend and
+precision, `placement.pools`, `server.max_batch` and `max_batch_tokens`), every other key as it
+was and its paths made absolute (the file may go anywhere), under a comment that says what was
+measured and what to expect; and the config a verification server runs."""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+from numaserve.backends.choice import ModelPath
+from numaserve.config import Config
+from numaserve.testing.server import ENDPOINT
+from numaserve.tune.search import Candidate
+
+POOL_NAMES = {1: ("main",), 2: ("short", "long"), 3: ("short", "mid", "long")}
+
+
+def tuned_mapping(raw: dict, config: Config, candidate: Candidate, path: ModelPath) -> dict:
+    out = copy.deepcopy(raw)
+    model = out.setdefault("model", {})
+    model["path"] = config.model.path  # absolute, as the config was read
+    model["backend"], model["quantize"] = path.backend, path.quantize
+    model.pop("keep_fp32", None)
+    if path.keep_fp32:
+        model["keep_fp32"] = list(path.keep_fp32)
+    names = POOL_NAMES[len(candidate.pools)]
+    out.setdefault("placement", {})["pools"] = [
+        {
+            "name": name,
+            "max_tokens": p.max_tokens,
+            "cores_per_instance": p.cores,
+            "instances": p.instances,
+        }
+        for name, p in zip(names, candidate.pools, strict=True)
+    ]
+    server = out.setdefault("server", {})
+    server["max_batch"], server["max_batch_tokens"] = (
+        candidate.max_batch,
+        candidate.max_batch_tokens,
+    )
+    if config.server.curve:
+        server["curve"] = {
+            "secret_key_file": config.server.curve.secret_key_file,
+            "authorized_keys_dir": config.server.curve.authorized_keys_dir,
+        }
+    if config.server.http_api_keys_file:
+        server["http_api_keys_file"] = config.server.http_api_keys_file
+    return out
+
+
+def verification_text(mapping: dict) -> str:
+    """The config a verification server runs: loopback on a free port (@ENDPOINT@), no HTTP,
+    no metrics endpoint, no cache, nothing a remote client needs."""
+    out = copy.deepcopy(mapping)
+    server = out.setdefault("server", {})
+    for key in ("curve", "insecure", "http_api_keys_file"):
+        server.pop(key, None)
+    server |= {"endpoint": ENDPOINT, "metrics": "", "http": "", "cache_entries": 0}
+    return yaml.safe_dump(out, sort_keys=False)
+
+
+def tuned_text(mapping: dict, comment: list[str]) -> str:
+    header = "".join(f"# {line}\n" if line else "#\n" for line in comment)
+    return header + yaml.safe_dump(mapping, sort_keys=False)
