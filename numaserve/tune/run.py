@@ -20,8 +20,8 @@ from numaserve.host.topology import CPUTopology
 from numaserve.tune.measure import Job, measure, rounds
 from numaserve.tune.report import comment, table, winner
 from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search
-from numaserve.tune.tuned import tuned_mapping, tuned_text, verification_text
-from numaserve.tune.verify import ladder, verify
+from numaserve.tune.tuned import as_given_mapping, tuned_mapping, tuned_text, verification_text
+from numaserve.tune.verify import Verified, ladder, verify
 from numaserve.tune.workload import Workload, read_workload
 
 LENGTHS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
@@ -30,9 +30,9 @@ MAX_CORES_PER_INSTANCE = 8
 MAX_PATHS = 2  # of `quantize: auto`'s passing paths, the fastest this many are measured
 VERIFIED = 2  # the best this many candidates are verified, beside the config as given
 MEASURE_SHARE = 0.4  # of the time budget
-LOAD_S = 20.0
+LOAD_S = 20.0  # what a probe's model load and warm-up are allowed for, in the budget
 SERVER_START_S = 30.0  # a verification server's start, in the budget
-MIN_STEP_S = 3.0  # what a probe's model load and warm-up are allowed for, in the budget
+MIN_STEP_S = 3.0  # the shortest step of a verification's load ladder
 
 
 class TuneError(RuntimeError):
@@ -111,8 +111,8 @@ def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
 
 
 def measure_curves(t: Tuning, seconds: float, progress):
-    top = max(len(n.cpus) for n in t.topo.nodes) if t.topo.nodes else t.cores
-    ks = [k for k in (1, 2, 4, 8) if k <= min(t.cores, top, MAX_CORES_PER_INSTANCE)]
+    widest = max((len(t.topo.cores_in_node(n.id)) for n in t.topo.nodes), default=t.cores)
+    ks = [k for k in (1, 2, 4, 8) if k <= min(t.cores, widest, MAX_CORES_PER_INSTANCE)]
     jobs = [
         Job(
             label,
@@ -166,7 +166,8 @@ def plans(t: Tuning, c: Candidate) -> bool:
 
 
 def as_given(t: Tuning, predictor: Predictor) -> tuple[int, Prediction | None]:
-    """The config as given: its instance count, and what the curves predict for it."""
+    """The config as given: its instance count, and what the curves predict for it. A
+    PlacementError where it does not plan on the cores free here."""
     _, plan, _ = plan_around(t.ledger, t.topo, t.config.placement)
     label = next(iter(t.paths))  # the config's own path, or auto's choice: the fastest passing
     by_pool = {}
@@ -189,8 +190,13 @@ def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline,
     """The config as given and the best VERIFIED candidates that plan, each as a real server,
     in the time left: rows of (label, candidate or None, prediction, Verified)."""
     chosen = [p for p in ranked[: VERIFIED * 20] if plans(t, p.candidate)][:VERIFIED]
-    instances, given = as_given(t, predictor)
-    runs = [("given", None, given, verification_text(as_given_mapping(t)), instances)]
+    rows, runs = [], []
+    try:
+        instances, given = as_given(t, predictor)
+        text = verification_text(as_given_mapping(t.raw, t.config))
+        runs.append(("given", None, given, text, instances))
+    except PlacementError as e:
+        rows.append(("given", None, None, Verified("given", (), f"does not plan here: {e}")))
     for i, p in enumerate(chosen):
         mapping = tuned_mapping(t.raw, t.config, p.candidate, t.paths[p.candidate.path])
         count = sum(q.instances for q in p.candidate.pools)
@@ -198,30 +204,16 @@ def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline,
     each = (deadline - time.monotonic()) / len(runs) - SERVER_START_S
     step = max(MIN_STEP_S, each / len(ladder(1)))
     ledger = t.ledger.directory if t.ledger else None
-    rows = []
     with tempfile.TemporaryDirectory(prefix="numaserve-tune-") as d:
-        for label, candidate, predicted, text, count in runs:
-            say(
-                f"verifying {label} as a real server: {candidate.describe() if candidate else 'the config as given'}"
-            )
-            ends = time.monotonic() + (deadline - time.monotonic()) / (len(runs) - len(rows))
+        for i, (label, candidate, predicted, text, count) in enumerate(runs):
+            shape = candidate.describe() if candidate else "the config as given"
+            say(f"verifying {label} as a real server: {shape}")
+            ends = time.monotonic() + (deadline - time.monotonic()) / (len(runs) - i)
             verified = verify(
                 label, text, Path(d), texts, t.config.model.task, count, p99_ms, step, ends, ledger
             )
             rows.append((label, candidate, predicted, verified))
     return rows
-
-
-def as_given_mapping(t: Tuning) -> dict:
-    """The config as given, with its paths absolute (its file's directory is not ours)."""
-    out = dict(t.raw)
-    out["model"] = {**(t.raw.get("model") or {}), "path": t.config.model.path}
-    return out
-
-
-def budget(minutes: float) -> tuple[float, float]:
-    total = minutes * 60
-    return total * MEASURE_SHARE, total * (1 - MEASURE_SHARE)
 
 
 class Progress:
@@ -236,8 +228,8 @@ class Progress:
 
     def cell(self, cell) -> None:
         self.say(
-            f"  {cell.path}, {cell.cores} core(s): {cell.batch} x {cell.length} tokens "
-            f"{cell.seconds * 1000:.2f} ms"
+            f"  {cell.path}, {cell.cores} core(s): {cell.batch} x {cell.length} tokens: "
+            f"{cell.seconds * 1000:.2f} ms warm, {cell.cold_seconds * 1000:.2f} ms cold"
         )
 
 
@@ -276,7 +268,7 @@ def tune(
     row = next((r for r in rows if r[3] is best), rows[0])
     label, candidate = row[0], row[1]
     if candidate is None:
-        mapping = as_given_mapping(t)
+        mapping = as_given_mapping(t.raw, t.config)
         chosen = (
             "the config as given: no configuration tried served more within the target"
             if best

@@ -17,10 +17,28 @@ from numaserve.tune.search import Candidate
 POOL_NAMES = {1: ("main",), 2: ("short", "long"), 3: ("short", "mid", "long")}
 
 
-def tuned_mapping(raw: dict, config: Config, candidate: Candidate, path: ModelPath) -> dict:
+def as_given_mapping(raw: dict, config: Config) -> dict:
+    """The config as given, its paths absolute, as the config was read: the file tune writes
+    may go anywhere, and the servers it verifies run from a directory of their own."""
     out = copy.deepcopy(raw)
-    model = out.setdefault("model", {})
-    model["path"] = config.model.path  # absolute, as the config was read
+    out.setdefault("model", {})["path"] = config.model.path
+    server = out.get("server") or {}
+    if config.server.curve:
+        server["curve"] = {
+            "secret_key_file": config.server.curve.secret_key_file,
+            "authorized_keys_dir": config.server.curve.authorized_keys_dir,
+        }
+    if config.server.http_api_keys_file:
+        server["http_api_keys_file"] = config.server.http_api_keys_file
+    if server:
+        out["server"] = server
+    return out
+
+
+def tuned_mapping(raw: dict, config: Config, candidate: Candidate, path: ModelPath) -> dict:
+    """The config as given with the tuned keys set."""
+    out = as_given_mapping(raw, config)
+    model = out["model"]
     model["backend"], model["quantize"] = path.backend, path.quantize
     model.pop("keep_fp32", None)
     if path.keep_fp32:
