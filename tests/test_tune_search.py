@@ -3,10 +3,19 @@ target and never plans more cores than it has. No model runs here (tests/test_tu
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
 from numaserve.tune.curves import Cell, Curves
-from numaserve.tune.search import Pool, Predictor, band_sets, search
+from numaserve.tune.search import (
+    Pool,
+    Predictor,
+    band_sets,
+    search,
+    to_verify,
+    warm_share,
+)
 from numaserve.tune.workload import Workload
 
 LENGTHS = (16, 32, 64, 128, 256, 512)
@@ -103,7 +112,27 @@ def test_traffic_of_more_lengths_than_the_runtime_keeps_runs_mostly_at_the_cold_
     keeps_all = Predictor(many, curves).predict(c).texts_per_s
     keeps_few = Predictor(many, curves, {"p": 20}).predict(c).texts_per_s
     assert keeps_all / keeps_few == pytest.approx(2, rel=0.15)  # 180 of 200 lengths run cold
-    few = Workload.of(list(range(1, 21)) * 10, 512)  # 20 lengths: every one kept
-    assert Predictor(few, curves, {"p": 20}).predict(c).texts_per_s == pytest.approx(
+    few = Workload.of(list(range(1, 21)) * 10, 512)  # 20 lengths, each at every batch size
+    kept_all = {"p": 20 * c.max_batch}
+    assert Predictor(few, curves, kept_all).predict(c).texts_per_s == pytest.approx(
         Predictor(few, curves).predict(c).texts_per_s
     )
+
+
+def test_the_most_frequent_shapes_are_the_ones_kept():
+    # 100 texts at batch 1 (one shape); 10 texts at batches of up to 4 (four shapes, rarer)
+    assert warm_share([(10, 4), (100, 1)], kept=3) == [0.5, 1.0]
+    assert warm_share([(10, 4), (100, 1)], kept=None) == [1.0, 1.0]
+    assert warm_share([(10, 4), (100, 1)], kept=0) == [0.0, 0.0]
+
+
+def test_verifies_the_best_of_each_model_path_then_the_next_best():
+    fast, slow = made_up(0.001, 1e-5, lambda k, length: k), made_up(0.002, 2e-5, lambda k, n: k)
+    curves = Curves(fast.cells + [Cell("q", *astuple(c)[1:]) for c in slow.cells])
+    ranked = search(Predictor(short_texts(), curves), cores=2, p99_ms=1000)
+    assert ranked[0].candidate.path == "p" and ranked[1].candidate.path == "p"
+    two = to_verify(ranked, 2, lambda c: True)
+    assert [p.candidate.path for p in two] == ["p", "q"]
+    three = to_verify(ranked, 3, lambda c: True)
+    assert three == sorted([*two, ranked[1]], key=ranked.index)
+    assert to_verify(ranked, 2, lambda c: c.max_batch == 1)[0].candidate.max_batch == 1

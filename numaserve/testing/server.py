@@ -45,6 +45,13 @@ def with_metrics(config_text: str, address: str, key: str = "metrics") -> str:
     return config_text.replace(f'{ENDPOINT}"', entry, 1)
 
 
+def numaserve_command() -> list[str]:
+    """The `numaserve` beside this interpreter (a virtual environment's), or, where the
+    script went elsewhere (a system-wide install), this interpreter running the CLI module."""
+    exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "numaserve.cli"]
+
+
 class Server:
     def __init__(
         self,
@@ -67,9 +74,8 @@ class Server:
         text = with_metrics(with_metrics(config_text, self.metrics), self.http, "http")
         self.config.write_text(text.replace(ENDPOINT, self.endpoint))
         self.log_path = directory / f"{name}.log"
-        exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
         self.proc = subprocess.Popen(
-            [*prefix, exe, "start", "--config", str(self.config)],
+            [*prefix, *numaserve_command(), "start", "--config", str(self.config)],
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
             env={**os.environ, LEDGER_ENV: str(directory / f"{name}.ledger"), **(env or {})},

@@ -19,7 +19,7 @@ from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
 from numaserve.tune.measure import Job, measure, rounds
 from numaserve.tune.report import comment, table, winner
-from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search
+from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search, to_verify
 from numaserve.tune.tuned import as_given_mapping, tuned_mapping, tuned_text, verification_text
 from numaserve.tune.verify import Verified, ladder, verify
 from numaserve.tune.workload import Workload, read_workload
@@ -28,7 +28,7 @@ LENGTHS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32)
 MAX_CORES_PER_INSTANCE = 8
 MAX_PATHS = 2  # of `quantize: auto`'s passing paths, the fastest this many are measured
-VERIFIED = 2  # the best this many candidates are verified, beside the config as given
+VERIFIED = 2  # candidates verified beside the config as given (at least one a model path)
 MEASURE_SHARE = 0.4  # of the time budget
 LOAD_S = 20.0  # what a probe's model load and warm-up are allowed for, in the budget
 SERVER_START_S = 30.0  # a verification server's start, in the budget
@@ -187,9 +187,9 @@ def as_given(t: Tuning, predictor: Predictor) -> tuple[int, Prediction | None]:
 
 
 def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline, texts, say):
-    """The config as given and the best VERIFIED candidates that plan, each as a real server,
+    """The config as given and the candidates to_verify picks, each as a real server,
     in the time left: rows of (label, candidate or None, prediction, Verified)."""
-    chosen = [p for p in ranked[: VERIFIED * 20] if plans(t, p.candidate)][:VERIFIED]
+    chosen = to_verify(ranked, VERIFIED, lambda c: plans(t, c))
     rows, runs = [], []
     try:
         instances, given = as_given(t, predictor)

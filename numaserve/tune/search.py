@@ -7,9 +7,8 @@ router's rules: `max_batch` texts, `max_batch_tokens` padded tokens, a text alon
 A pool's capacity is its instances over its texts' mean cost (a pass's time over its texts);
 the candidate's throughput is the traffic at which its busiest pool is full; its p99 is
 QUEUEING times the pass that the 99th-percentile text runs in (its own pass, and about one
-more it waits for under load). A pass costs the warm figure at one of its pool's most
-frequent shapes, as many as the runtime keeps compiled, and the cold one at any other. The
-search keeps what meets the p99 target, fastest first;
+more it waits for under load). A pass costs the warm figure at a shape the runtime keeps
+compiled (its pool's most frequent ones), the cold one at any other. The search keeps what meets the p99 target, fastest first;
 `verify.py` then measures the best few for real, so the model only has to rank them.
 """
 
@@ -75,9 +74,8 @@ class Predictor:
         self, workload: Workload, curves: Curves, kept_shapes: Mapping[str, int] | None = None
     ):
         """`kept_shapes`: by model path, the input shapes its runtime keeps compiled (a path
-        not named: every one). A pass at one of a pool's most frequent shapes costs the warm
-        figure, any other the cold one (curves.py): traffic of few lengths runs warm, of
-        many, mostly cold."""
+        not named: every one). Traffic of few lengths runs warm, of many, mostly cold
+        (curves.py); `warm_share` says how much."""
         self.workload = workload
         self.curves = curves
         self.kept_shapes = dict(kept_shapes or {})
@@ -88,18 +86,18 @@ class Predictor:
     ) -> tuple[int, float, tuple[tuple[float, int], ...]]:
         """Texts in (low, high], their mean cost in seconds, and (pass seconds, texts)."""
         measured = self.curves.batches(path, cores)
-        shapes = []  # (passes, length, batch, padded, texts)
+        lengths = []  # (length, texts, batch, padded)
         for length, n in self.workload.within(low, high):
             padded = min(length * PADDING, high)
-            batch = batch_size(padded, max_batch, batch_tokens, measured)
-            shapes.append((n / batch, length, batch, padded, n))
-        ranked = sorted(shapes, reverse=True)
-        limit = self.kept_shapes.get(path)
-        kept = None if limit is None else {s[1] for s in ranked[:limit]}
+            lengths.append(
+                (length, n, batch_size(padded, max_batch, batch_tokens, measured), padded)
+            )
+        warm = warm_share([(n, b) for _, n, b, _ in lengths], self.kept_shapes.get(path))
         texts, cost, passes = 0, 0.0, []
-        for _, length, batch, padded, n in shapes:
-            cold = kept is not None and length not in kept
-            seconds = self.curves.seconds(path, cores, padded, batch, cold)
+        for (_, n, batch, padded), share in zip(lengths, warm, strict=True):
+            hot = self.curves.seconds(path, cores, padded, batch)
+            cold = self.curves.seconds(path, cores, padded, batch, cold=True)
+            seconds = share * hot + (1 - share) * cold
             texts += n
             cost += n * seconds / batch
             passes.append((seconds, n))
@@ -126,6 +124,25 @@ class Predictor:
         return Prediction(
             c, throughput(figures, [p.instances for p in c.pools]), self.p99_ms(figures)
         )
+
+
+def warm_share(lengths: list[tuple[int, int]], kept: int | None) -> list[float]:
+    """For each length of a pool's traffic, (texts, batch limit) each, the share of its
+    passes at a shape the runtime keeps. Under load a pass takes any size from 1 to its
+    limit, so a length brings that many shapes, each with an equal share of its passes; the
+    runtime keeps the `kept` most frequent (None: all)."""
+    if kept is None:
+        return [1.0] * len(lengths)
+    share = [0.0] * len(lengths)
+    by_frequency = sorted(range(len(lengths)), key=lambda i: -lengths[i][0] / lengths[i][1] ** 2)
+    for i in by_frequency:
+        batch = lengths[i][1]
+        taken = min(batch, kept)
+        share[i] = taken / batch
+        kept -= taken
+        if not kept:
+            break
+    return share
 
 
 def throughput(figures, instances: list[int]) -> float:
@@ -205,3 +222,21 @@ def search(predictor: Predictor, cores: int, p99_ms: float) -> list[Prediction]:
     within = [p for p in found if p.p99_ms <= p99_ms]
     rest = [p for p in found if p.p99_ms > p99_ms]
     return sorted(within, key=lambda p: -p.texts_per_s) + sorted(rest, key=lambda p: p.p99_ms)
+
+
+def to_verify(ranked: list[Prediction], count: int, fits) -> list[Prediction]:
+    """What to measure for real: the best candidate of each model path (the prediction's
+    worst error is between runtimes: OpenVINO's shapes), then the next best, `count` in all
+    or one a path; only candidates `fits` (they plan on the cores free), in rank order."""
+    chosen: list[Prediction] = []
+    paths: set[str] = set()
+    for p in ranked:
+        if p.candidate.path not in paths and fits(p.candidate):
+            chosen.append(p)
+            paths.add(p.candidate.path)
+    for p in ranked:
+        if len(chosen) >= count:
+            break
+        if p not in chosen and fits(p.candidate):
+            chosen.append(p)
+    return sorted(chosen, key=ranked.index)
