@@ -40,7 +40,15 @@ def test_probes_run_side_by_side_on_cores_of_their_own(sysfs):
     assert len(placed) == 1
     cpus = [cpu for _, slot in placed[0] for cpu in slot.cpus]
     assert len(cpus) == len(set(cpus)) == 30
+    assert all(len(slot.cpus) == j.cores for j, slot in placed[0])  # each its own width
     assert all(len(slot.nodes) == 1 for _, slot in placed[0])  # memory bound to its own node
+
+
+def test_each_probe_gets_a_slot_of_its_own_width_whatever_order_the_planner_places_in(sysfs):
+    topo = read_topology(sysfs("epyc7402_2socket_nps4"))  # 8 nodes of 3 cores
+    jobs = [job(1), job(3), job(2), job(1), job(3)]
+    for placed in rounds(jobs, topo, None):
+        assert all(len(slot.cpus) == j.cores for j, slot in placed)
 
 
 def test_probes_that_do_not_fit_together_take_turns(sysfs):

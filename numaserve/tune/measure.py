@@ -48,9 +48,10 @@ def rounds(
     while waiting:
         placed: list[tuple[Job, Slot]] = []
         for job in list(waiting):
-            slots = _place([j for j, _ in placed] + [job], topo, ledger)
+            together = [j for j, _ in placed] + [job]
+            slots = _place(together, topo, ledger)
             if slots is not None:
-                placed = list(zip([j for j, _ in placed] + [job], slots, strict=True))
+                placed = list(zip(together, slots, strict=True))
                 waiting.remove(job)
         if not placed:
             raise MeasureError(_why_not(waiting[0], topo, ledger))
@@ -66,12 +67,14 @@ def _placement(jobs: list[Job]) -> PlacementConfig:
     return PlacementConfig(pools=pools)
 
 
-def _place(jobs: list[Job], topo: CPUTopology, ledger: Ledger | None) -> tuple[Slot, ...] | None:
+def _place(jobs: list[Job], topo: CPUTopology, ledger: Ledger | None) -> list[Slot] | None:
+    """Each job's slot, in the jobs' order (pool `probe{i}` is job i's), or None: no fit."""
     try:
         _, plan, _ = plan_around(ledger, topo, _placement(jobs))
     except PlacementError:
         return None
-    return plan.slots
+    by_pool = {slot.pool: slot for slot in plan.slots}
+    return [by_pool[f"probe{i}"] for i in range(len(jobs))]
 
 
 def _why_not(job: Job, topo: CPUTopology, ledger: Ledger | None) -> str:
