@@ -50,6 +50,12 @@ class ModelPath:
         keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
         return f"{self.backend} {self.quantize}{keep}"
 
+    def applied_to(self, config: ModelConfig) -> ModelConfig:
+        """`config` running this path."""
+        return dataclasses.replace(
+            config, backend=self.backend, quantize=self.quantize, keep_fp32=self.keep_fp32
+        )
+
 
 # Tried in this order; the fastest that passes wins. torch's and OpenVINO's fp32 are left out
 # of `backend: auto`: never faster than onnxruntime's fp32 where measured (docs/benchmarks.md).
@@ -105,13 +111,7 @@ def concrete(
         backend = next(b for b, offered in PRECISIONS.items() if config.quantize in offered)
         return dataclasses.replace(config, backend=backend), None
     choice = ensure_choice(config, isa, load)
-    path = choice.path
-    return (
-        dataclasses.replace(
-            config, backend=path.backend, quantize=path.quantize, keep_fp32=path.keep_fp32
-        ),
-        choice,
-    )
+    return choice.path.applied_to(config), choice
 
 
 def choice_key(model_dir: Path, config: ModelConfig, isa: tuple[str, ...]) -> str:
@@ -195,12 +195,7 @@ def choose(
     for path in candidates(config.backend):
         trial = {"path": str(path)}
         try:
-            model = load(
-                dataclasses.replace(
-                    config, backend=path.backend, quantize=path.quantize, keep_fp32=path.keep_fp32
-                ),
-                isa,
-            )
+            model = load(path.applied_to(config), isa)
         except ModelLoadError as e:
             trials.append(trial | {"skipped": str(e)})
             log.info("quantize: auto: %s skipped: %s", path, e, extra={"event": "prepare"})

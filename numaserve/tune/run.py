@@ -14,7 +14,7 @@ import yaml
 
 from numaserve.backends.choice import ModelPath, candidates, concrete
 from numaserve.config import Config, PoolConfig, load_config
-from numaserve.host.ledger import Ledger, ledger_dir, plan_around
+from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
 from numaserve.tune.measure import Job, measure, rounds
@@ -80,9 +80,9 @@ def setup(config_path: str, texts: list[str], topo: CPUTopology, say) -> Tuning:
 
 
 def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
-    held = {cpu for h in (ledger.holders() if ledger else []) for cpu in h.cpus}
-    allowed = topo.allowed_cpus - held
-    return sum(1 for c in topo.cores if allowed & set(c.cpus) and not held & set(c.cpus))
+    """Physical cores with a CPU no other server holds (servers hold whole cores)."""
+    free = without(topo, ledger.holders() if ledger else [])
+    return sum(1 for c in free.cores if free.allowed_cpus & set(c.cpus))
 
 
 def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
@@ -100,11 +100,8 @@ def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
         names = [offered[t["path"]] for t in passed[:MAX_PATHS] if t["path"] in offered]
     paths = {}
     for path in names:
-        named = dataclasses.replace(
-            model, backend=path.backend, quantize=path.quantize, keep_fp32=path.keep_fp32
-        )
         say(f"preparing {path}")
-        if not prepare_model(named, topo.isa):
+        if not prepare_model(path.applied_to(model), topo.isa):
             raise NoModelError(f"the model does not load as {path} (the log above says why)")
         paths[str(path)] = path
     return paths
@@ -113,17 +110,7 @@ def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
 def measure_curves(t: Tuning, seconds: float, progress):
     widest = max((len(t.topo.cores_in_node(n.id)) for n in t.topo.nodes), default=t.cores)
     ks = [k for k in (1, 2, 4, 8) if k <= min(t.cores, widest, MAX_CORES_PER_INSTANCE)]
-    jobs = [
-        Job(
-            label,
-            dataclasses.replace(
-                t.config.model, backend=p.backend, quantize=p.quantize, keep_fp32=p.keep_fp32
-            ),
-            k,
-        )
-        for label, p in t.paths.items()
-        for k in ks
-    ]
+    jobs = [Job(label, p.applied_to(t.config.model), k) for label, p in t.paths.items() for k in ks]
     lengths = measured_lengths(t.workload.lengths[-1][0], t.config.model.max_length)
     count = len(rounds(jobs, t.topo, t.ledger))
     each = max(10.0, seconds / count - LOAD_S)

@@ -58,13 +58,6 @@ def tuned_mapping(raw: dict, config: Config, candidate: Candidate, path: ModelPa
         candidate.max_batch,
         candidate.max_batch_tokens,
     )
-    if config.server.curve:
-        server["curve"] = {
-            "secret_key_file": config.server.curve.secret_key_file,
-            "authorized_keys_dir": config.server.curve.authorized_keys_dir,
-        }
-    if config.server.http_api_keys_file:
-        server["http_api_keys_file"] = config.server.http_api_keys_file
     return out
 
 
