@@ -9,7 +9,10 @@ PRECISIONS = {
     "onnxruntime": ("int8", "none"),
     "openvino": ("bf16", "none"),
     "torch": ("int8", "none"),
+    "ctranslate2": ("int8", "int16", "none"),
 }
+# Backends that can leave named layers out of int8 (model.keep_fp32).
+KEEPS_FP32 = ("onnxruntime", "torch", "auto")
 
 
 def precision_problem(
@@ -20,6 +23,11 @@ def precision_problem(
         return (
             f"{where}.keep_fp32: names layers to leave out of int8, which {where}.quantize: "
             "auto chooses by itself (with its own layers kept); set quantize: int8 to keep these"
+        )
+    if keep_fp32 and backend not in KEEPS_FP32:
+        return (
+            f"{where}.keep_fp32: backend {backend} quantizes every Linear layer or none; "
+            f"keep_fp32 is for backend {' or '.join(KEEPS_FP32[:-1])}"
         )
     if keep_fp32 and quantize != "int8":
         return (

@@ -34,6 +34,10 @@ def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1)
         from numaserve.backends.openvino import OpenVinoModel
 
         model = OpenVinoModel(config, isa, threads)
+    elif config.backend == "ctranslate2":
+        from numaserve.backends.ct2 import Ct2Model
+
+        model = Ct2Model(config, isa, threads)
     else:
         from numaserve.backends.torch import TorchModel
 
@@ -43,10 +47,10 @@ def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1)
 
 
 def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
-    """Make the `auto` choice and build or verify the model's ONNX artifact (`numaserve
-    prepare`), so that this work (minutes for a large model on a slow CPU) runs before any
-    instance starts, and never once per instance. False (logged) when the model cannot be
-    prepared."""
+    """Make the `auto` choice and build or verify the model's artifact (an ONNX graph or a
+    CTranslate2 conversion: `numaserve prepare`), so that this work (minutes for a large
+    model on a slow CPU) runs before any instance starts, and never once per instance. False
+    (logged) when the model cannot be prepared."""
     started = time.monotonic()
     try:
         config, choice = concrete(config, isa, load_model)
@@ -60,8 +64,10 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
             )
         if config.backend == "torch":
             return True
+        what = "CTranslate2 model" if config.backend == "ctranslate2" else "ONNX artifact"
         log.info(
-            "preparing the ONNX artifact of %s (built once and kept; a first build takes a while)",
+            "preparing the %s of %s (built once and kept; a first build takes a while)",
+            what,
             config.path,
             extra={"event": "prepare"},
         )
@@ -70,7 +76,8 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
         log.error("fatal: %s", e, extra={"event": "fatal"})
         return False
     log.info(
-        "ONNX artifact ready in %.1f s: %s",
+        "%s ready in %.1f s: %s",
+        what,
         time.monotonic() - started,
         artifact,
         extra={"event": "prepare"},
@@ -79,6 +86,10 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
 
 
 def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...]):
+    if config.backend == "ctranslate2":
+        from numaserve.backends.ct2 import prepare_converted
+
+        return prepare_converted(config)[0]
     from numaserve.backends.onnx import prepare_artifact
     from numaserve.backends.openvino import (
         fp32_artifact_config,

@@ -23,9 +23,11 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from numaserve.backends.race import Standing, race, ratios, winner
 from numaserve.config import ModelConfig
 from numaserve.config_precision import PRECISIONS
 from numaserve.modelpath import ModelLoadError, resolve_model_path
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from numaserve.backends.base import Model
 
 log = logging.getLogger("numaserve.backends")
-FORMAT = 1  # bump when the candidates or the gate change, so that old choices are made again
+FORMAT = 2  # bump when the candidates or the gate change, so that old choices are made again
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
 PROJECTIONS = ("*.output.dense",)
@@ -60,6 +62,7 @@ class ModelPath:
 # Tried in this order; the fastest that passes wins. torch's and OpenVINO's fp32 are left out
 # of `backend: auto`: never faster than onnxruntime's fp32 where measured (docs/benchmarks.md).
 CANDIDATES = (
+    ModelPath("ctranslate2", "int8"),
     ModelPath("onnxruntime", "int8"),
     ModelPath("openvino", "bf16"),
     ModelPath("onnxruntime", "int8", PROJECTIONS),
@@ -68,7 +71,7 @@ CANDIDATES = (
     ModelPath("torch", "int8"),
     ModelPath("torch", "none"),
 )
-AUTO_BACKENDS = ("onnxruntime", "openvino")
+AUTO_BACKENDS = ("ctranslate2", "onnxruntime", "openvino")
 GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
 
 
@@ -115,10 +118,15 @@ def concrete(
 
 
 def choice_key(model_dir: Path, config: ModelConfig, isa: tuple[str, ...]) -> str:
-    from numaserve.backends.onnx_build import model_digest
+    from numaserve.backends.artifacts import model_digest
 
     versions = {}
-    for package in ("numaserve", "onnxruntime", "openvino"):  # not torch: see onnx_build
+    for package in (
+        "numaserve",
+        "onnxruntime",
+        "openvino",
+        "ctranslate2",
+    ):  # not torch: see onnx_build
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -139,7 +147,7 @@ def ensure_choice(
     config: ModelConfig, isa: tuple[str, ...], load: Load, root: Path | None = None
 ) -> Choice:
     """The kept choice for this model on this CPU, made first if there is none."""
-    from numaserve.backends.onnx_build import cache_root
+    from numaserve.backends.artifacts import cache_root
 
     key = choice_key(Path(resolve_model_path(config.path)), config, isa)
     directory = (root or cache_root()) / "choice"
@@ -176,51 +184,58 @@ def _read(path: Path) -> Choice | None:
 def choose(
     config: ModelConfig, isa: tuple[str, ...], load: Load, texts: list[str] | None = None
 ) -> Choice:
-    """Build, judge and time each candidate; the fastest that passes the gate."""
+    """Build and judge each candidate; race those that pass (race.py); the winner."""
     from numaserve.backends.gate import Gate, gate_texts
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.corpus import stdlib_passages
 
+    config = gate_config(config)
+    reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
     log.info(
         "quantize: auto: judging and timing each model path of %s on this CPU (once; kept)",
         config.path,
         extra={"event": "prepare"},
     )
-    config = gate_config(config)
-    reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
     tokenizer = Tokenizer(config.path, config.max_length)
     gate = Gate(config.task, tokenizer, texts or gate_texts(stdlib_passages()), reference)
     del reference
-    trials = []
-    for path in candidates(config.backend):
+    trials, passed = [], {}
+    paths = candidates(config.backend)
+    for number, path in enumerate(paths, 1):
         trial = {"path": str(path)}
+        trials.append(trial)
         try:
             model = load(path.applied_to(config), isa)
         except ModelLoadError as e:
-            trials.append(trial | {"skipped": str(e)})
+            trial["skipped"] = str(e)
             log.info("quantize: auto: %s skipped: %s", path, e, extra={"event": "prepare"})
             continue
         verdict = gate.judge(model)
-        trial |= {"passed": verdict.passed, "figure": verdict.figure, "ms": verdict.ms}
-        trials.append(trial)
+        trial |= {"passed": verdict.passed, "figure": verdict.figure}
+        if verdict.passed:
+            passed[str(path)] = model  # kept loaded for the race
         log.info(
-            "quantize: auto: %s %s the gate (%s), %.2f ms a text",
+            "quantize: auto: candidate %d of %d, %s, %s the gate (%s)",
+            number,
+            len(paths),
             path,
             "passes" if verdict.passed else "fails",
             verdict.figure,
-            verdict.ms,
             extra={"event": "prepare"},
         )
-    passed = [t for t in trials if t.get("passed")]
     if not passed:
         raise ModelLoadError(
             f"quantize: auto: no model path of {config.path} passes the accuracy gate: "
             + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
-            + _fp32_hint(trials)
         )
-    best = min(passed, key=lambda t: t["ms"])
-    chosen = next(p for p in candidates(config.backend) if str(p) == best["path"])
-    return Choice(chosen, _why(best, trials), tuple(trials))
+    standings = race({n: partial(gate.run, m) for n, m in passed.items()}, gate.inputs)
+    for standing in standings:
+        trial = next(t for t in trials if t["path"] == standing.name)
+        trial |= {"ms": round(standing.median, 3), "rounds": [round(x, 3) for x in standing.ms]}
+    best, fastest = winner(standings)
+    chosen = next(p for p in paths if str(p) == best.name)
+    why = _why(best, fastest, standings, trials)
+    return Choice(chosen, why, tuple(trials))
 
 
 def gate_config(config: ModelConfig) -> ModelConfig:
@@ -233,20 +248,26 @@ def gate_config(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(config, max_length=tokens, padding="dynamic", truncate=True)
 
 
-def _fp32_hint(trials: list[dict]) -> str:
-    """Where fp32 differs from fp32, the checkpoint answers differently on each load."""
-    if not any(t["path"].endswith(" none") and t.get("passed") is False for t in trials):
-        return ""
-    return (
-        ". Even fp32 differs from fp32 here: the checkpoint's answers change from one load to "
-        "the next, as a head for this task that it does not hold, initialised at random, "
-        "does (check model.task); name the precision to serve it anyway"
-    )
-
-
-def _why(best: dict, trials: list[dict]) -> str:
-    """One line: the chosen path's speed and accuracy, and what the faster ones lacked."""
-    faster = [t for t in trials if "ms" in t and t["ms"] < best["ms"]]
-    beaten = "; ".join(f"{t['path']} is faster but fails the gate ({t['figure']})" for t in faster)
-    line = f"the fastest that passes the gate: {best['ms']:.2f} ms a text, {best['figure']}"
+def _why(best: Standing, fastest: Standing, standings: list[Standing], trials: list) -> str:
+    """One line: the chosen path's speed, its lead and accuracy, and what faster ones lacked."""
+    figure = next(t["figure"] for t in trials if t["path"] == best.name)
+    rivals = [s for s in standings if s is not best]
+    if best is fastest:
+        line = f"the fastest that passes the gate: {best.median:.2f} ms a text, {figure}"
+        if rivals:
+            second = min(rivals, key=lambda s: s.median)
+            r = ratios(best, second)
+            line += (
+                f"; {min(r):.2f}-{max(r):.2f}x faster than {second.name} round by round"
+                f" ({len(r)} rounds)"
+            )
+    else:
+        r = ratios(fastest, best)
+        line = (
+            f"passes the gate and takes less memory than {fastest.name}, whose lead is within"
+            f" the rounds' noise ({best.median:.2f} against {fastest.median:.2f} ms a text,"
+            f" {min(r):.2f}-{max(r):.2f}x round by round); {figure}"
+        )
+    failed = [t for t in trials if t.get("passed") is False]
+    beaten = "; ".join(f"{t['path']} fails the gate ({t['figure']})" for t in failed)
     return line + (f"; {beaten}" if beaten else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from numaserve.backends.base import (
 )
 from numaserve.backends.precision import kept_in_fp32
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output
 
@@ -107,12 +108,61 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return loader.from_pretrained(directory).eval()
+            model, loading = loader.from_pretrained(directory, output_loading_info=True)
     except Exception as e:  # corrupt weights, wrong architecture, no network for a hub id...
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(
             f"cannot load model {config.path} for task {config.task}: {first_line}"
         ) from None
+    refuse_a_missing_head(model, loading["missing_keys"], config, directory)
+    return model.eval()
+
+
+HEADS = {
+    Output.SEQUENCE_LOGITS: ("a sequence classification head", "ForSequenceClassification"),
+    Output.TOKEN_LOGITS: ("a token classification head", "ForTokenClassification"),
+}
+
+
+def refuse_a_missing_head(model, missing, config: ModelConfig, directory: str) -> None:
+    """transformers initialises a head the checkpoint lacks at random, and serves noise with
+    it (the same label for every text, or another one on each load), and loads one task's
+    head as another's where their weights share names (`classifier`): both refused here,
+    where every model path loads the checkpoint (the torch backend, an export, the fp32
+    reference `quantize: auto` judges against), before any minutes of work."""
+    output = TASKS[config.task].output
+    if output not in HEADS:
+        return
+    prefix = model.base_model_prefix + "."
+    absent = sorted(name for name in missing if not name.startswith(prefix))
+    architecture = _architecture(directory)
+    another = next((o for o, (_, s) in HEADS.items() if architecture.endswith(s)), output)
+    if not absent and another is output:
+        return
+    head, _ = HEADS[output]
+    lacking = f" ({', '.join(absent)})" if absent else ""
+    raise ModelLoadError(
+        f"task: {config.task} needs {head}{lacking}, which {config.path} does not hold: "
+        f"it is {checkpoint_kind(directory, architecture)}"
+    )
+
+
+def _architecture(directory: str) -> str:
+    return (read_json(Path(directory) / "config.json").get("architectures") or ["?"])[0]
+
+
+def checkpoint_kind(directory: str, architecture: str) -> str:
+    """What a checkpoint is, said with the task that serves it."""
+    if (Path(directory) / "modules.json").is_file():
+        return "a sentence-embedding model: use task: embed"
+    for suffix, kind in (
+        ("ForSequenceClassification", "a sequence classifier ({}): use task: classify"),
+        ("ForTokenClassification", "a token classifier ({}): use task: ner"),
+        ("Model", "an encoder without a task head ({}): use task: embed"),
+    ):
+        if architecture.endswith(suffix):
+            return kind.format(architecture)
+    return f"a {architecture} checkpoint, not fine-tuned for this task: fine-tune it first"
 
 
 class TorchModel(Model):

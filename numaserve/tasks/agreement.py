@@ -18,7 +18,6 @@ AGREEMENT = 0.98  # labels, top documents, entity F1
 class Verdict:
     passed: bool
     figure: str  # what was measured against what the bar is, for the log and the refusal
-    ms: float = 0.0  # the candidate's time per input, one at a time (set by the gate)
 
 
 def cosine_verdict(candidate: Sequence, reference: Sequence) -> Verdict:

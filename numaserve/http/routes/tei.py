@@ -170,7 +170,7 @@ async def decode(app: App, request: Request) -> Response:
 
 
 # model.quantize in TEI's words; `auto` is decided per CPU at prepare (`numaserve status`).
-DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "auto": "auto"}
+DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "int16": "int16", "auto": "auto"}
 
 
 async def info(app: App, request: Request) -> Response:

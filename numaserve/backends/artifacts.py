@@ -1,0 +1,199 @@
+"""What a model is built into once and kept on disk for every worker that serves it: an ONNX
+graph (onnx_build.py), a CTranslate2 model (ct2_build.py).
+
+An artifact lives at CACHE/KIND/KEY/NAME, where KEY hashes the checkpoint's files and every
+option that changes what is built. The first process to need it builds it under the
+directory's lock; the others wait and load it. It is built in a child process (which
+inherits the caller's CPUs and memory policy, and gives back the gigabytes a torch export
+takes when it exits), written under a temporary name and renamed into place, with its
+SHA-256 beside it: a file or directory that does not match (a crash mid-copy, a full disk)
+is said so and built again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from numaserve import exitcodes
+from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError
+
+log = logging.getLogger("numaserve.backends")
+
+
+def cache_root() -> Path:
+    """$NUMASERVE_CACHE, else systemd's CacheDirectory ($CACHE_DIRECTORY), else XDG's."""
+    if root := os.environ.get("NUMASERVE_CACHE"):
+        return Path(root)
+    if root := os.environ.get("CACHE_DIRECTORY"):
+        return Path(root.split(":")[0])
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "numaserve"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_digest(model_dir: Path) -> str:
+    """The checkpoint's files, names and contents: what an artifact or a choice was made of."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
+        digest.update(_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """A file's SHA-256, or a directory's files' (model_digest)."""
+    return model_digest(path) if path.is_dir() else _sha256(path)
+
+
+def key_of(model_dir: Path, options: dict) -> str:
+    """An artifact's KEY: the checkpoint's files and the options it was built with."""
+    digest = hashlib.sha256(model_digest(model_dir).encode())
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    return digest.hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """How an artifact is made: `python -m MODULE CONFIG OUTPUT ARGS`, whose last line on
+    stderr says why where it fails (the module's main)."""
+
+    what: str  # "the ONNX artifact", in messages
+    module: str
+    config: ModelConfig
+    args: Sequence[str] = ()
+
+
+def ensure(directory: Path, name: str, build: Build) -> Path:
+    """directory/name, built first if it is missing or does not match its digest."""
+    artifact, digest = directory / name, directory / f"{name}.sha256"
+    if _verified(artifact, digest):  # no lock, no write: a read-only cache serves
+        return artifact
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = (directory / ".lock").open("w")
+    except OSError as e:
+        raise ModelLoadError(
+            f"{build.what} {artifact} is missing or damaged, and it cannot be built "
+            f"there: {e.strerror}. Run `numaserve prepare --config FILE` where the cache is "
+            "writable, or point NUMASERVE_CACHE at a writable directory"
+        ) from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then load its file
+        if artifact.exists():
+            if _verified(artifact, digest):
+                return artifact
+            log.warning("%s %s does not match its digest: rebuilding it", build.what, artifact)
+            _remove(artifact)
+        _remove_leftovers(directory)
+        log.info("building %s for %s in %s", build.what, build.config.path, directory)
+        built = directory / f"{name}.{os.getpid()}.tmp"
+        _build_in_child(build, built)
+        write_atomically(digest, content_digest(built))
+        os.replace(built, artifact)
+        return artifact
+
+
+def _verified(artifact: Path, digest: Path) -> bool:
+    """Complete: a builder writes the digest and then renames the artifact into place, so an
+    artifact that matches its digest was finished, whoever reads it and whether locked or not."""
+    try:
+        return artifact.exists() and digest.read_text().strip() == content_digest(artifact)
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """What a build killed midway left behind. Only lock holders build, and we hold it."""
+    for path in [*directory.glob("build-*"), *directory.glob("*.tmp")]:
+        _remove(path)
+
+
+def _build_in_child(build: Build, output: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        build.module,
+        json.dumps(dataclasses.asdict(build.config)),
+        str(output),
+        f"--parent={os.getpid()}",
+        *build.args,
+    ]
+    child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if child.returncode == 0 and output.exists():
+        return
+    _remove(output)
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    if child.returncode < 0:
+        reason = f"the build process was killed by {exitcodes.signal_name(-child.returncode)}"
+    else:
+        reason = lines[-1] if lines else f"the build process exited {child.returncode}"
+    if lines:
+        log.error("the build's output:\n%s", "\n".join(lines[-40:]))
+    raise ModelLoadError(reason)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+def build_main(argv: list[str] | None, module: str, build, failure: str) -> int:
+    """A build child's main: `build(transformers_model, config, output, full_range)` on the
+    checkpoint loaded in fp32 for its task. Its last stderr line is what the caller reports:
+    a ModelLoadError's words, else `failure` (which names the way out) with the cause."""
+    import argparse
+    import signal
+    import traceback
+
+    from numaserve.lifecycle import die_with_parent
+
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("config", help="the model config, as JSON")
+    parser.add_argument("output", type=Path)
+    parser.add_argument("--parent", type=int, help="die with this process")
+    parser.add_argument("--full-range", action="store_true", help="8-bit int8 activations")
+    args = parser.parse_args(argv)
+    if args.parent:  # a build whose worker was killed (a start timeout, a stop) must not go on
+        die_with_parent(args.parent, signal.SIGKILL)
+    config = ModelConfig(**json.loads(args.config))
+    try:
+        from numaserve.backends.torch import load_transformers_model
+
+        build(load_transformers_model(config), config, args.output, args.full_range)
+    except ModelLoadError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except Exception as e:  # the traceback for the log, then the one line the worker reports
+        traceback.print_exc()
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        cause = f"{type(e).__name__}: {first_line}"
+        print(failure.format(path=config.path, cause=cause), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,66 @@
+"""Which of several ways to run the same work is fastest, on a machine that other work may
+share: they take turns, round after round, on the same inputs, and a lead counts only where
+it is larger than the spread of its ratio from round to round.
+
+Timed one after the other, a candidate that happens to run while a neighbour is busy looks
+slow: `quantize: auto` once chose differently from one start to the next on the same CPU, on
+single timings 9% apart. Within a round, every candidate runs the same inputs moments apart,
+so the ratio of their times cancels the machine's slow and fast spells; across rounds, the
+ratios' spread says how much of a lead the noise alone could make.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Standing:
+    name: str
+    ms: tuple[float, ...]  # time per input in each round
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ms)
+
+
+def race(
+    runners: dict[str, Callable[[list], object]], inputs: Sequence, rounds: int = ROUNDS
+) -> list[Standing]:
+    """Each runner's time per input in each round, in the runners' order. Round r runs every
+    rounds-th input from the r-th (inputs sorted by length give each round every length),
+    each runner in turn, starting one later each round."""
+    names = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        part = list(inputs[r::rounds]) or list(inputs)
+        start = r % len(names)
+        for name in names[start:] + names[:start]:
+            started = time.perf_counter()
+            runners[name](part)
+            times[name].append((time.perf_counter() - started) * 1e3 / len(part))
+    return [Standing(name, tuple(times[name])) for name in names]
+
+
+def ratios(leader: Standing, rival: Standing) -> list[float]:
+    """The rival's time over the leader's, round by round."""
+    return [b / a for a, b in zip(leader.ms, rival.ms, strict=True)]
+
+
+def ahead(leader: Standing, rival: Standing) -> bool:
+    """Whether the leader's lead over the rival is larger than the rounds' spread of it."""
+    r = ratios(leader, rival)
+    return statistics.median(r) - 1 > max(r) - min(r)
+
+
+def winner(standings: Sequence[Standing]) -> tuple[Standing, Standing]:
+    """(the winner, the fastest): the fastest, unless a runner listed before it is within
+    the noise of it, which then wins (callers list their runners by preference: less memory
+    first)."""
+    fastest = min(standings, key=lambda s: s.median)
+    return next(s for s in standings if s is fastest or not ahead(fastest, s)), fastest

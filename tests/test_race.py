@@ -1,0 +1,39 @@
+"""Which way of running is fastest on a shared machine (backends/race.py): turns taken round
+after round, and a lead that counts only beyond the rounds' spread. Made-up times: what is
+tested is the rule, not this machine's speed."""
+
+from numaserve.backends.race import Standing, ahead, race, winner
+
+
+def test_a_lead_in_every_round_larger_than_the_spread_counts():
+    fast, slow = Standing("a", (1.0, 1.1, 0.9)), Standing("b", (1.5, 1.6, 1.4))
+    assert ahead(fast, slow)
+
+
+def test_a_lead_smaller_than_the_rounds_spread_does_not_count():
+    # b is 5% slower in the median, but one round had it 10% faster: noise.
+    fast, rival = Standing("a", (1.0, 1.0, 1.0)), Standing("b", (1.05, 0.9, 1.08))
+    assert not ahead(fast, rival)
+
+
+def test_the_fastest_wins_where_it_is_clearly_ahead():
+    small, fast = Standing("less memory", (2.0, 2.2, 2.1)), Standing("fast", (1.0, 1.1, 1.0))
+    assert winner([small, fast]) == (fast, fast)
+
+
+def test_within_the_noise_the_runner_listed_first_wins():
+    small = Standing("less memory", (1.04, 0.97, 1.03))
+    fast = Standing("more memory", (1.0, 1.0, 1.0))
+    assert winner([small, fast]) == (small, fast)
+
+
+def test_every_runner_runs_every_round_on_the_same_inputs_starting_one_later_each_round():
+    calls = []
+    runners = {name: (lambda part, name=name: calls.append((name, tuple(part)))) for name in "xyz"}
+    standings = race(runners, list(range(12)), rounds=3)
+    assert [s.name for s in standings] == ["x", "y", "z"]
+    assert all(len(s.ms) == 3 for s in standings)
+    assert [name for name, _ in calls] == list("xyzyzxzxy")
+    rounds = [calls[i : i + 3] for i in (0, 3, 6)]
+    assert all(len({part for _, part in r}) == 1 for r in rounds)  # one round, one input set
+    assert [r[0][1] for r in rounds] == [(0, 3, 6, 9), (1, 4, 7, 10), (2, 5, 8, 11)]
