@@ -48,10 +48,9 @@ class ModelConfig:
     # rerank: a cross-encoder's score for each (query, document) pair. ner: a token
     # classifier's entities.
     task: Literal[NAMES] = "embed"  # numaserve/tasks
-    # auto (both): the fastest backend and precision that pass the accuracy gate on this CPU
-    # (backends/choice.py). onnxruntime: the model exported once to an ONNX artifact
-    # (backends/onnx_build.py); openvino: that artifact compiled by OpenVINO; ctranslate2: the
-    # encoder converted by CTranslate2 (backends/ct2_build.py).
+    # auto (both): each pool's fastest path that passes the accuracy gate (backends/choice.py).
+    # onnxruntime: an ONNX artifact (backends/onnx_build.py); openvino: that artifact compiled
+    # by OpenVINO; ctranslate2: the encoder converted by CTranslate2 (backends/ct2_build.py).
     backend: Literal["auto", "torch", "onnxruntime", "openvino", "ctranslate2"] = "auto"
     quantize: Literal["auto", "int8", "int16", "bf16", "none"] = "auto"  # config_precision.py
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).

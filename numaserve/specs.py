@@ -8,6 +8,7 @@ runs them, lets the supervisor import neither the router nor any model runtime.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 from collections.abc import Mapping
@@ -22,9 +23,11 @@ from numaserve.config import (
     CurveConfig,
     ModelConfig,
     PoolConfig,
+    ServedModel,
     ServerConfig,
     from_mapping,
 )
+from numaserve.config_precision import needs_prepare
 from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
@@ -111,6 +114,8 @@ class HttpModel:
     name: str
     model: ModelConfig
     shards: tuple[str, ...]
+    # What `numaserve prepare` resolved (WorkerSpec.prepared), for /info; "": nothing.
+    prepared: str = field(default="", metadata={"empty": True})
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,22 @@ class WorkerSpec(JSONSpec):
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
     use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
     shard: int = 0  # the router shard it serves
+    # What `numaserve prepare` resolved for the model (backends/prepared.py): the instance
+    # loads its pool's path and artifact from it. "": a model with nothing to prepare (torch,
+    # a named precision), which loads the checkpoint as it is.
+    prepared: str = field(default="", metadata={"empty": True})
+
+
+def record_path(runtime_dir: str | Path, served: ServedModel) -> Path:
+    """Where a server's prepare step writes what it resolved for a model (`numaserve
+    prepare --record-dir`), and where the model's instances read it. Named for the model's
+    settings too: an instance of the settings a reload left behind (an aborted one) reads
+    what was resolved for its own, not for the new ones."""
+    settings = json.dumps(dataclasses.asdict(served), sort_keys=True).encode()
+    return (
+        Path(runtime_dir)
+        / f"prepared-{served.name}-{hashlib.sha256(settings).hexdigest()[:12]}.json"
+    )
 
 
 def model_key(model: ModelConfig) -> str:
@@ -240,6 +261,9 @@ def deployment(
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,
             shard=router_of[slot.name].shard,
+            prepared=str(record_path(runtime_dir, served[slot.model]))
+            if needs_prepare(served[slot.model].backend, served[slot.model].quantize)
+            else "",
         )
         for slot in plan.slots
     )
@@ -266,6 +290,9 @@ def http_fronts(
             model.name,
             model.model,
             tuple(r.local for r in routers if r.model_name == model.name and r.local),
+            str(record_path(runtime_dir, model))
+            if needs_prepare(model.backend, model.quantize)
+            else "",
         )
         for model in config.models
     )

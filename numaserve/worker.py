@@ -23,6 +23,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from numaserve import exitcodes, protocol
+from numaserve.config_precision import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
     PinningError,
@@ -45,9 +46,21 @@ class Engine:
     """The model, warmed up, and the translation of its outputs to wire results."""
 
     def __init__(self, spec: WorkerSpec, report: PinReport):
-        from numaserve.backends import load_model  # imports the backend: after pinning
+        from numaserve.backends import load_model, load_prepared  # the backend: after pinning
 
-        self.model = load_model(spec.model, spec.isa, report.threads)
+        if spec.prepared:
+            self.model = load_prepared(
+                spec.model, spec.slot.pool, spec.prepared, spec.isa, report.threads
+            )
+        elif needs_prepare(spec.model.backend, spec.model.quantize):
+            raise ModelLoadError(
+                f"this instance was started without what `numaserve prepare` resolved for "
+                f"{spec.model.path} (its spec names no record): an instance loads its pool's "
+                "model path and artifact as prepare resolved them, and never chooses or builds "
+                "them itself; start it with `numaserve start`, which prepares first"
+            )
+        else:  # torch, with a named precision: the checkpoint as it is
+            self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = self.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))
 

@@ -2,14 +2,19 @@
 saved classifier, the choice kept and read back, and made again where it must be."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.choice import (
+    ALONE,
     CANDIDATES,
+    Band,
+    Batching,
     ModelPath,
+    bands,
     choice_key,
     choose,
     concrete,
@@ -47,26 +52,47 @@ def classifier_choice(classifier_dir, tmp_path_factory):
     return choose(config, ISA, load_model, TEXTS)
 
 
+def raced(choice, pool: str = "default") -> list[dict]:
+    """The trials that raced for a pool, each with its per-round times there."""
+    return [t | t["pools"][pool] for t in choice.trials if pool in t.get("pools", {})]
+
+
 def test_auto_chooses_a_candidate_that_passes_the_gate_and_no_faster_one_is_clearly_ahead(
     classifier_choice,
 ):
-    raced = [t for t in classifier_choice.trials if "rounds" in t]
-    chosen = next(t for t in raced if t["path"] == str(classifier_choice.path))
-    assert chosen["passed"] and all(t["passed"] for t in raced)  # only passing paths race
-    for rival in raced:
+    trials = raced(classifier_choice)
+    path = str(classifier_choice.for_pool().path)
+    chosen = next(t for t in trials if t["path"] == path)
+    assert chosen["passed"] and all(t["passed"] for t in trials)  # only passing paths race
+    for rival in trials:
         # Against a rival faster in the median, the chosen path lost no round by more than
         # the rounds' spread: a lead within the noise goes to the path listed first.
         ratios = [a / b for a, b in zip(chosen["rounds"], rival["rounds"], strict=True)]
         lead = sorted(ratios)[len(ratios) // 2] - 1
         assert lead <= max(ratios) - min(ratios) or rival is chosen, (chosen, rival)
-    assert str(classifier_choice.path) in [str(c) for c in CANDIDATES]
 
 
 def test_auto_races_the_paths_that_pass_in_alternating_rounds(classifier_choice):
-    raced = [t for t in classifier_choice.trials if "rounds" in t]
-    assert len(raced) >= 2 and all(len(t["rounds"]) == 5 for t in raced)
-    assert all(t["ms"] == sorted(t["rounds"])[2] for t in raced)  # the median round
-    assert "round by round" in classifier_choice.why
+    trials = raced(classifier_choice)
+    assert len(trials) >= 2 and all(len(t["rounds"]) == 5 for t in trials)
+    assert all(t["ms"] == sorted(t["rounds"])[2] for t in trials)  # the median round
+    assert "round by round" in classifier_choice.for_pool().why
+
+
+def test_each_pool_races_on_texts_of_its_own_lengths_and_gets_its_own_choice(classifier_dir):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    pools = (Band("short", 0, 24), Band("long", 24, 256))
+    choice = choose(config, ISA, load_model, TEXTS, pools, Batching(8, 128))
+    assert set(choice.pools) == {"short", "long"}
+    batch = {}
+    for pool, band in (("short", "1-24"), ("long", "25-256")):
+        found = re.search(
+            rf"texts of {band} tokens, alone and (\d+) at a time", choice.pools[pool].why
+        )
+        batch[pool] = int(found.group(1))
+    assert batch["short"] > batch["long"]  # 128 tokens of micro-batch hold more short texts
+    for pool in ("short", "long"):
+        assert len(raced(choice, pool)) >= 2
 
 
 def test_auto_tries_every_ctranslate2_onnxruntime_and_openvino_path_and_says_why_it_skips_one(
@@ -89,7 +115,8 @@ def test_a_kept_choice_is_read_back_without_loading_anything(classifier_dir, cac
     made = ensure_choice(config, ISA, first)
     assert first.calls >= 4 and ensure_choice(config, ISA, again) == made and again.calls == 0
     (kept,) = (cache / "choice").glob("*.json")
-    assert json.loads(kept.read_text())["path"]["backend"] == made.path.backend
+    kept_path = json.loads(kept.read_text())["pools"]["default"]["path"]
+    assert kept_path["backend"] == made.for_pool().path.backend
 
 
 def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch):
@@ -97,27 +124,53 @@ def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch)
     monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
     ensure_choice(config, ISA, load_model)
     (kept,) = (cache / "choice").glob("*.json")
-    kept.write_text('{"path": ')
+    kept.write_text('{"pools": ')
     loads = CountingLoads()
     ensure_choice(config, ISA, loads)
-    assert loads.calls >= 4 and json.loads(kept.read_text())["path"]
+    assert loads.calls >= 4 and json.loads(kept.read_text())["pools"]
 
 
-def test_another_cpu_another_model_or_another_scope_chooses_again(classifier_dir):
-    config = ModelConfig(path=str(classifier_dir), task="classify")
-    key = choice_key(classifier_dir, config, ("avx2", "avx512_vnni"))
-    assert key == choice_key(classifier_dir, config, ("avx512_vnni", "avx2"))
-    assert key != choice_key(classifier_dir, config, ("avx2",))
-    assert key != choice_key(classifier_dir, replace(config, backend="onnxruntime"), ("avx2",))
-    assert key != choice_key(classifier_dir, replace(config, task="embed"), ("avx2",))
+ONE = (Band("default", 0, 256),)
 
 
-def test_one_choice_serves_every_max_length_and_padding(classifier_dir):
-    config = ModelConfig(path=str(classifier_dir), task="classify")
-    other = replace(config, max_length=64, padding="max_length")
-    assert choice_key(classifier_dir, config, ("avx2",)) == choice_key(
-        classifier_dir, other, ("avx2",)
+def test_another_cpu_model_scope_or_pool_layout_chooses_again():
+    config = ModelConfig(task="classify")
+    key = choice_key("digest", config, ("avx2", "avx512_vnni"), ONE, ALONE)
+    assert key == choice_key("digest", config, ("avx512_vnni", "avx2"), ONE, ALONE)
+    assert key != choice_key("digest", config, ("avx2",), ONE, ALONE)
+    assert key != choice_key("other", config, ("avx2", "avx512_vnni"), ONE, ALONE)
+    assert key != choice_key(
+        "digest", replace(config, backend="onnxruntime"), ("avx2",), ONE, ALONE
     )
+    assert key != choice_key("digest", replace(config, task="embed"), ("avx2",), ONE, ALONE)
+    two = (Band("short", 0, 32), Band("long", 32, 256))
+    assert key != choice_key("digest", config, ("avx2", "avx512_vnni"), two, ALONE)
+    assert key != choice_key("digest", config, ("avx2", "avx512_vnni"), ONE, Batching(8, 128))
+
+
+def test_one_choice_serves_every_padding_and_truncation():
+    config = ModelConfig(task="classify")
+    other = replace(config, padding="max_length", truncate=False)
+    assert choice_key("d", config, ("avx2",), ONE, ALONE) == choice_key(
+        "d", other, ("avx2",), ONE, ALONE
+    )
+
+
+def test_pools_bands_run_from_the_next_shorter_pools_max_tokens():
+    from numaserve.config import PoolConfig
+
+    pools = (PoolConfig("long", 512), PoolConfig("short", 32), PoolConfig("mid", 128))
+    assert bands(pools, 256) == (
+        Band("short", 0, 32),
+        Band("mid", 32, 128),
+        Band("long", 128, 256),  # no text is longer than model.max_length
+    )
+
+
+def test_a_pool_micro_batches_as_many_texts_as_its_token_budget_allows():
+    batching = Batching(max_batch=8, max_batch_tokens=128)
+    assert [batching.size(n) for n in (10, 16, 40, 118, 300)] == [8, 8, 3, 1, 1]
+    assert ALONE.size(10) == 1
 
 
 @pytest.mark.parametrize(
@@ -135,7 +188,7 @@ def test_a_named_backend_with_auto_chooses_among_its_own_paths(classifier_dir):
     config = ModelConfig(path=str(classifier_dir), task="classify", backend="torch")
     choice = choose(config, ISA, load_model, TEXTS[:16])
     assert [t["path"] for t in choice.trials] == ["torch int8", "torch none"]
-    assert choice.path.backend == "torch"
+    assert choice.for_pool().path.backend == "torch"
 
 
 def test_no_path_that_passes_is_a_clear_error_with_each_ones_figure():

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from numaserve.client import Client
+from numaserve.http.routes.tei import DTYPES
 from tests.harness import server as server_
 from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_model
 
@@ -257,6 +258,12 @@ def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
     valid(info, "Info")
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 128
+    # What runs, as `numaserve prepare` resolved it (quantize: auto), not "auto".
+    (instance,) = embedder.instances().values()
+    path = instance["model_path"]
+    assert info["model_paths"] == {"main": f"{path['backend']} {path['quantize']}"}
+    assert info["model_dtype"] == DTYPES[path["quantize"]] != "auto"
+    assert len(info["model_sha"]) == 64
 
 
 def test_invocations_and_root_go_to_the_models_own_route(embedder):

@@ -192,8 +192,14 @@ def exit_of(spec, tmp_path):
     return code, log.read_text()
 
 
+# A model with nothing to prepare (torch, a named precision) is loaded by the worker itself;
+# the others are refused at `numaserve prepare`, before any worker (test_missing_head.py,
+# test_model_paths.py), and an instance started without prepare's record is refused below.
+AS_IT_IS = dict(backend="torch", quantize="none")
+
+
 def test_missing_model_exits_with_the_model_code(router, tmp_path):
-    spec = worker_spec(router, model=ModelConfig(path=str(tmp_path / "nope")))
+    spec = worker_spec(router, model=ModelConfig(path=str(tmp_path / "nope"), **AS_IT_IS))
     code, log = exit_of(spec, tmp_path)
     assert code == exitcodes.MODEL
     assert "no such directory" in log and "Traceback" not in log
@@ -205,10 +211,18 @@ def test_corrupt_checkpoint_exits_with_the_model_code(router, tmp_path, classifi
     broken = tmp_path / "broken"
     shutil.copytree(classifier_dir, broken)
     (broken / "model.safetensors").write_bytes(b"garbage")
-    spec = worker_spec(router, model=ModelConfig(path=str(broken), task="classify"))
+    spec = worker_spec(router, model=ModelConfig(path=str(broken), task="classify", **AS_IT_IS))
     code, log = exit_of(spec, tmp_path)
     assert code == exitcodes.MODEL
     assert "cannot load model" in log
+
+
+def test_an_instance_without_prepares_record_is_refused_and_never_chooses(router, tmp_path):
+    spec = worker_spec(router, model=ModelConfig(), prepared="")  # quantize: auto
+    code, log = exit_of(spec, tmp_path)
+    assert code == exitcodes.MODEL
+    assert "started without what `numaserve prepare` resolved for bundled:minilm" in log
+    assert "judging" not in log and "Traceback" not in log
 
 
 def test_unknown_task_exits_with_the_model_code(router, tmp_path):

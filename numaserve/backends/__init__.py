@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.backends.choice import concrete
+from numaserve.backends.choice import (
+    ALONE,
+    Band,
+    Batching,
+    ModelPath,
+    PoolChoice,
+    concrete,
+    ensure_choice,
+    named,
+)
+from numaserve.backends.prepared import PoolPath, Prepared
 from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
@@ -22,22 +33,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("numaserve.backends")
 
 
-def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1) -> Model:
+def load_model(
+    config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1, artifact: str | None = None
+) -> Model:
     """The model for config.backend, running `threads` intra-op threads; `auto` settings
-    decided first (backends/choice.py). `model.choice` says why, where auto chose."""
+    decided first (backends/choice.py), for one pool over every length. `artifact`: the one
+    `numaserve prepare` built for this path, loaded as it is. `model.choice` says why, where
+    auto chose."""
     config, choice = concrete(config, isa, load_model)
     if config.backend == "onnxruntime":
         from numaserve.backends.onnx import OnnxModel
 
-        model = OnnxModel(config, isa, threads)
+        model = OnnxModel(config, isa, threads, artifact)
     elif config.backend == "openvino":
         from numaserve.backends.openvino import OpenVinoModel
 
-        model = OpenVinoModel(config, isa, threads)
+        model = OpenVinoModel(config, isa, threads, artifact)
     elif config.backend == "ctranslate2":
         from numaserve.backends.ct2 import Ct2Model
 
-        model = Ct2Model(config, isa, threads)
+        model = Ct2Model(config, isa, threads, artifact)
     else:
         from numaserve.backends.torch import TorchModel
 
@@ -46,35 +61,101 @@ def load_model(config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1)
     return model
 
 
-def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
-    """Make the `auto` choice and build or verify the model's artifact (an ONNX graph or a
-    CTranslate2 conversion: `numaserve prepare`), so that this work (minutes for a large
-    model on a slow CPU) runs before any instance starts, and never once per instance. False
-    (logged) when the model cannot be prepared."""
+def load_prepared(
+    config: ModelConfig, pool: str, record: str, isa: tuple[str, ...], threads: int
+) -> Model:
+    """An instance's model: its pool's path and artifact as `numaserve prepare` resolved them
+    (prepared.py), loaded with no hashing, judging or choosing."""
+    config, entry = Prepared.read(record).config_for(config, pool)
+    model = load_model(config, isa, threads, entry.artifact)
+    model.choice = PoolChoice(entry.path, entry.why) if entry.why else None
+    return model
+
+
+def prepare_model(
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    pools: tuple[Band, ...] | None = None,
+    batching: Batching = ALONE,
+) -> Prepared | None:
+    """Resolve the model once for every instance (`numaserve prepare`): its checkpoint, each
+    pool's path (the `auto` choice, made if none is kept) and that path's artifact (an ONNX
+    graph or a CTranslate2 conversion, built or verified), so that this work (minutes for a
+    large model on a slow CPU) runs before any instance starts, and never once per instance.
+    `pools`: the pools' bands (choice.bands); by default one over every length. None (logged)
+    when the model cannot be prepared."""
+    from numaserve.backends.artifacts import model_digest
+
     started = time.monotonic()
+    pools = pools or (Band("default", 0, config.max_length),)
     try:
-        config, choice = concrete(config, isa, load_model)
-        if choice is not None:
-            log.info(
-                "quantize: auto chose %s for %s: %s",
-                choice.path,
-                config.path,
-                choice.why,
-                extra={"event": "prepare"},
-            )
-        if config.backend == "torch":
-            return True
-        what = "CTranslate2 model" if config.backend == "ctranslate2" else "ONNX artifact"
-        log.info(
-            "preparing the %s of %s (built once and kept; a first build takes a while)",
-            what,
-            config.path,
-            extra={"event": "prepare"},
-        )
-        artifact = _prepare_artifact(config, isa)
+        directory = Path(resolve_model_path(config.path))
+        digest = model_digest(directory)
+        if config.quantize == "auto":
+            choice = ensure_choice(config, isa, load_model, pools, batching, digest=digest)
+            chosen = {b.pool: choice.pools[b.pool] for b in pools}
+        else:
+            c = named(config)
+            chosen = {
+                b.pool: PoolChoice(ModelPath(c.backend, c.quantize, c.keep_fp32), None)
+                for b in pools
+            }
+        built: dict[ModelPath, str | None] = {}
+        for c in chosen.values():
+            if c.path not in built:
+                built[c.path] = _prepare_artifact(c.path.applied_to(config), isa, digest)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})
-        return False
+        return None
+    record = Prepared(
+        config.path,
+        str(directory),
+        digest,
+        {pool: PoolPath(c.path, built[c.path], c.why) for pool, c in chosen.items()},
+    )
+    for pool, entry in record.pools.items():
+        log.info(
+            "prepared %s, pool %s: %s (%s)%s",
+            config.path,
+            pool,
+            entry.path,
+            f"auto: {entry.why}" if entry.why else "as the config names it",
+            f", artifact {entry.artifact}" if entry.artifact else "",
+            extra={"event": "prepare"},
+        )
+    log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
+    return record
+
+
+def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) -> str | None:
+    """The path's artifact, built or verified: None for torch, which loads the checkpoint."""
+    if config.backend == "torch":
+        return None
+    what = "CTranslate2 model" if config.backend == "ctranslate2" else "ONNX artifact"
+    log.info(
+        "preparing the %s of %s (built once and kept; a first build takes a while)",
+        what,
+        config.path,
+        extra={"event": "prepare"},
+    )
+    started = time.monotonic()
+    if config.backend == "ctranslate2":
+        from numaserve.backends.ct2 import prepare_converted
+
+        artifact, _ = prepare_converted(config, digest)
+    else:
+        from numaserve.backends.onnx import prepare_artifact
+        from numaserve.backends.openvino import (
+            fp32_artifact_config,
+            import_openvino,
+            inference_precision,
+        )
+
+        if config.backend == "openvino":
+            inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
+            import_openvino()
+            config = fp32_artifact_config(config)
+        artifact, _ = prepare_artifact(config, isa, digest)
     log.info(
         "%s ready in %.1f s: %s",
         what,
@@ -82,24 +163,4 @@ def prepare_model(config: ModelConfig, isa: tuple[str, ...]) -> bool:
         artifact,
         extra={"event": "prepare"},
     )
-    return True
-
-
-def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...]):
-    if config.backend == "ctranslate2":
-        from numaserve.backends.ct2 import prepare_converted
-
-        return prepare_converted(config)[0]
-    from numaserve.backends.onnx import prepare_artifact
-    from numaserve.backends.openvino import (
-        fp32_artifact_config,
-        import_openvino,
-        inference_precision,
-    )
-
-    if config.backend == "openvino":
-        inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
-        import_openvino()
-        config = fp32_artifact_config(config)
-    artifact, _ = prepare_artifact(config, isa)
-    return artifact
+    return str(artifact)

@@ -64,11 +64,22 @@ def content_digest(path: Path) -> str:
     return model_digest(path) if path.is_dir() else _sha256(path)
 
 
-def key_of(model_dir: Path, options: dict) -> str:
-    """An artifact's KEY: the checkpoint's files and the options it was built with."""
-    digest = hashlib.sha256(model_digest(model_dir).encode())
-    digest.update(json.dumps(options, sort_keys=True).encode())
-    return digest.hexdigest()[:32]
+def key_of(model_dir: Path, options: dict, digest: str | None = None) -> str:
+    """An artifact's KEY: the checkpoint's files (`digest`, where already known) and the
+    options it was built with."""
+    key = hashlib.sha256((digest or model_digest(model_dir)).encode())
+    key.update(json.dumps(options, sort_keys=True).encode())
+    return key.hexdigest()[:32]
+
+
+def prepared_artifact(path: str) -> Path:
+    """An artifact `numaserve prepare` built and verified, as an instance is told it."""
+    if not Path(path).exists():
+        raise ModelLoadError(
+            f"the prepared artifact {path} is missing (the cache was cleared or moved after "
+            "`numaserve prepare` ran): restart the server, or run `numaserve prepare` again"
+        )
+    return Path(path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,18 @@
-"""`quantize: auto`: the fastest model path (a backend and a precision) that passes the
-accuracy gate (gate.py) on this CPU, measured once, at `numaserve prepare`, and kept.
+"""`quantize: auto`: for each pool, the fastest model path (a backend and a precision) that
+passes the accuracy gate (gate.py) on this CPU, measured once, at `numaserve prepare`, and kept.
 
-Which path is fastest depends on the CPU (AMX, AVX512_BF16, VNNI or AVX2 alone) and on the
-model; which one is accurate enough depends on the model and on the CPU's int8 kernels. So
-each candidate is built, judged against the checkpoint in fp32 on the gate's texts, and timed
-on the same texts, one at a time on one thread; the fastest that passes is chosen. The choice
-is kept in CACHE/choice/KEY.json, where KEY hashes the model's files, the settings that change
-the answer, the CPU's ISA extensions and the runtimes' versions: another CPU, another
-runtime or another checkpoint chooses again. Workers read it; the first to find none makes it,
-under a lock, as the supervisor's prepare step does before any worker starts.
+Which path is fastest depends on the CPU (AMX, AVX512_BF16, VNNI or AVX2 alone), on the model
+and on the texts' lengths (bf16 on AMX pays on long texts, int8 on short ones); which one is
+accurate enough depends on the model and on the CPU's int8 kernels. So each candidate is
+built and judged against the checkpoint in fp32 on the gate's texts; those that pass then race
+(race.py) for each pool, on the gate's texts of that pool's lengths, alone and in the
+micro-batches the pool runs under load, in alternating rounds; a pool gets the fastest, unless
+its lead is within the rounds' noise, where the path listed first (less memory) wins. The
+choice is kept in CACHE/choice/KEY.json, where KEY hashes the model's files, the settings that
+change the answer, the CPU's ISA extensions, the runtimes' versions and the pools' bands:
+another CPU, runtime, checkpoint or pool layout chooses again. `numaserve prepare` makes it,
+under a lock, before any instance starts, and tells each instance its pool's path
+(prepared.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,39 +64,102 @@ class ModelPath:
         )
 
 
-# Tried in this order; the fastest that passes wins. torch's and OpenVINO's fp32 are left out
-# of `backend: auto`: never faster than onnxruntime's fp32 where measured (docs/benchmarks.md).
+# Tried in this order, which is also their memory per instance's, least first (PSS loaded
+# alone: docs/benchmarks.md#model-paths): where two paths' speeds are within the noise, the
+# one listed first wins. torch's and OpenVINO's fp32 are left out of `backend: auto`: never
+# faster than onnxruntime's fp32 where measured (docs/benchmarks.md).
 CANDIDATES = (
     ModelPath("ctranslate2", "int8"),
     ModelPath("onnxruntime", "int8"),
-    ModelPath("openvino", "bf16"),
     ModelPath("onnxruntime", "int8", PROJECTIONS),
     ModelPath("onnxruntime", "none"),
+    ModelPath("openvino", "bf16"),
     ModelPath("openvino", "none"),
     ModelPath("torch", "int8"),
     ModelPath("torch", "none"),
 )
 AUTO_BACKENDS = ("ctranslate2", "onnxruntime", "openvino")
+RUNTIMES = ("numaserve", "onnxruntime", "openvino", "ctranslate2")  # not torch: see onnx_build
 GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
+BAND_INPUTS = (
+    25  # a pool whose length range holds fewer of the gate's texts is timed on the nearest
+)
+
+
+@dataclass(frozen=True)
+class Band:
+    """What one pool's instances run: texts of shortest+1..longest tokens, alone and, under
+    load, in micro-batches (server.max_batch, max_batch_tokens)."""
+
+    pool: str
+    shortest: int  # the next shorter pool's max_tokens; 0 for the first
+    longest: int
+
+    def holds(self, tokens: int) -> bool:
+        return self.shortest < tokens <= self.longest
+
+    def distance(self, tokens: int) -> int:
+        return max(0, self.shortest + 1 - tokens, tokens - self.longest)
+
+
+def bands(pools, max_length: int) -> tuple[Band, ...]:
+    """Each pool's band, from its max_tokens (config.PoolConfig), shortest first."""
+    bounds = sorted({min(p.max_tokens, max_length) for p in pools})
+    shortest = {b: ([0, *bounds][i]) for i, b in enumerate(bounds)}
+    return tuple(
+        Band(p.name, shortest[min(p.max_tokens, max_length)], min(p.max_tokens, max_length))
+        for p in sorted(pools, key=lambda p: p.max_tokens)
+    )
+
+
+@dataclass(frozen=True)
+class Batching:
+    """The server's micro-batching, which sets how many texts a pool runs at once under load."""
+
+    max_batch: int = 1
+    max_batch_tokens: int = 1
+
+    def size(self, tokens: float) -> int:
+        return max(1, min(self.max_batch, int(self.max_batch_tokens // max(tokens, 1))))
+
+
+ALONE = Batching()  # each text alone: a server with max_batch 1, and the default
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    path: ModelPath
+    why: str  # one line for the log and `numaserve status`
 
 
 @dataclass(frozen=True)
 class Choice:
-    path: ModelPath
-    why: str  # one line for the log and `numaserve status`
-    trials: tuple[dict, ...]  # each candidate: path, passed, figure, ms per text or skipped
+    pools: dict[str, PoolChoice]  # each pool's path, by the pool's name
+    trials: tuple[dict, ...]  # each candidate: path, passed, figure, its times by pool, or skipped
+
+    def for_pool(self, pool: str | None = None) -> PoolChoice:
+        """A pool's choice; without a name, the first (a config of one pool)."""
+        return self.pools[pool] if pool is not None else next(iter(self.pools.values()))
 
     def to_json(self) -> dict:
-        return {"path": dataclasses.asdict(self.path), "why": self.why, "trials": self.trials}
+        pools = {
+            name: {"path": dataclasses.asdict(c.path), "why": c.why}
+            for name, c in self.pools.items()
+        }
+        return {"pools": pools, "trials": self.trials}
 
     @classmethod
     def from_json(cls, data: dict) -> Choice:
-        path = data["path"]
-        return cls(
-            ModelPath(path["backend"], path["quantize"], tuple(path["keep_fp32"])),
-            data["why"],
-            tuple(data["trials"]),
-        )
+        pools = {
+            name: PoolChoice(
+                ModelPath(
+                    p["path"]["backend"], p["path"]["quantize"], tuple(p["path"]["keep_fp32"])
+                ),
+                p["why"],
+            )
+            for name, p in data["pools"].items()
+        }
+        return cls(pools, tuple(data["trials"]))
 
 
 def candidates(backend: str) -> list[ModelPath]:
@@ -104,29 +172,37 @@ Load = Callable[[ModelConfig, tuple[str, ...]], "Model"]  # backends.load_model,
 
 def concrete(
     config: ModelConfig, isa: tuple[str, ...], load: Load
-) -> tuple[ModelConfig, Choice | None]:
-    """The config with its backend and precision decided: `quantize: auto` from the choice
-    (made now if none is kept), `backend: auto` with a named precision from the first backend
-    that runs it (onnxruntime for int8 and none, openvino for bf16)."""
+) -> tuple[ModelConfig, PoolChoice | None]:
+    """The config with its backend and precision decided, for a server of one pool over
+    every length: `quantize: auto` from the choice (made now if none is kept), `backend: auto`
+    with a named precision from the first backend that runs it (onnxruntime for int8 and
+    none, openvino for bf16, ctranslate2 for int16). A server's instances are told their
+    pool's path by `numaserve prepare` instead (backends/prepared.py)."""
     if config.quantize != "auto":
-        if config.backend != "auto":
-            return config, None
-        backend = next(b for b, offered in PRECISIONS.items() if config.quantize in offered)
-        return dataclasses.replace(config, backend=backend), None
-    choice = ensure_choice(config, isa, load)
+        return named(config), None
+    choice = ensure_choice(config, isa, load).for_pool()
     return choice.path.applied_to(config), choice
 
 
-def choice_key(model_dir: Path, config: ModelConfig, isa: tuple[str, ...]) -> str:
-    from numaserve.backends.artifacts import model_digest
+def named(config: ModelConfig) -> ModelConfig:
+    """A config with a named precision, its backend decided."""
+    if config.backend != "auto":
+        return config
+    backend = next(b for b, offered in PRECISIONS.items() if config.quantize in offered)
+    return dataclasses.replace(config, backend=backend)
 
+
+def choice_key(
+    digest: str,
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    pools: tuple[Band, ...],
+    batching: Batching,
+) -> str:
+    """What a kept choice was made for: the checkpoint (its digest), the task and scope, the
+    CPU, the runtimes' versions, and the pools' bands and batching it was timed for."""
     versions = {}
-    for package in (
-        "numaserve",
-        "onnxruntime",
-        "openvino",
-        "ctranslate2",
-    ):  # not torch: see onnx_build
+    for package in RUNTIMES:
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -137,19 +213,30 @@ def choice_key(model_dir: Path, config: ModelConfig, isa: tuple[str, ...]) -> st
         "backend": config.backend,
         "isa": sorted(isa),
         "versions": versions,
+        "pools": [dataclasses.asdict(b) for b in pools],
+        "batching": dataclasses.asdict(batching),
     }
-    digest = hashlib.sha256(model_digest(model_dir).encode())
-    digest.update(json.dumps(settings, sort_keys=True).encode())
-    return digest.hexdigest()[:32]
+    key = hashlib.sha256(digest.encode())
+    key.update(json.dumps(settings, sort_keys=True).encode())
+    return key.hexdigest()[:32]
 
 
 def ensure_choice(
-    config: ModelConfig, isa: tuple[str, ...], load: Load, root: Path | None = None
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    load: Load,
+    pools: tuple[Band, ...] | None = None,
+    batching: Batching = ALONE,
+    root: Path | None = None,
+    digest: str | None = None,
 ) -> Choice:
-    """The kept choice for this model on this CPU, made first if there is none."""
-    from numaserve.backends.artifacts import cache_root
+    """The kept choice for this model, its pools and this CPU, made first if there is none.
+    `pools`: by default one over every length; `digest`: the checkpoint's, if known."""
+    from numaserve.backends.artifacts import cache_root, model_digest
 
-    key = choice_key(Path(resolve_model_path(config.path)), config, isa)
+    pools = pools or (Band("default", 0, config.max_length),)
+    digest = digest or model_digest(Path(resolve_model_path(config.path)))
+    key = choice_key(digest, config, isa, pools, batching)
     directory = (root or cache_root()) / "choice"
     kept = directory / f"{key}.json"
     if (choice := _read(kept)) is not None:
@@ -167,7 +254,7 @@ def ensure_choice(
         fcntl.flock(lock, fcntl.LOCK_EX)  # one chooser; the others wait, then read its choice
         if (choice := _read(kept)) is not None:
             return choice
-        choice = choose(config, isa, load)
+        choice = choose(config, isa, load, pools=pools, batching=batching)
         with tempfile.NamedTemporaryFile("w", dir=directory, delete=False) as f:
             json.dump(choice.to_json(), f, indent=1)
         os.replace(f.name, kept)
@@ -182,13 +269,20 @@ def _read(path: Path) -> Choice | None:
 
 
 def choose(
-    config: ModelConfig, isa: tuple[str, ...], load: Load, texts: list[str] | None = None
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    load: Load,
+    texts: list[str] | None = None,
+    pools: tuple[Band, ...] | None = None,
+    batching: Batching = ALONE,
 ) -> Choice:
-    """Build and judge each candidate; race those that pass (race.py); the winner."""
+    """Build and judge each candidate on every text; then, for each pool, race those that
+    pass (race.py) on the texts of its lengths, as it runs them; each pool's winner."""
     from numaserve.backends.gate import Gate, gate_texts
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.corpus import stdlib_passages
 
+    pools = pools or (Band("default", 0, config.max_length),)
     config = gate_config(config)
     reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
     log.info(
@@ -199,6 +293,45 @@ def choose(
     tokenizer = Tokenizer(config.path, config.max_length)
     gate = Gate(config.task, tokenizer, texts or gate_texts(stdlib_passages()), reference)
     del reference
+    trials, passed = judge(config, isa, load, gate)
+    if not passed:
+        raise ModelLoadError(
+            f"quantize: auto: no model path of {config.path} passes the accuracy gate: "
+            + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
+        )
+    paths = {str(p): p for p in candidates(config.backend)}
+    chosen = {}
+    for band in pools:
+        inputs = band_inputs(gate.inputs, band)
+        batch = batching.size(statistics.median(len(e.ids) for e in inputs))
+        runners = {name: partial(gate.run, model, batch=batch) for name, model in passed.items()}
+        standings = race(runners, inputs)
+        for standing in standings:
+            trial = next(t for t in trials if t["path"] == standing.name)
+            rounds = [round(x, 3) for x in standing.ms]
+            trial.setdefault("pools", {})[band.pool] = {
+                "ms": round(standing.median, 3),
+                "rounds": rounds,
+            }
+        best, fastest = winner(standings)
+        chosen[band.pool] = PoolChoice(
+            paths[best.name], _why(band, batch, best, fastest, standings, trials)
+        )
+        log.info(
+            "quantize: auto: pool %s chose %s: %s",
+            band.pool,
+            best.name,
+            chosen[band.pool].why,
+            extra={"event": "prepare"},
+        )
+    for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
+        if times := [p["ms"] for p in trial.get("pools", {}).values()]:
+            trial["ms"] = round(statistics.median(times), 3)
+    return Choice(chosen, tuple(trials))
+
+
+def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]:
+    """Each candidate's verdict (a trial each), and the models that pass, kept loaded."""
     trials, passed = [], {}
     paths = candidates(config.backend)
     for number, path in enumerate(paths, 1):
@@ -213,7 +346,7 @@ def choose(
         verdict = gate.judge(model)
         trial |= {"passed": verdict.passed, "figure": verdict.figure}
         if verdict.passed:
-            passed[str(path)] = model  # kept loaded for the race
+            passed[str(path)] = model
         log.info(
             "quantize: auto: candidate %d of %d, %s, %s the gate (%s)",
             number,
@@ -223,19 +356,16 @@ def choose(
             verdict.figure,
             extra={"event": "prepare"},
         )
-    if not passed:
-        raise ModelLoadError(
-            f"quantize: auto: no model path of {config.path} passes the accuracy gate: "
-            + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
-        )
-    standings = race({n: partial(gate.run, m) for n, m in passed.items()}, gate.inputs)
-    for standing in standings:
-        trial = next(t for t in trials if t["path"] == standing.name)
-        trial |= {"ms": round(standing.median, 3), "rounds": [round(x, 3) for x in standing.ms]}
-    best, fastest = winner(standings)
-    chosen = next(p for p in paths if str(p) == best.name)
-    why = _why(best, fastest, standings, trials)
-    return Choice(chosen, why, tuple(trials))
+    return trials, passed
+
+
+def band_inputs(inputs: list, band: Band) -> list:
+    """The gate's inputs of the band's lengths, or the BAND_INPUTS nearest to it."""
+    inside = [e for e in inputs if band.holds(len(e.ids))]
+    if len(inside) >= BAND_INPUTS:
+        return inside
+    nearest = sorted(inputs, key=lambda e: (band.distance(len(e.ids)), len(e.ids)))
+    return sorted(nearest[:BAND_INPUTS], key=lambda e: len(e.ids))
 
 
 def gate_config(config: ModelConfig) -> ModelConfig:
@@ -248,26 +378,22 @@ def gate_config(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(config, max_length=tokens, padding="dynamic", truncate=True)
 
 
-def _why(best: Standing, fastest: Standing, standings: list[Standing], trials: list) -> str:
-    """One line: the chosen path's speed, its lead and accuracy, and what faster ones lacked."""
+def _why(band: Band, batch: int, best: Standing, fastest: Standing, standings, trials) -> str:
+    """One line: the pool's path, its speed, its lead (or why a faster one lost), accuracy."""
     figure = next(t["figure"] for t in trials if t["path"] == best.name)
+    where = f"texts of {band.shortest + 1}-{band.longest} tokens, alone and {batch} at a time"
     rivals = [s for s in standings if s is not best]
     if best is fastest:
-        line = f"the fastest that passes the gate: {best.median:.2f} ms a text, {figure}"
+        line = f"the fastest that passes the gate on {where}: {best.median:.2f} ms a text"
         if rivals:
             second = min(rivals, key=lambda s: s.median)
             r = ratios(best, second)
-            line += (
-                f"; {min(r):.2f}-{max(r):.2f}x faster than {second.name} round by round"
-                f" ({len(r)} rounds)"
-            )
+            line += f", {min(r):.2f}-{max(r):.2f}x {second.name}'s round by round ({len(r)} rounds)"
     else:
         r = ratios(fastest, best)
         line = (
-            f"passes the gate and takes less memory than {fastest.name}, whose lead is within"
-            f" the rounds' noise ({best.median:.2f} against {fastest.median:.2f} ms a text,"
-            f" {min(r):.2f}-{max(r):.2f}x round by round); {figure}"
+            f"passes the gate and takes less memory than {fastest.name}, whose lead on {where}"
+            f" is within the rounds' noise ({best.median:.2f} against {fastest.median:.2f} ms a"
+            f" text, {min(r):.2f}-{max(r):.2f}x round by round)"
         )
-    failed = [t for t in trials if t.get("passed") is False]
-    beaten = "; ".join(f"{t['path']} fails the gate ({t['figure']})" for t in failed)
-    return line + (f"; {beaten}" if beaten else "")
+    return f"{line}; {figure}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts
 from numaserve.backends.ct2_build import Converted, ensure_converted, refuse_unconverted
 from numaserve.config import ModelConfig
@@ -23,20 +24,31 @@ from numaserve.tasks import TASKS
 COMPUTE_TYPES = {"int8": "int8_float32", "int16": "int16", "none": "float32"}
 
 
-def prepare_converted(config: ModelConfig) -> tuple[Path, ModelFacts]:
-    """The converted model, converted first if missing, and the checkpoint's facts: `numaserve
-    prepare` calls this before any instance starts, and each worker then finds it."""
+def prepare_converted(
+    config: ModelConfig, digest: str | None = None, artifact: str | None = None
+) -> tuple[Path, ModelFacts]:
+    """The converted model and the checkpoint's facts: the one `numaserve prepare` converted
+    (`artifact`, as an instance is told it), else converted now if missing (prepare itself,
+    tune's probes). `digest`: the checkpoint's, where the caller has it."""
     directory = Path(resolve_model_path(config.path))
     facts = ModelFacts.read(directory)
     facts.check(config)
+    if artifact is not None:
+        return prepared_artifact(artifact), facts
     refuse_unconverted(directory, config.path)
     TASKS[config.task].check_checkpoint(directory, config.path)
-    return ensure_converted(directory, config), facts
+    return ensure_converted(directory, config, digest=digest), facts
 
 
 class Ct2Model(Model):
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
-        self.artifact, facts = prepare_converted(config)
+    def __init__(
+        self,
+        config: ModelConfig,
+        isa: tuple[str, ...] = (),
+        threads: int = 1,
+        artifact: str | None = None,
+    ):
+        self.artifact, facts = prepare_converted(config, artifact=artifact)
         self.converted = Converted(self.artifact, COMPUTE_TYPES[config.quantize], threads)
         super().__init__(config, facts, width=self.converted.width)
 

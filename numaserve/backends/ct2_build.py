@@ -64,14 +64,17 @@ def refuse_unconverted(model_dir: Path, path: str) -> None:
         )
 
 
-def ensure_converted(model_dir: Path, config: ModelConfig, root: Path | None = None) -> Path:
-    """The converted model's directory, converted first if it is missing or damaged."""
+def ensure_converted(
+    model_dir: Path, config: ModelConfig, root: Path | None = None, digest: str | None = None
+) -> Path:
+    """The converted model's directory, converted first if it is missing or damaged.
+    `digest`: the checkpoint's, where the caller has it (artifacts.model_digest)."""
     options = {
         "format": FORMAT,
         "task": config.task,
         "ctranslate2": importlib.metadata.version("ctranslate2"),
     }
-    directory = (root or cache_root()) / "ct2" / key_of(model_dir, options)
+    directory = (root or cache_root()) / "ct2" / key_of(model_dir, options, digest)
     build = Build("the CTranslate2 model", "numaserve.backends.ct2_build", config)
     return ensure(directory, "model", build)
 

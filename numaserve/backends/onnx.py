@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
 from numaserve.config import ModelConfig
@@ -14,25 +15,38 @@ from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.tasks import TASKS
 
 
-def prepare_artifact(config: ModelConfig, isa: tuple[str, ...] = ()) -> tuple[Path, ModelFacts]:
-    """The model's ONNX artifact, built if missing, and the checkpoint's facts: `numaserve
-    prepare`, the supervisor before it starts any instance, and each worker (which then
-    finds it built) call this."""
+def prepare_artifact(
+    config: ModelConfig,
+    isa: tuple[str, ...] = (),
+    digest: str | None = None,
+    artifact: str | None = None,
+) -> tuple[Path, ModelFacts]:
+    """The model's ONNX artifact and the checkpoint's facts: the one `numaserve prepare`
+    built (`artifact`, as an instance is told it), else built now if missing (prepare
+    itself, tune's probes). `digest`: the checkpoint's, where the caller has it."""
     directory = Path(resolve_model_path(config.path))
     facts = ModelFacts.read(directory)
     facts.check(config)  # before a build that can take minutes
+    if artifact is not None:
+        return prepared_artifact(artifact), facts
     TASKS[config.task].check_checkpoint(directory, config.path)
-    return ensure_artifact(directory, config, full_range_int8(isa)), facts
+    return ensure_artifact(directory, config, full_range_int8(isa), digest=digest), facts
 
 
 class OnnxModel(Model):
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+    def __init__(
+        self,
+        config: ModelConfig,
+        isa: tuple[str, ...] = (),
+        threads: int = 1,
+        artifact: str | None = None,
+    ):
         try:
             import onnxruntime as ort
         except ImportError:
             raise ModelLoadError(INSTALL_HINT) from None
         ort.disable_telemetry_events()  # the library's own switch, beside ORT_DISABLE_TELEMETRY
-        self.artifact, facts = prepare_artifact(config, isa)
+        self.artifact, facts = prepare_artifact(config, isa, artifact=artifact)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -38,7 +38,9 @@ INSTALL_HINT = (
 )
 
 
-def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
+def artifact_key(
+    model_dir: Path, config: ModelConfig, full_range: bool, digest: str | None = None
+) -> str:
     options = {
         "format": FORMAT,
         "task": config.task,
@@ -52,14 +54,20 @@ def artifact_key(model_dir: Path, config: ModelConfig, full_range: bool) -> str:
         options["token_type_ids"] = True  # an input of the graph (the key of others is as it was)
     if config.quantize == "int8" and config.keep_fp32:
         options["keep_fp32"] = sorted(config.keep_fp32)
-    return key_of(model_dir, options)
+    return key_of(model_dir, options, digest)
 
 
 def ensure_artifact(
-    model_dir: Path, config: ModelConfig, full_range: bool, root: Path | None = None
+    model_dir: Path,
+    config: ModelConfig,
+    full_range: bool,
+    root: Path | None = None,
+    digest: str | None = None,
 ) -> Path:
-    """The artifact's path, built first if it is missing or does not match its digest."""
-    directory = (root or cache_root()) / "onnx" / artifact_key(model_dir, config, full_range)
+    """The artifact's path, built first if it is missing or does not match its digest.
+    `digest`: the checkpoint's, where the caller has it (artifacts.model_digest)."""
+    key = artifact_key(model_dir, config, full_range, digest)
+    directory = (root or cache_root()) / "onnx" / key
     args = ["--full-range"] if full_range else []
     build = Build("the ONNX artifact", "numaserve.backends.onnx_build", config, args)
     return ensure(directory, "model.onnx", build)

@@ -62,10 +62,18 @@ def fp32_artifact_config(config: ModelConfig) -> ModelConfig:
 
 
 class OpenVinoModel(Model):
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+    def __init__(
+        self,
+        config: ModelConfig,
+        isa: tuple[str, ...] = (),
+        threads: int = 1,
+        artifact: str | None = None,
+    ):
         precision = inference_precision(config, isa)
         ov = import_openvino()
-        self.artifact, facts = prepare_artifact(fp32_artifact_config(config), isa)
+        self.artifact, facts = prepare_artifact(
+            fp32_artifact_config(config), isa, artifact=artifact
+        )
         core = ov.Core()
         try:
             compiled = core.compile_model(

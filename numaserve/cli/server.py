@@ -150,12 +150,21 @@ def keygen(directory: str, name: str) -> None:
 
 @main.command()
 @config_option
-def prepare(config_path: str) -> None:
-    """Build or verify each model's ONNX artifact ahead of time (image builds, systemd's
-    ExecStartPre=), so that a start never waits for it and a read-only cache serves."""
+@click.option(
+    "--record-dir",
+    type=click.Path(file_okay=False),
+    help="Also write what was resolved for each model here, for the instances to load "
+    "(a server's supervisor passes its runtime directory).",
+)
+def prepare(config_path: str, record_dir: str | None) -> None:
+    """Resolve each model once, ahead of time (image builds, systemd's ExecStartPre=): each
+    pool's model path (`quantize: auto` chooses it) and its artifact, built or verified, so
+    that a start never waits for it and a read-only cache serves."""
     from numaserve.backends import prepare_model
+    from numaserve.backends.choice import Batching, bands
     from numaserve.lifecycle import PARENT_ENV, die_with_parent
     from numaserve.logs import setup_logging
+    from numaserve.specs import record_path
 
     if PARENT_ENV in os.environ:  # run by a supervisor: not to outlive it
         die_with_parent()
@@ -166,12 +175,18 @@ def prepare(config_path: str) -> None:
         raise UserError(str(e)) from None
     setup_logging(config.logging.level, config.logging.format)
     isa = read_machine(None, None).isa
+    batching = Batching(config.server.max_batch, config.server.max_batch_tokens)
     for i, served in enumerate(config.models):
         where = f"models[{i}]" if config.named else "model"
         if not needs_prepare(served.backend, served.quantize):
             click.echo(f"{where}.backend is torch, quantize {served.quantize}: nothing to prepare")
-        elif not prepare_model(served.model, isa):
+            continue
+        pools = bands(served.pools, served.max_length)
+        record = prepare_model(served.model, isa, pools, batching)
+        if record is None:
             sys.exit(exitcodes.MODEL)  # the log says why
+        if record_dir:
+            record.write(record_path(record_dir, served))
 
 
 @main.command()

@@ -41,6 +41,7 @@ from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
 
 log = logging.getLogger("numaserve.supervisor")
+PREPARE = (sys.executable, "-m", "numaserve.cli", "prepare")
 POLL_ROUTER_S = 0.25
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
@@ -285,11 +286,11 @@ class Supervisor:
     # -- preparing the model -----------------------------------------------------------------
 
     def start_prepare(self) -> None:
-        """Build or verify the model's ONNX artifact before any instance starts, so that the
-        build never runs inside an instance's start timeout (nor once per instance): by
-        `numaserve prepare`, in a process of its own, which leaves the supervisor small (the
-        build imports torch) and, during a reload, the running instances serving."""
-        argv = [sys.executable, "-m", "numaserve.cli", "prepare", "--config", self.config_path]
+        """Resolve each model once before any instance starts (each pool's path and artifact,
+        written where the instances' specs name it): by `numaserve prepare`, in a process of
+        its own, which leaves the supervisor small (the build imports torch) and, during a
+        reload, the running instances serving; so no build runs in a start timeout."""
+        argv = [*PREPARE, "--config", self.config_path, "--record-dir", str(self.runtime_dir)]
         self.prepare = Child("prepare", argv)
         self.spawn(self.prepare)
         if self.reloading and self.prepare is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,8 @@ class Cluster:
         self.directory = directory
         self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.config_file = directory / "cluster.yaml"
+        self.config_file.write_text(yaml_text)
         config = parse_config(yaml_text)
         # A router and its workers alone: no HTTP fronts (server.http is numaserve start's).
         config = replace(config, server=replace(config.server, endpoint=self.endpoint, http=""))
@@ -44,7 +47,19 @@ class Cluster:
         self.router = None
         self.workers = {}
 
+    def prepare(self) -> None:
+        """What the supervisor does first: `numaserve prepare`, its records in `directory`,
+        where the deployment's worker specs name them."""
+        if not any(spec.prepared for spec in self.deployment.workers):
+            return
+        argv = [sys.executable, "-m", "numaserve.cli", "prepare", "--config", str(self.config_file)]
+        with (self.directory / "prepare.log").open("a") as log:
+            done = subprocess.run([*argv, "--record-dir", str(self.directory)], stderr=log)
+        if done.returncode:
+            raise RuntimeError(f"numaserve prepare exited {done.returncode}; see {log.name}")
+
     def start(self, wait: bool = True) -> Cluster:
+        self.prepare()
         (router,) = self.deployment.routers  # one shard: this harness has no frontend
         self.router = self._spawn("router", router.argv())
         for spec in self.deployment.workers:

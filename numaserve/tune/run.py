@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from numaserve.backends.choice import ModelPath, candidates, concrete
+from numaserve.backends.choice import ModelPath, candidates, ensure_choice, named
 from numaserve.config import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
@@ -91,10 +91,11 @@ def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
     from numaserve.backends import load_model, prepare_model
 
     model = config.model
-    concrete_model, choice = concrete(model, topo.isa, load_model)
-    if choice is None:
+    if model.quantize != "auto":
+        concrete_model = named(model)
         names = [ModelPath(concrete_model.backend, concrete_model.quantize, model.keep_fp32)]
     else:
+        choice = ensure_choice(model, topo.isa, load_model)
         passed = sorted((t for t in choice.trials if t.get("passed")), key=lambda t: t["ms"])
         offered = {str(p): p for p in candidates(model.backend)}
         names = [offered[t["path"]] for t in passed[:MAX_PATHS] if t["path"] in offered]

@@ -14,6 +14,8 @@ from pathlib import Path
 import zmq
 
 from numaserve import protocol
+from numaserve.config import ModelConfig
+from numaserve.config_precision import needs_prepare
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
 from numaserve.specs import WorkerSpec
@@ -23,6 +25,7 @@ ISA = read_topology().isa
 
 class RouterSide:
     def __init__(self, directory: Path):
+        self.directory = directory
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
@@ -68,13 +71,31 @@ class RouterSide:
 
 
 def worker_spec(router: RouterSide, cpus: tuple[int, ...] = (1,), **overrides) -> WorkerSpec:
+    """A worker of pool `main`, told what `numaserve prepare` resolved for its model, as a
+    server's supervisor tells it (prepared first, here in the test's process, where needed)."""
     spec = WorkerSpec(
         slot=Slot(name="main-0", pool="main", cpus=cpus, nodes=(0,), threads=len(cpus)),
         router=router.endpoint,
         max_tokens=64,
         isa=ISA,
     )
-    return replace(spec, **overrides)
+    spec = replace(spec, **overrides)
+    if "prepared" in overrides or not needs_prepare(spec.model.backend, spec.model.quantize):
+        return spec
+    return replace(spec, prepared=prepared_record(spec.model, router.directory))
+
+
+def prepared_record(model: ModelConfig, directory: Path) -> str:
+    """The record `numaserve prepare` writes for a model of one pool, `main`, over every
+    length, written in `directory` (the artifacts and the choice go to the run's cache)."""
+    from numaserve.backends import prepare_model
+    from numaserve.backends.choice import Band
+
+    record = prepare_model(model, ISA, (Band("main", 0, model.max_length),))
+    assert record is not None, f"{model.path} could not be prepared (the log says why)"
+    path = directory / "prepared-main.json"
+    record.write(path)
+    return str(path)
 
 
 def start_worker(spec: WorkerSpec, log: Path) -> subprocess.Popen:

@@ -19,7 +19,7 @@ from numaserve.http.connection import Request, Response
 from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
-from numaserve.modelpath import read_json, resolve_model_path
+from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.specs import HttpModel
 
 if TYPE_CHECKING:
@@ -173,14 +173,27 @@ async def decode(app: App, request: Request) -> Response:
 DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "int16": "int16", "auto": "auto"}
 
 
+def prepared(model: HttpModel) -> dict:
+    """What `numaserve prepare` resolved for the model (backends/prepared.py's record, read
+    as the JSON it is written as): {} where nothing was prepared or it cannot be read."""
+    try:
+        return read_json(Path(model.prepared)) if model.prepared else {}
+    except ModelLoadError:
+        return {}
+
+
 async def info(app: App, request: Request) -> Response:
     model = app.model_of(request, {})
     settings, server = model.model, app.spec.server
+    record = prepared(model)
+    paths = {pool: p["path"] for pool, p in record.get("pools", {}).items()}
+    dtypes = sorted({DTYPES[p["quantize"]] for p in paths.values()}) or [DTYPES[settings.quantize]]
     return ok(
         {
             "model_id": settings.path,
-            "model_sha": None,
-            "model_dtype": DTYPES[settings.quantize],
+            "model_sha": record.get("digest"),  # the checkpoint's files (no commit here)
+            "model_dtype": ",".join(dtypes),  # each pool's, where they differ
+            "model_paths": {pool: f"{p['backend']} {p['quantize']}" for pool, p in paths.items()},
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,

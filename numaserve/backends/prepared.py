@@ -1,0 +1,79 @@
+"""What `numaserve prepare` resolved for one model, once, for every instance that serves it:
+the checkpoint (its directory and digest) and, for each pool, the model path (a backend and a
+precision), its artifact, and who chose it and why.
+
+A server's prepare step writes it to the server's runtime directory (`--record-dir`), and
+each instance's spec names it (specs.WorkerSpec.prepared): an instance loads the artifact it
+is told, and never hashes the checkpoint, judges or chooses. One written before is replaced
+whole (a rename), so a restarting instance reads either the old record or the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from numaserve.backends.artifacts import write_atomically
+from numaserve.backends.choice import ModelPath
+from numaserve.config import ModelConfig
+from numaserve.modelpath import ModelLoadError
+
+
+@dataclass(frozen=True)
+class PoolPath:
+    """What one pool's instances run."""
+
+    path: ModelPath
+    artifact: str | None  # the ONNX file or CTranslate2 directory; None: torch, from the checkpoint
+    why: str | None = None  # where `quantize: auto` chose it; None: the config named it
+
+
+@dataclass(frozen=True)
+class Prepared:
+    model: str  # model.path as the config gives it
+    directory: str  # where it resolved to
+    digest: str  # the checkpoint's files (artifacts.model_digest)
+    pools: dict[str, PoolPath]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Prepared:
+        pools = {
+            name: PoolPath(
+                ModelPath(
+                    p["path"]["backend"], p["path"]["quantize"], tuple(p["path"]["keep_fp32"])
+                ),
+                p["artifact"],
+                p["why"],
+            )
+            for name, p in data["pools"].items()
+        }
+        return cls(data["model"], data["directory"], data["digest"], pools)
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def read(cls, path: str | Path) -> Prepared:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(
+                f"cannot read what `numaserve prepare` resolved for this model ({path}: "
+                f"{type(e).__name__}: {e}); a start runs it before any instance"
+            ) from None
+
+    def config_for(self, config: ModelConfig, pool: str) -> tuple[ModelConfig, PoolPath]:
+        """`config` running its pool's path, and that path's record."""
+        try:
+            entry = self.pools[pool]
+        except KeyError:
+            raise ModelLoadError(
+                f"`numaserve prepare` resolved pools {', '.join(self.pools)} of {self.model}, "
+                f"not {pool}: prepare again (a start or a reload does)"
+            ) from None
+        return entry.path.applied_to(config), entry

@@ -1,0 +1,103 @@
+"""What `numaserve prepare` resolves once for every instance (backends/prepared.py): each
+pool's model path and artifact, written where the server's instances read it, and loaded by
+an instance exactly as told, with no hashing, judging or choosing. Real checkpoints, real
+artifacts, the real CLI."""
+
+import json
+
+import pytest
+
+from numaserve.backends import load_prepared, prepare_model
+from numaserve.backends.choice import Band
+from numaserve.backends.prepared import Prepared
+from numaserve.config import ModelConfig, load_config
+from numaserve.modelpath import ModelLoadError
+from numaserve.specs import record_path
+from tests.harness.console import numaserve
+from tests.harness.router_side import ISA
+
+NAMED = dict(task="classify", backend="onnxruntime", quantize="none")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMASERVE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_named_precision_is_resolved_for_every_pool_with_its_built_artifact(
+    classifier_dir, cache
+):
+    config = ModelConfig(path=str(classifier_dir), **NAMED)
+    pools = (Band("short", 0, 32), Band("long", 32, 128))
+    record = prepare_model(config, ISA, pools)
+    assert set(record.pools) == {"short", "long"}
+    short, long = record.pools["short"], record.pools["long"]
+    assert str(short.path) == str(long.path) == "onnxruntime none" and short.why is None
+    assert short.artifact == long.artifact and short.artifact.startswith(str(cache))
+    assert record.directory == str(classifier_dir) and len(record.digest) == 64
+
+
+def test_an_instance_loads_what_it_is_told_without_hashing_or_choosing(
+    classifier_dir, cache, tmp_path, monkeypatch
+):
+    config = ModelConfig(path=str(classifier_dir), **NAMED)
+    record = prepare_model(config, ISA)
+    record.write(tmp_path / "record.json")
+
+    def never(*args, **kwargs):  # in this process: the instance's load must not call them
+        raise AssertionError("an instance hashed or chose")
+
+    monkeypatch.setattr("numaserve.backends.artifacts.model_digest", never)
+    monkeypatch.setattr("numaserve.backends.artifacts._sha256", never)
+    monkeypatch.setattr("numaserve.backends.choice.ensure_choice", never)
+    auto = ModelConfig(path=str(classifier_dir), task="classify")  # the config says auto
+    model = load_prepared(auto, "default", str(tmp_path / "record.json"), ISA, 1)
+    assert (model.config.backend, model.config.quantize) == ("onnxruntime", "none")
+    assert str(model.artifact) == record.pools["default"].artifact
+    assert model.run([[101, 7592, 102]])[0].label in model.labels
+
+
+def test_a_missing_artifact_is_a_clear_error_naming_it(classifier_dir, cache, tmp_path):
+    record = prepare_model(ModelConfig(path=str(classifier_dir), **NAMED), ISA)
+    record.write(tmp_path / "record.json")
+    artifact = record.pools["default"].artifact
+    (cache / "gone").mkdir(parents=True)
+    (cache / "onnx").rename(cache / "gone" / "onnx")
+    with pytest.raises(ModelLoadError, match=f"the prepared artifact {artifact} is missing"):
+        load_prepared(
+            ModelConfig(path=str(classifier_dir), **NAMED),
+            "default",
+            str(tmp_path / "record.json"),
+            ISA,
+            1,
+        )
+
+
+def test_a_missing_record_or_pool_is_a_clear_error(classifier_dir, tmp_path):
+    config = ModelConfig(path=str(classifier_dir), **NAMED)
+    with pytest.raises(ModelLoadError, match="cannot read what `numaserve prepare` resolved"):
+        load_prepared(config, "default", str(tmp_path / "none.json"), ISA, 1)
+    Prepared("m", "/d", "0" * 64, {}).write(tmp_path / "empty.json")
+    with pytest.raises(ModelLoadError, match="resolved pools  of m, not default"):
+        load_prepared(config, "default", str(tmp_path / "empty.json"), ISA, 1)
+
+
+def test_prepare_writes_each_models_record_where_its_instances_read_it(
+    classifier_dir, cache, tmp_path
+):
+    config_file = tmp_path / "server.yaml"
+    config_file.write_text(
+        f"model: {{path: {classifier_dir}, task: classify, backend: ctranslate2, quantize: int8}}\n"
+        "placement: {pools: [{name: short, max_tokens: 32, instances: 1},"
+        " {name: long, max_tokens: 256, instances: 1}]}\n"
+    )
+    out = numaserve("prepare", "--config", config_file, "--record-dir", tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (served,) = load_config(config_file).models
+    data = json.loads(record_path(tmp_path, served).read_text())
+    assert {p: data["pools"][p]["path"]["backend"] for p in data["pools"]} == {
+        "short": "ctranslate2",
+        "long": "ctranslate2",
+    }
+    assert "prepared" in out.stderr and "pool short: ctranslate2 int8" in out.stderr
