@@ -15,10 +15,13 @@ its usage statistics are unloaded like openvino's).
 `--isa "avx2 avx512f"`: choose and judge as on a CPU with only these extensions, with the gate
 alone (`--gate-only`; speeds would be this CPU's): int8 then keeps 7-bit weights, whose
 products cannot saturate AVX2's int16 pair sums, so its results are the ones an AVX2-only CPU
-computes (docs/accuracy.md), and bf16 is not offered.
+computes (docs/accuracy.md), and bf16 is not offered. CTranslate2 picks its kernels by the CPU
+itself: `CT2_FORCE_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` in the environment makes it run
+AVX2's (as on an AMD CPU without VNNI), and `CT2_USE_MKL=0` its oneDNN/ruy path instead of
+MKL's (what it runs on non-Intel CPUs).
 
 Run:  .venv/bin/python -m benchmarks.model_paths [--texts 300] [--rounds 3] [--cpu 1] [--static]
-          [--isa "avx2 avx512f" --gate-only]
+          [--isa "avx2 avx512f" --gate-only] [--paths "onnxruntime int8,ctranslate2 int8"]
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ OFFERED = (
     ("openvino", "none", ()),
     ("torch", "int8", ()),
     ("torch", "none", ()),
+    ("ctranslate2", "int8", ()),
+    ("ctranslate2", "int16", ()),
+    ("ctranslate2", "none", ()),
 )
 
 
@@ -96,6 +102,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--isa", help="ISA extensions to choose for, space-separated")
     parser.add_argument("--gate-only", action="store_true", help="accuracy, no timing")
+    parser.add_argument(
+        "--paths",
+        help='only these model paths, comma-separated ("onnxruntime int8,ctranslate2 int8")',
+    )
     parser.add_argument("--pss-of", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -124,6 +134,9 @@ def main() -> None:
     if args.isa:
         print(f"chosen and judged as on a CPU with only: {' '.join(isa)}")
     candidates = offered(isa)
+    if args.paths:
+        wanted = set(args.paths.split(","))
+        candidates = [c for c in candidates if label(*c) in wanted]
     if args.static:
         candidates += [("static-onnxruntime", "int8", ()), ("static-openvino", "int8", ())]
     models, verdicts = judge_all(candidates, isa, calibration, tokenizer, gate_set)
