@@ -52,6 +52,11 @@ def classifier_choice(classifier_dir, tmp_path_factory):
     return choose(config, ISA, load_model, TEXTS)
 
 
+def kept_choices(cache) -> list:
+    """The kept choices (beside them, gate-*.json: the gate's verdicts, kept for any pools)."""
+    return [p for p in (cache / "choice").glob("*.json") if not p.name.startswith("gate-")]
+
+
 def raced(choice, pool: str = "default") -> list[dict]:
     """The trials that raced for a pool, each with its per-round times there."""
     return [t | t["pools"][pool] for t in choice.trials if pool in t.get("pools", {})]
@@ -114,7 +119,7 @@ def test_a_kept_choice_is_read_back_without_loading_anything(classifier_dir, cac
     first, again = CountingLoads(), CountingLoads()
     made = ensure_choice(config, ISA, first)
     assert first.calls >= 4 and ensure_choice(config, ISA, again) == made and again.calls == 0
-    (kept,) = (cache / "choice").glob("*.json")
+    (kept,) = kept_choices(cache)
     kept_path = json.loads(kept.read_text())["pools"]["default"]["path"]
     assert kept_path["backend"] == made.for_pool().path.backend
 
@@ -123,11 +128,26 @@ def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch)
     config = ModelConfig(path=str(classifier_dir), task="classify")
     monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
     ensure_choice(config, ISA, load_model)
-    (kept,) = (cache / "choice").glob("*.json")
+    (kept,) = kept_choices(cache)
     kept.write_text('{"pools": ')
     loads = CountingLoads()
     ensure_choice(config, ISA, loads)
     assert loads.calls >= 4 and json.loads(kept.read_text())["pools"]
+
+
+def test_another_pool_layout_races_again_on_the_gates_kept_verdicts(
+    classifier_dir, cache, monkeypatch
+):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
+    first = ensure_choice(config, ISA, load_model, (Band("all", 0, 256),))
+    passing = [t["path"] for t in first.trials if t.get("passed")]
+    loads = CountingLoads()
+    two = (Band("short", 0, 16), Band("long", 16, 256))
+    again = ensure_choice(config, ISA, loads, two)
+    assert loads.calls == len(passing)  # no fp32 reference, no failing path: only the race
+    assert set(again.pools) == {"short", "long"}
+    assert [t["path"] for t in again.trials if t.get("passed")] == passing
 
 
 ONE = (Band("default", 0, 256),)

@@ -5,19 +5,19 @@ checked against transformers before it is kept, and a real pinned worker."""
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from numaserve import protocol
 from numaserve.backends import load_model
 from numaserve.backends.ct2_build import CONVERTED
 from numaserve.config import ModelConfig
-from numaserve.host.pinning import live_affinity
 from numaserve.modelpath import ModelLoadError
 from tests.harness.checkpoints import save_tiny_model
-from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
+from tests.harness.router_side import (
+    ISA,
+    pinned_worker_serves,
+)
 from tests.test_onnx import SENTENCES, token_ids
 
 
@@ -119,19 +119,8 @@ def test_ctranslate2_not_installed_is_a_clear_error():
 def test_a_pinned_ctranslate2_worker_serves_with_every_thread_on_its_cpu(
     classifier_dir, cache, tmp_path
 ):
-    router = RouterSide(tmp_path)
     model = ModelConfig(
         path=str(classifier_dir), task="classify", backend="ctranslate2", quantize="int8"
     )
-    proc = start_worker(worker_spec(router, model=model), tmp_path / "worker.log")
-    try:
-        identity, ready = router.wait_for(protocol.READY, timeout=120)
-        reply = router.run(identity, [[101, 7592, 102]])
-        assert reply["results"][0]["label"] in ("negative", "neutral", "positive")
-        assert ready["model_path"]["backend"] == "ctranslate2"
-        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
-        assert all(live_affinity(f"{proc.pid}/task/{t.name}") == (1,) for t in tasks)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        router.close()
+    ready = pinned_worker_serves(model, tmp_path)
+    assert ready["model_path"]["backend"] == "ctranslate2"

@@ -22,11 +22,16 @@ from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_art
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config import ModelConfig
 from numaserve.corpus import stdlib_sentences
-from numaserve.host.pinning import live_affinity
 from numaserve.modelpath import ModelLoadError
 from tests.harness.console import numaserve
 from tests.harness.processes import wait_gone
-from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
+from tests.harness.router_side import (
+    ISA,
+    RouterSide,
+    pinned_worker_serves,
+    start_worker,
+    worker_spec,
+)
 
 SENTENCES = stdlib_sentences(64)
 
@@ -186,25 +191,12 @@ def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):
 
 
 def test_a_pinned_onnx_worker_serves_with_every_thread_on_its_cpu(classifier_dir, cache, tmp_path):
-    router = RouterSide(tmp_path)
-    spec = worker_spec(
-        router,
-        model=ModelConfig(
-            path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
-        ),
+    model = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
     )
-    proc = start_worker(spec, tmp_path / "worker.log")  # inherits NUMASERVE_CACHE
-    try:
-        identity, _ = router.wait_for(protocol.READY, timeout=120)
-        reply = router.run(identity, [[101, 7592, 102]])
-        assert reply["results"][0]["label"] in ("negative", "neutral", "positive")
-        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
-        assert all(live_affinity(f"{proc.pid}/task/{t.name}") == (1,) for t in tasks)
-        assert len(artifacts(cache)) == 1
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        router.close()
+    ready = pinned_worker_serves(model, tmp_path)
+    assert ready["model_path"]["backend"] == "onnxruntime"
+    assert len(artifacts(cache)) == 1
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.race import Standing, race, ratios, winner
 from numaserve.config import ModelConfig
 from numaserve.config_precision import PRECISIONS
@@ -56,6 +57,11 @@ class ModelPath:
     def __str__(self) -> str:
         keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
         return f"{self.backend} {self.quantize}{keep}"
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelPath:
+        """A path as dataclasses.asdict wrote it (a kept choice, a prepared record)."""
+        return cls(data["backend"], data["quantize"], tuple(data["keep_fp32"]))
 
     def applied_to(self, config: ModelConfig) -> ModelConfig:
         """`config` running this path."""
@@ -151,12 +157,7 @@ class Choice:
     @classmethod
     def from_json(cls, data: dict) -> Choice:
         pools = {
-            name: PoolChoice(
-                ModelPath(
-                    p["path"]["backend"], p["path"]["quantize"], tuple(p["path"]["keep_fp32"])
-                ),
-                p["why"],
-            )
+            name: PoolChoice(ModelPath.from_json(p["path"]), p["why"])
             for name, p in data["pools"].items()
         }
         return cls(pools, tuple(data["trials"]))
@@ -192,15 +193,9 @@ def named(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(config, backend=backend)
 
 
-def choice_key(
-    digest: str,
-    config: ModelConfig,
-    isa: tuple[str, ...],
-    pools: tuple[Band, ...],
-    batching: Batching,
-) -> str:
-    """What a kept choice was made for: the checkpoint (its digest), the task and scope, the
-    CPU, the runtimes' versions, and the pools' bands and batching it was timed for."""
+def verdicts_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
+    """What the gate's verdicts were made for: the checkpoint (its digest), the task and
+    scope, the CPU and the runtimes' versions; not the pools, which only the race depends on."""
     versions = {}
     for package in RUNTIMES:
         try:
@@ -213,11 +208,27 @@ def choice_key(
         "backend": config.backend,
         "isa": sorted(isa),
         "versions": versions,
-        "pools": [dataclasses.asdict(b) for b in pools],
-        "batching": dataclasses.asdict(batching),
     }
     key = hashlib.sha256(digest.encode())
     key.update(json.dumps(settings, sort_keys=True).encode())
+    return key.hexdigest()[:32]
+
+
+def choice_key(
+    digest: str,
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    pools: tuple[Band, ...],
+    batching: Batching,
+) -> str:
+    """What a kept choice was made for: the gate's verdicts' key, and the pools' bands and
+    batching its race was run for."""
+    layout = {
+        "pools": [dataclasses.asdict(b) for b in pools],
+        "batching": dataclasses.asdict(batching),
+    }
+    key = hashlib.sha256(verdicts_key(digest, config, isa).encode())
+    key.update(json.dumps(layout, sort_keys=True).encode())
     return key.hexdigest()[:32]
 
 
@@ -254,7 +265,8 @@ def ensure_choice(
         fcntl.flock(lock, fcntl.LOCK_EX)  # one chooser; the others wait, then read its choice
         if (choice := _read(kept)) is not None:
             return choice
-        choice = choose(config, isa, load, pools=pools, batching=batching)
+        verdicts = directory / f"gate-{verdicts_key(digest, config, isa)}.json"
+        choice = choose(config, isa, load, pools=pools, batching=batching, verdicts=verdicts)
         with tempfile.NamedTemporaryFile("w", dir=directory, delete=False) as f:
             json.dump(choice.to_json(), f, indent=1)
         os.replace(f.name, kept)
@@ -275,37 +287,62 @@ def choose(
     texts: list[str] | None = None,
     pools: tuple[Band, ...] | None = None,
     batching: Batching = ALONE,
+    verdicts: Path | None = None,
 ) -> Choice:
     """Build and judge each candidate on every text; then, for each pool, race those that
-    pass (race.py) on the texts of its lengths, as it runs them; each pool's winner."""
-    from numaserve.backends.gate import Gate, gate_texts
+    pass (race.py) on the texts of its lengths, as it runs them; each pool's winner.
+    `verdicts`: where the gate's verdicts are kept, so that another pool layout of the same
+    model on this CPU only races (the gate is most of a choice's time)."""
+    from numaserve.backends.gate import Gate, gate_texts, run_as_a_pool
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.corpus import stdlib_passages
+    from numaserve.tasks import TASKS
 
     pools = pools or (Band("default", 0, config.max_length),)
     config = gate_config(config)
-    reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
-    log.info(
-        "quantize: auto: judging and timing each model path of %s on this CPU (once; kept)",
-        config.path,
-        extra={"event": "prepare"},
-    )
+    texts = texts or gate_texts(stdlib_passages())
     tokenizer = Tokenizer(config.path, config.max_length)
-    gate = Gate(config.task, tokenizer, texts or gate_texts(stdlib_passages()), reference)
-    del reference
-    trials, passed = judge(config, isa, load, gate)
+    paths = {str(p): p for p in candidates(config.backend)}
+    if (trials := _read_trials(verdicts)) is not None:
+        log.info(
+            "quantize: auto: the gate's verdicts on %s are kept from an earlier choice; "
+            "racing the paths that passed for these pools",
+            config.path,
+            extra={"event": "prepare"},
+        )
+        inputs = TASKS[config.task].gate_inputs(tokenizer, texts)
+        passed = {
+            t["path"]: load(paths[t["path"]].applied_to(config), isa)
+            for t in trials
+            if t.get("passed")
+        }
+    else:
+        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
+        log.info(
+            "quantize: auto: judging and timing each model path of %s on this CPU (once; kept)",
+            config.path,
+            extra={"event": "prepare"},
+        )
+        gate = Gate(config.task, tokenizer, texts, reference)
+        del reference
+        trials, passed = judge(config, isa, load, gate)
+        inputs = gate.inputs
+        if verdicts is not None:
+            write_atomically(verdicts, json.dumps(trials, indent=1))
     if not passed:
         raise ModelLoadError(
             f"quantize: auto: no model path of {config.path} passes the accuracy gate: "
             + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
         )
-    paths = {str(p): p for p in candidates(config.backend)}
+    trials = [dict(t) for t in trials]  # each race adds its times
     chosen = {}
     for band in pools:
-        inputs = band_inputs(gate.inputs, band)
-        batch = batching.size(statistics.median(len(e.ids) for e in inputs))
-        runners = {name: partial(gate.run, model, batch=batch) for name, model in passed.items()}
-        standings = race(runners, inputs)
+        inputs_of_band = band_inputs(inputs, band)
+        batch = batching.size(statistics.median(len(e.ids) for e in inputs_of_band))
+        runners = {
+            name: partial(run_as_a_pool, model, batch=batch) for name, model in passed.items()
+        }
+        standings = race(runners, inputs_of_band)
         for standing in standings:
             trial = next(t for t in trials if t["path"] == standing.name)
             rounds = [round(x, 3) for x in standing.ms]
@@ -328,6 +365,15 @@ def choose(
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
             trial["ms"] = round(statistics.median(times), 3)
     return Choice(chosen, tuple(trials))
+
+
+def _read_trials(path: Path | None) -> list[dict] | None:
+    """The gate's kept verdicts; None where none are kept (or the file is damaged)."""
+    try:
+        trials = json.loads(path.read_text()) if path else None
+        return trials if isinstance(trials, list) and all("path" in t for t in trials) else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]:

@@ -39,19 +39,20 @@ class Gate:
         """The candidate's verdict on every input (its speed is race.py's to measure)."""
         return self.task.gate_verdict(self.answers(candidate), self.reference)
 
-    def run(self, model, inputs: list, batch: int = 1) -> None:
-        """The candidate on these of the gate's inputs as a pool runs them, what is timed:
-        each alone (a pool at low load), then, for a pool that micro-batches, `batch` at a
-        time (under load), each of those passes meeting whatever shapes traffic brings."""
-        for e in inputs:
-            model.run([list(e.ids)], [e.second])
-        if batch > 1:
-            for i in range(0, len(inputs), batch):
-                group = inputs[i : i + batch]
-                model.run([list(e.ids) for e in group], [e.second for e in group])
-
     def answers(self, model) -> list:
         results = [model.run([list(e.ids)], [e.second])[0] for e in self.inputs]
         return self.task.gate_answers(
             results, self.inputs, self.texts, model.labels, self.tokenizer
         )
+
+
+def run_as_a_pool(model, inputs: list, batch: int = 1) -> None:
+    """A candidate on some of the gate's inputs as a pool runs them, what quantize: auto
+    times: each alone (a pool at low load), then, for a pool that micro-batches, `batch` at
+    a time (under load), each of those passes meeting whatever shapes traffic brings."""
+    for e in inputs:
+        model.run([list(e.ids)], [e.second])
+    if batch > 1:
+        for i in range(0, len(inputs), batch):
+            group = inputs[i : i + batch]
+            model.run([list(e.ids) for e in group], [e.second for e in group])

@@ -43,13 +43,7 @@ class Prepared:
     @classmethod
     def from_json(cls, data: dict) -> Prepared:
         pools = {
-            name: PoolPath(
-                ModelPath(
-                    p["path"]["backend"], p["path"]["quantize"], tuple(p["path"]["keep_fp32"])
-                ),
-                p["artifact"],
-                p["why"],
-            )
+            name: PoolPath(ModelPath.from_json(p["path"]), p["artifact"], p["why"])
             for name, p in data["pools"].items()
         }
         return cls(data["model"], data["directory"], data["digest"], pools)

@@ -100,3 +100,23 @@ def prepared_record(model: ModelConfig, directory: Path) -> str:
 
 def start_worker(spec: WorkerSpec, log: Path) -> subprocess.Popen:
     return subprocess.Popen(spec.argv(), stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def pinned_worker_serves(model: ModelConfig, directory: Path) -> dict:
+    """A worker of `model` (a classifier) pinned to CPU 1 answers a text with one of its
+    labels, and every one of its threads (the runtime's too) runs on CPU 1. Its READY."""
+    from numaserve.host.pinning import live_affinity
+
+    router = RouterSide(directory)
+    proc = start_worker(worker_spec(router, model=model), directory / "worker.log")
+    try:
+        identity, ready = router.wait_for(protocol.READY, timeout=120)
+        reply = router.run(identity, [[101, 7592, 102]])
+        assert reply["results"][0]["label"] in ready["labels"]
+        tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+        assert all(live_affinity(f"{proc.pid}/task/{t.name}") == (1,) for t in tasks)
+        return ready
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        router.close()
