@@ -84,13 +84,16 @@ class Converted:
 
     def __init__(self, directory: Path, compute_type: str, threads: int):
         self.ct2 = import_ctranslate2()
-        self.encoder = self.ct2.Encoder(
-            str(directory),
-            device="cpu",
-            compute_type=compute_type,
-            inter_threads=1,
-            intra_threads=threads,
-        )
+        try:
+            self.encoder = self.ct2.Encoder(
+                str(directory),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=threads,
+            )
+        except Exception as e:  # a damaged file, an incompatible CTranslate2
+            raise ModelLoadError(f"CTranslate2 cannot load {directory}: {e}") from None
         head = json.loads((directory / "head.json").read_text())
         weights = np.load(directory / "head.npz")
         self.layers = [
