@@ -293,7 +293,7 @@ def choose(
     pass (race.py) on the texts of its lengths, as it runs them; each pool's winner.
     `verdicts`: where the gate's verdicts are kept, so that another pool layout of the same
     model on this CPU only races (the gate is most of a choice's time)."""
-    from numaserve.backends.gate import Gate, gate_texts, run_as_a_pool
+    from numaserve.backends.gate import Gate, gate_texts
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.corpus import stdlib_passages
     from numaserve.tasks import TASKS
@@ -335,6 +335,15 @@ def choose(
             + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
         )
     trials = [dict(t) for t in trials]  # each race adds its times
+    chosen = race_pools(pools, batching, inputs, passed, trials, paths)
+    return Choice(chosen, tuple(trials))
+
+
+def race_pools(pools, batching: Batching, inputs, passed: dict, trials: list, paths: dict) -> dict:
+    """Each pool's race among the paths that passed (their times added to `trials`), and
+    each pool's winner."""
+    from numaserve.backends.gate import run_as_a_pool
+
     chosen = {}
     for band in pools:
         inputs_of_band = band_inputs(inputs, band)
@@ -364,7 +373,7 @@ def choose(
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
             trial["ms"] = round(statistics.median(times), 3)
-    return Choice(chosen, tuple(trials))
+    return chosen
 
 
 def _read_trials(path: Path | None) -> list[dict] | None:
