@@ -169,6 +169,13 @@ def record_path(runtime_dir: str | Path, served: ServedModel) -> Path:
     )
 
 
+def prepared_path(runtime_dir: str | Path, served: ServedModel) -> str:
+    """What a process's spec names as the model's record: "" where nothing is prepared."""
+    if not needs_prepare(served.backend, served.quantize):
+        return ""
+    return str(record_path(runtime_dir, served))
+
+
 def model_key(model: ModelConfig) -> str:
     """What a result depends on, of a model's settings: a worker announces its own in READY,
     and a router shard caches each result under the key of the instance that computed it."""
@@ -261,9 +268,7 @@ def deployment(
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,
             shard=router_of[slot.name].shard,
-            prepared=str(record_path(runtime_dir, served[slot.model]))
-            if needs_prepare(served[slot.model].backend, served[slot.model].quantize)
-            else "",
+            prepared=prepared_path(runtime_dir, served[slot.model]),
         )
         for slot in plan.slots
     )
@@ -290,9 +295,7 @@ def http_fronts(
             model.name,
             model.model,
             tuple(r.local for r in routers if r.model_name == model.name and r.local),
-            str(record_path(runtime_dir, model))
-            if needs_prepare(model.backend, model.quantize)
-            else "",
+            prepared_path(runtime_dir, model),
         )
         for model in config.models
     )
