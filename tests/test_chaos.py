@@ -26,6 +26,7 @@ from tests.harness.processes import still_running
 pytestmark = pytest.mark.slow
 
 CONFIG = """
+model: {backend: onnxruntime, quantize: int8}
 server: {endpoint: "@ENDPOINT@", cache_entries: 0, heartbeat_ms: 200}
 supervisor: {backoff_initial_s: 0.2, stable_s: 3}
 placement:

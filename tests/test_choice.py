@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from numaserve.backends import load_model
+from numaserve.backends.artifacts import cache_root
 from numaserve.backends.choice import (
     ALONE,
     CANDIDATES,
@@ -42,8 +43,16 @@ class CountingLoads:
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("NUMASERVE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+    """A cache of this test's own for the choices, over the run's artifacts: what is kept
+    of a choice is what these tests are about, and the artifacts are built once a run."""
+    run_cache = cache_root()
+    mine = tmp_path / "cache"
+    mine.mkdir()
+    for kind in ("onnx", "ct2"):
+        (run_cache / kind).mkdir(parents=True, exist_ok=True)
+        (mine / kind).symlink_to(run_cache / kind)
+    monkeypatch.setenv("NUMASERVE_CACHE", str(mine))
+    return mine
 
 
 @pytest.fixture(scope="module")

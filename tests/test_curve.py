@@ -21,6 +21,7 @@ from tests.harness.console import numaserve
 from tests.harness.server import Server
 
 CONFIG = """
+model: {{backend: onnxruntime, quantize: int8}}
 server:
   heartbeat_ms: 200
   curve: {{secret_key_file: "{keys}/server.key_secret", authorized_keys_dir: "{clients}"}}

@@ -44,21 +44,21 @@ def json_schema(node):
 TEI = json_schema(json.loads((Path(__file__).parent / "fixtures/tei/openapi.json").read_text()))
 
 EMBEDDER = """
-model: {{path: "bundled:minilm", max_length: 128}}
+model: {{path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8}}
 server: {{endpoint: "@ENDPOINT@", max_batch: 1, http_api_keys_file: "{keys}",
           http_read_timeout_s: 1}}
 placement: {{pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
 """
 PLAIN = """
-model: {path: "bundled:minilm", max_length: 128}
+model: {path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8}
 server: {endpoint: "@ENDPOINT@", max_batch: 1}
 placement: {pools: [{name: main, max_tokens: 128, instances: 1}]}
 """
 PAIR = """
 models:
-  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64,
+  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64, backend: onnxruntime, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-  - {{name: ranker, path: "{ranker}", task: rerank, max_length: 64,
+  - {{name: ranker, path: "{ranker}", task: rerank, max_length: 64, backend: onnxruntime, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
 server: {{endpoint: "@ENDPOINT@", max_batch: 1}}
 """

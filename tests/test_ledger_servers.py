@@ -13,7 +13,7 @@ from tests.harness.processes import wait_gone
 pytestmark = pytest.mark.slow
 
 CONFIG = """
-model: {{path: "bundled:minilm"}}
+model: {{path: "bundled:minilm", backend: onnxruntime, quantize: int8}}
 server: {{endpoint: "{endpoint}", heartbeat_ms: 200, heartbeat_liveness: 3}}
 supervisor: {{drain_timeout_s: 5, kill_timeout_s: 3}}
 placement:

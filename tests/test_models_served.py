@@ -15,16 +15,16 @@ pytestmark = pytest.mark.slow
 
 TWO_MODELS = """
 models:
-  - {{name: embed, path: "bundled:minilm", max_length: 128,
+  - {{name: embed, path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8,
       pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
-  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64,
+  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64, backend: onnxruntime, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
 server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}}
 """
 # Batch 1 in both, so that their answers can be compared bit for bit: under int8 a text's
 # result depends on the texts batched with it (docs/configuration.md#micro-batching).
 ONE_MODEL = """
-model: {{path: "{path}", task: {task}, max_length: {length}}}
+model: {{path: "{path}", task: {task}, max_length: {length}, backend: onnxruntime, quantize: int8}}
 server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}}
 placement: {{pools: [{{name: main, max_tokens: {length}, instances: 1}}]}}
 """

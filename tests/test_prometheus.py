@@ -25,6 +25,7 @@ ROOT = Path(__file__).parents[1]
 RULES = ROOT / "prometheus/numaserve-alerts.yml"
 DASHBOARD = ROOT / "grafana/numaserve.json"
 CONFIG = """
+model: {backend: onnxruntime, quantize: int8}
 server: {endpoint: "@ENDPOINT@", heartbeat_ms: 200, heartbeat_liveness: 3}
 supervisor: {backoff_initial_s: 0.2}
 placement:

@@ -25,7 +25,10 @@ from numaserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, 
 from numaserve.testing.cluster import Cluster
 from tests.harness.waiting import eventually
 
+# A named model path: `quantize: auto` would race the candidates for each of these layouts
+# first (tests/test_choice.py covers that); the router is what this file tests.
 LENGTH_POOLS = """
+model: {backend: onnxruntime, quantize: int8}
 server: {heartbeat_ms: 200}
 placement:
   pools:
@@ -352,7 +355,7 @@ def test_bench_drives_a_live_server_and_reports_json(cluster, tmp_path, mode, ex
 
 
 STRICT = """
-model: {truncate: false, max_length: 256}
+model: {truncate: false, max_length: 256, backend: onnxruntime, quantize: int8}
 server: {queue_size: 4, max_batch: 4, max_batch_tokens: 1024, max_texts: 8, heartbeat_ms: 1000}
 placement:
   pools:
@@ -458,6 +461,7 @@ def test_overloaded_is_raised_by_the_client(strict):
 
 
 RETRY = """
+model: {backend: onnxruntime, quantize: int8}
 server: {heartbeat_ms: 100, heartbeat_liveness: 3, max_batch: 8}
 placement:
   pools:

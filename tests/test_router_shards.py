@@ -16,7 +16,7 @@ from tests.test_supervisor import Load
 pytestmark = pytest.mark.slow
 
 CONFIG = """
-model: {path: bundled:minilm}
+model: {path: bundled:minilm, backend: onnxruntime, quantize: int8}
 server: {endpoint: "@ENDPOINT@", heartbeat_ms: 200, heartbeat_liveness: 3, routers: 2}
 supervisor: {drain_timeout_s: 15, kill_timeout_s: 3, backoff_initial_s: 0.2, backoff_max_s: 2}
 placement:

@@ -16,6 +16,10 @@ from tests.harness.processes import wait_gone
 from tests.harness.router_side import RouterSide, start_worker, worker_spec
 
 TEXTS = ["Return the absolute value of the argument.", "Hello world"]
+# A model with nothing to prepare (torch, a named precision) is loaded by the worker itself;
+# the others are refused at `numaserve prepare`, before any worker (test_missing_head.py,
+# test_model_paths.py), and an instance started without prepare's record is refused below.
+AS_IT_IS = dict(backend="torch", quantize="none")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +121,7 @@ def test_worker_binds_memory_itself_where_numactl_is_not_used(router, tmp_path):
 
 
 def test_worker_classifies_with_a_saved_checkpoint(router, tmp_path, classifier_dir, tokenizer):
-    model = ModelConfig(path=str(classifier_dir), task="classify")
+    model = ModelConfig(path=str(classifier_dir), task="classify", **AS_IT_IS)
     proc = start_worker(worker_spec(router, model=model), tmp_path / "w.log")
     identity, ready = router.wait_for(protocol.READY)
     assert ready["labels"] == ["negative", "neutral", "positive"]
@@ -190,12 +194,6 @@ def exit_of(spec, tmp_path):
     log = tmp_path / "w.log"
     code = start_worker(spec, log).wait(60)
     return code, log.read_text()
-
-
-# A model with nothing to prepare (torch, a named precision) is loaded by the worker itself;
-# the others are refused at `numaserve prepare`, before any worker (test_missing_head.py,
-# test_model_paths.py), and an instance started without prepare's record is refused below.
-AS_IT_IS = dict(backend="torch", quantize="none")
 
 
 def test_missing_model_exits_with_the_model_code(router, tmp_path):

@@ -21,6 +21,9 @@ from numaserve.host.topology import read_topology
 from numaserve.specs import WorkerSpec
 
 ISA = read_topology().isa
+# The worker's own model path unless a test names another: `quantize: auto` would first race
+# the candidates (tests/test_choice.py), and no test here is about that.
+NAMED = ModelConfig(backend="onnxruntime", quantize="int8")
 
 
 class RouterSide:
@@ -71,13 +74,15 @@ class RouterSide:
 
 
 def worker_spec(router: RouterSide, cpus: tuple[int, ...] = (1,), **overrides) -> WorkerSpec:
-    """A worker of pool `main`, told what `numaserve prepare` resolved for its model, as a
-    server's supervisor tells it (prepared first, here in the test's process, where needed)."""
+    """A worker of pool `main` (bundled:minilm on NAMED unless `model` is given), told what
+    `numaserve prepare` resolved for its model, as a server's supervisor tells it (prepared
+    first, here in the test's process, where needed)."""
     spec = WorkerSpec(
         slot=Slot(name="main-0", pool="main", cpus=cpus, nodes=(0,), threads=len(cpus)),
         router=router.endpoint,
         max_tokens=64,
         isa=ISA,
+        model=NAMED,
     )
     spec = replace(spec, **overrides)
     if "prepared" in overrides or not needs_prepare(spec.model.backend, spec.model.quantize):
