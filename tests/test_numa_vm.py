@@ -20,7 +20,7 @@ from numaserve.host.topology import read_topology
 from tests.harness.checkpoints import LABELS
 from tests.harness.console import numaserve
 from tests.harness.server import ENDPOINT, Server, calls_meanwhile
-from tests.harness.vm_server import CONFIG
+from tests.harness.vm_server import ADDED, CONFIG, MODELS
 
 pytestmark = [
     pytest.mark.numa_vm,
@@ -198,21 +198,6 @@ def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_
     assert {i["node"] for i in plan["instances"]} == {1}
     assert len(plan["instances"]) == 2  # node 1's two cores
     assert "node 0's memory is not allowed to this process" in out.stderr
-
-
-MODELS = """
-models:
-  - {{name: kept, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-  - {{name: changed, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 2000, heartbeat_liveness: 10}}
-supervisor: {{start_timeout_s: 900}}
-placement: {{reserved_cores: 1, smt: false}}
-"""
-ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server:"""
 
 
 def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_path):

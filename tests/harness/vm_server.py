@@ -1,9 +1,10 @@
-"""The server config that both suites in the 2-node virtual machine run (tests/numa_vm.py).
+"""The server configs the suites in the 2-node virtual machine run (tests/numa_vm.py).
 
-Each node: one core reserved for its router shard (routers: auto), one single-core instance on
-the other, SMT siblings left idle. Emulation is slow: torch takes minutes to import (the ONNX
-export imports it), hence the generous start timeout and heartbeat, and a named precision:
-`quantize: auto` would run every candidate over the accuracy gate's 320 passages first.
+CONFIG, which both suites run: on each node, one core reserved for its router shard
+(routers: auto), one single-core instance on the other, SMT siblings left idle. Emulation is
+slow: torch takes minutes to import (an ONNX export or a CTranslate2 conversion imports it),
+hence the generous start timeout and heartbeat, and named precisions: `quantize: auto` would
+run every candidate over the accuracy gate's 320 passages first.
 """
 
 CONFIG = """
@@ -15,3 +16,34 @@ placement:
   smt: false
   pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
 """
+
+# The reload test's: two models, then a third ADDED (tests/test_numa_vm.py).
+MODELS = """
+models:
+  - {{name: kept, path: "{model}", task: classify, max_length: 64, quantize: int8,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+  - {{name: changed, path: "{model}", task: classify, max_length: 64, quantize: int8,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 2000, heartbeat_liveness: 10}}
+supervisor: {{start_timeout_s: 900}}
+placement: {{reserved_cores: 1, smt: false}}
+"""
+ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64, quantize: int8,
+      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+server:"""
+
+
+def prepare_every_model(model: str, isa: tuple[str, ...]) -> None:
+    """What `numaserve prepare` builds for every model of these configs on a CPU with `isa`,
+    built here, in $NUMASERVE_CACHE (tests/numa_vm.py: ensure_artifacts)."""
+    from numaserve.backends import prepare_model
+    from numaserve.config import parse_config
+
+    texts = (CONFIG, MODELS, MODELS.replace("server:", ADDED, 1))
+    for text in texts:
+        endpoint = "tcp://127.0.0.1:5555"
+        config = parse_config(
+            text.format(model=model, endpoint=endpoint).replace("@ENDPOINT@", endpoint)
+        )
+        for served in config.models:
+            assert prepare_model(served.model, isa), f"{served.name} could not be prepared"
