@@ -33,7 +33,7 @@ from numaserve.corpus import stdlib_sentences
 from numaserve.host.ledger import ledger_dir
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.tune.tuned import as_given_mapping, verification_text
-from numaserve.tune.verify import verify
+from numaserve.tune.verify import ladder, verify
 
 GIVEN = "model: {path: bundled:minilm}\n"
 STEP_S = 8.0
@@ -91,7 +91,7 @@ def turns(configs: dict[str, Path], texts: list[str], directory: Path, args) -> 
                 directory,
                 texts,
                 "embed",
-                instances(path),
+                ladder(instances(path)),
                 args.p99_ms,
                 STEP_S,
                 time.monotonic() + 600,

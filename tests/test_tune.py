@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -22,9 +23,11 @@ from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.host.topology import read_topology
 from numaserve.testing.server import Server
 from numaserve.tune.measure import Job, MeasureError, rounds
+from numaserve.tune.report import winner
 from numaserve.tune.run import measured_lengths
 from numaserve.tune.search import Candidate, Pool
 from numaserve.tune.tuned import tuned_mapping, verification_text
+from numaserve.tune.verify import Step, Verified
 from tests.harness.checkpoints import save_tiny_classifier
 
 NUMASERVE = os.path.join(os.path.dirname(sys.executable), "numaserve")
@@ -226,3 +229,29 @@ def test_a_short_real_run_writes_a_config_that_plans_and_serves(tmp_path, classi
     finally:
         server.stop()
     assert probes() == []
+
+
+def verified(label: str, *rounds: float, p99: float = 50.0) -> Verified:
+    """A configuration that served `rounds[0]` texts/s at its best step, then the others."""
+    best, *again = (Step(4, x, p99, 0) for x in rounds)
+    return Verified(label, (Step(2, rounds[0] / 2, p99 / 2, 0), best), again=tuple(again))
+
+
+def test_a_tuned_config_replaces_the_given_one_only_by_a_lead_larger_than_its_spread():
+    given = verified("given", 100, 104, 98)
+    clearly = verified("tuned1", 130, 128, 126)
+    noisy = verified("tuned1", 140, 95, 101)  # faster in the median, by less than the spread
+    assert winner([given, clearly], p99_ms=100) is clearly
+    assert winner([given, noisy], p99_ms=100) is given
+
+
+def test_a_config_that_misses_the_target_or_errs_in_a_later_round_does_not_win():
+    given = verified("given", 100, 100, 100)
+    slow_later = verified("tuned1", 150, 150, 150)
+    slow_later = replace(slow_later, again=(Step(4, 150, 500, 0), Step(4, 150, 50, 0)))
+    erred = replace(verified("tuned2", 150, 150, 150), again=(Step(4, 150, 50, 1),))
+    assert winner([given, slow_later, erred], p99_ms=100) is given
+
+
+def test_with_one_round_only_the_config_as_given_stays():
+    assert winner([verified("given", 100), verified("tuned1", 200)], p99_ms=100).label == "given"

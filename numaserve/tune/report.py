@@ -3,18 +3,28 @@ comment at the head of the file it writes."""
 
 from __future__ import annotations
 
+from numaserve.backends.race import Standing
+from numaserve.backends.race import winner as race_winner
 from numaserve.tune.search import Candidate, Prediction
 from numaserve.tune.verify import Verified
 
 
 def winner(results: list[Verified], p99_ms: float) -> Verified | None:
-    """The verified configuration with the most throughput within the target; the config as
-    given (first) wins a tie, and only a measured gain replaces it."""
-    scored = [(r, r.best(p99_ms)) for r in results]
-    scored = [(r, s) for r, s in scored if s is not None]
-    if not scored:
+    """The verified configuration that served the most within the target in every round,
+    where its lead over each one listed before it (the config as given, first) is larger
+    than the rounds' spread of it; else the first within the noise of it. With one round
+    only there is no spread to judge by, and the first stays. None where none held."""
+    held = [r for r in results if r.rounds(p99_ms)]
+    if not held:
         return None
-    return max(scored, key=lambda rs: rs[1].texts_per_s)[0]
+    n = min(len(r.rounds(p99_ms)) for r in held)  # the rounds that every one ran
+    if n < 2:
+        return held[0]
+    standings = [
+        Standing(r.label, tuple(1e3 / max(x, 1e-9) for x in r.rounds(p99_ms)[:n])) for r in held
+    ]
+    first, _ = race_winner(standings)
+    return next(r for r in held if r.label == first.name)
 
 
 def _shape(c: Candidate | None) -> str:
@@ -26,7 +36,7 @@ def table(
 ) -> str:
     lines = [
         f"{'config':<8} {'predicted/s':>11} {'p99 ms':>7} {'measured/s':>10} {'p99 ms':>7} "
-        f"{'clients':>7}  shape"
+        f"{'clients':>7} {'rounds/s':>14}  shape"
     ]
     for label, candidate, predicted, verified in rows:
         best = verified.best(p99_ms)
@@ -40,7 +50,8 @@ def table(
         else:
             meas = f"{best.texts_per_s:>10.1f} {best.p99_ms:>7.1f} {best.clients:>7}"
         shape = _shape(candidate) + (f" ({verified.failure})" if verified.failure else "")
-        lines.append(f"{label:<8} {pred} {meas}  {shape}")
+        rounds = "/".join(f"{x:.0f}" for x in verified.rounds(p99_ms)) or "-"
+        lines.append(f"{label:<8} {pred} {meas} {rounds:>14}  {shape}")
     return "\n".join(lines)
 
 
@@ -50,7 +61,8 @@ def comment(facts: list[str], printed_table: str, chosen: str) -> list[str]:
         *facts,
         "",
         "Texts a second within the p99 target: predicted from the measured curves, and",
-        "measured on a real server under `numaserve bench`'s closed loop (cache off):",
+        "measured on a real server under `numaserve bench`'s closed loop (cache off), the",
+        "best step, then that step again on a server started anew, each round in turns:",
         *printed_table.splitlines(),
         "",
         f"This file: {chosen}.",
