@@ -114,7 +114,10 @@ def test_a_reload_that_changes_one_model_keeps_the_others_instances_and_fails_no
         server_.calls_meanwhile(two.endpoint, "toxicity", "classify", text) as classes,
     ):
         two.config.write_text(
-            two.config.read_text().replace("task: classify", "task: classify, quantize: none")
+            two.config.read_text().replace(
+                "task: classify, max_length: 64, backend: onnxruntime, quantize: int8",
+                "task: classify, max_length: 64, backend: onnxruntime, quantize: none",
+            )
         )
         two.reload_model("toxicity.main-0", before["toxicity.main-0"])
     outcomes = embeds + classes
