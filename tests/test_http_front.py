@@ -82,6 +82,14 @@ def test_without_a_keys_file_every_request_is_let_in():
     ApiKeys(None).check(None)
 
 
+def test_a_reload_without_a_keys_file_reads_nothing_and_still_lets_every_request_in(caplog):
+    keys = ApiKeys(None)
+    keys.stamp = None  # what SIGHUP does (Front.reload_keys), a server reload among its causes
+    keys.reload()
+    keys.check(None)
+    assert not caplog.records
+
+
 # -- the connection, over a real socket ------------------------------------------------------
 
 

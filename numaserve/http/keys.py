@@ -31,7 +31,10 @@ class ApiKeys:
 
     def reload(self) -> None:
         """Read the file again if it changed; a file that cannot be read keeps the old keys
-        (and an unreadable one at start leaves none: every request is refused)."""
+        (and an unreadable one at start leaves none: every request is refused). Without a
+        file, keys are off and there is nothing to read."""
+        if not self.path:
+            return
         try:
             info = os.stat(self.path)
             stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
