@@ -4,10 +4,12 @@ an instance exactly as told, with no hashing, judging or choosing. Real checkpoi
 artifacts, the real CLI."""
 
 import json
+import stat
 
 import pytest
 
 from numaserve.backends import load_prepared, prepare_model
+from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.backends.prepared import Prepared
 from numaserve.config import ModelConfig, load_config
@@ -101,3 +103,12 @@ def test_prepare_writes_each_models_record_where_its_instances_read_it(
         "long": "ctranslate2",
     }
     assert "prepared" in out.stderr and "pool short: ctranslate2 int8" in out.stderr
+
+
+def test_what_prepare_writes_is_readable_by_the_user_the_service_runs_as(tmp_path):
+    """Prepared as root (an image's build, an operator), served by the numaserve user: an
+    artifact's digest, a kept choice and a record must be readable by others, or the service
+    takes a sound artifact for a damaged one and cannot rebuild it in a read-only cache."""
+    path = tmp_path / "model.onnx.sha256"
+    write_atomically(path, "0" * 64)
+    assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044

@@ -170,8 +170,11 @@ def _build_in_child(build: Build, output: Path) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
+    """`path` replaced whole, readable by all (a temporary file is its owner's alone): what
+    root prepares, the user the service runs as must read."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
         f.write(text)
+    os.chmod(f.name, 0o644)
     os.replace(f.name, path)
 
 
