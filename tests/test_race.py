@@ -2,7 +2,7 @@
 after round, and a lead that counts only beyond the rounds' spread. Made-up times: what is
 tested is the rule, not this machine's speed."""
 
-from numaserve.backends.race import Standing, ahead, race, winner
+from numaserve.backends.race import Standing, ahead, in_turn, race, winner
 
 
 def test_a_lead_in_every_round_larger_than_the_spread_counts():
@@ -37,3 +37,12 @@ def test_every_runner_runs_every_round_on_the_same_inputs_starting_one_later_eac
     rounds = [calls[i : i + 3] for i in (0, 3, 6)]
     assert all(len({part for _, part in r}) == 1 for r in rounds)  # one round, one input set
     assert [r[0][1] for r in rounds] == [(0, 3, 6, 9), (1, 4, 7, 10), (2, 5, 8, 11)]
+
+
+def test_each_round_starts_one_later_and_wraps_around():
+    assert [in_turn("abc", r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]

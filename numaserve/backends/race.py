@@ -29,6 +29,13 @@ class Standing:
         return statistics.median(self.ms)
 
 
+def in_turn(items: Sequence, r: int) -> list:
+    """The items in round r's order: from the r-th on, then those before it, so that no one
+    always runs first, right after a start or a slow spell."""
+    start = r % len(items)
+    return [*items[start:], *items[:start]]
+
+
 def race(
     runners: dict[str, Callable[[list], object]], inputs: Sequence, rounds: int = ROUNDS
 ) -> list[Standing]:
@@ -39,8 +46,7 @@ def race(
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         part = list(inputs[r::rounds]) or list(inputs)
-        start = r % len(names)
-        for name in names[start:] + names[:start]:
+        for name in in_turn(names, r):
             started = time.perf_counter()
             runners[name](part)
             times[name].append((time.perf_counter() - started) * 1e3 / len(part))

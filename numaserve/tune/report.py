@@ -14,17 +14,18 @@ def winner(results: list[Verified], p99_ms: float) -> Verified | None:
     where its lead over each one listed before it (the config as given, first) is larger
     than the rounds' spread of it; else the first within the noise of it. With one round
     only there is no spread to judge by, and the first stays. None where none held."""
-    held = [r for r in results if r.rounds(p99_ms)]
+    held = {r.label: (r, rounds) for r in results if (rounds := r.rounds(p99_ms))}
     if not held:
         return None
-    n = min(len(r.rounds(p99_ms)) for r in held)  # the rounds that every one ran
+    n = min(len(rounds) for _, rounds in held.values())  # the rounds that every one ran
     if n < 2:
-        return held[0]
+        return next(iter(held.values()))[0]
     standings = [
-        Standing(r.label, tuple(1e3 / max(x, 1e-9) for x in r.rounds(p99_ms)[:n])) for r in held
+        Standing(label, tuple(1e3 / max(x, 1e-9) for x in rounds[:n]))
+        for label, (_, rounds) in held.items()
     ]
     first, _ = race_winner(standings)
-    return next(r for r in held if r.label == first.name)
+    return held[first.name][0]
 
 
 def _shape(c: Candidate | None) -> str:

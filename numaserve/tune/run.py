@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from numaserve.backends.choice import ModelPath, candidates, ensure_choice, named
+from numaserve.backends.race import in_turn
 from numaserve.config import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
@@ -215,7 +216,7 @@ def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline,
             if time.monotonic() + a_round > deadline:
                 say(f"no time left for round {n + 1} of {ROUNDS}: run with more --minutes")
                 break
-            for label, _, _, text, _ in racing[n % len(racing) :] + racing[: n % len(racing)]:
+            for label, _, _, text, _ in in_turn(racing, n):
                 best = measured[label].best(p99_ms)
                 say(f"round {n + 1} of {ROUNDS}: {label} again, {best.clients} clients")
                 again = run(label, text, [best.clients], deadline).steps[:1]
