@@ -26,6 +26,8 @@ from numaserve import exitcodes, protocol
 from numaserve.config_precision import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
+    BOUND_BY,
+    BOUND_BY_CPUSET,
     PinningError,
     PinReport,
     pin_current_process,
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"CPUs {format_cpulist(spec.slot.cpus)}, node(s) {format_cpulist(spec.slot.nodes)}"
         log.error("cannot pin to %s: %s", where, e)
         return exitcodes.PINNING
+    if method == BOUND_BY_CPUSET:
+        log.info("memory bound by %s", BOUND_BY[method])
     if spec.use_numactl:
         restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     threads, warnings = thread_settings(spec.slot.threads, os.environ)

@@ -339,3 +339,16 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
     assert [k for k in got if k[0] == "numaserve_instance_model_path_info"] == [
         ("numaserve_instance_model_path_info", labels)
     ]
+
+
+def test_each_routed_instance_says_what_binds_its_memory():
+    status = shard_status()
+    status["instances"] = [
+        {"name": "main-0", "routed": True, "membind": "cpuset"},
+        {"name": "main-1", "routed": False, "membind": "cpuset"},  # another shard's to report
+    ]
+    got = samples(snapshot(shards=(status,), ages=(0.1,)))
+    labels = (("bound_by", "cpuset"), ("instance", "main-0"), DEFAULT)
+    assert [k for k in got if k[0] == "numaserve_instance_memory_binding_info"] == [
+        ("numaserve_instance_memory_binding_info", labels)
+    ]

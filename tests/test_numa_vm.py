@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from numaserve.host.pinning import live_affinity, read_numa_maps
 from numaserve.host.topology import read_topology
 from tests.harness.checkpoints import LABELS
 from tests.harness.console import numaserve
+from tests.harness.seccomp import UNDER_DEFAULT_PROFILE
 from tests.harness.server import ENDPOINT, Server, calls_meanwhile
 from tests.harness.vm_server import ADDED, CONFIG, MODELS
 
@@ -225,3 +227,28 @@ def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_
             assert client.classify("the added model answers").label in LABELS
     finally:
         s.stop()
+
+
+CAPTURE = dict(capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+PIN = (
+    "from numaserve.host.pinning import PinningError, pin_current_process\n"
+    "try:\n    print(pin_current_process({cpus}, {nodes})[0])\n"
+    "except PinningError as e:\n    print(e)\n"
+)
+
+
+def test_under_the_default_profile_a_cpuset_wider_than_the_slot_is_refused_naming_both_remedies():
+    """As a pod under `seccompProfile: RuntimeDefault` without CAP_SYS_NICE on a host whose
+    cpuset.mems spans both nodes: the slot's memory could land on the other node."""
+    code = PIN.format(cpus=[0], nodes=[0])
+    out = subprocess.run([*UNDER_DEFAULT_PROFILE, sys.executable, "-c", code], **CAPTURE)
+    assert "cpuset.mems allows node(s) 0-1, not the slot's 0 alone" in out.stdout, out
+    assert "single-numa-node" in out.stdout and "CAP_SYS_NICE" in out.stdout
+
+
+def test_under_the_default_profile_a_cpuset_of_the_slots_node_alone_binds_it(tmp_path):
+    procs = cpuset_allowing_memory_of(1, tmp_path)
+    code = PIN.format(cpus=[4], nodes=[1])
+    pin = shlex.join([*UNDER_DEFAULT_PROFILE, sys.executable, "-c", code])
+    out = subprocess.run(["sh", "-c", f"echo $$ > {procs} && exec {pin}"], **CAPTURE)
+    assert out.stdout.strip() == "cpuset", out

@@ -10,13 +10,17 @@ import pytest
 from numaserve.host.pinning import (
     MPOL_BIND,
     PINNED_BY_ENV,
+    MembindRefused,
     PinningError,
+    allowed_nodes,
+    bound_by_cpuset,
     live_affinity,
     numactl_argv,
     pin_current_process,
     read_numa_maps,
     thread_settings,
 )
+from tests.harness.seccomp import UNDER_DEFAULT_PROFILE
 
 CHILD = """
 import json, sys
@@ -26,7 +30,8 @@ try:
 except PinningError as e:
     print(json.dumps({{"error": str(e)}}), flush=True)
     sys.exit(0)
-print(json.dumps({{"method": method, "policy": get_mempolicy()}}), flush=True)
+policy = None if method == "cpuset" else get_mempolicy()  # refused where cpuset binds
+print(json.dumps({{"method": method, "policy": policy}}), flush=True)
 sys.stdin.read()  # stay alive until the test has looked at /proc
 """
 
@@ -133,3 +138,26 @@ def test_affinity_if_alive_is_none_for_a_process_that_is_gone_or_no_pid():
     assert affinity_if_alive(os.getpid()) == live_affinity(os.getpid())
     assert affinity_if_alive(2**22 + 7) is None  # no such process
     assert affinity_if_alive(None) is None and affinity_if_alive(True) is None
+
+
+def test_where_a_seccomp_profile_refuses_memory_policy_a_one_node_cpuset_binds_it():
+    """As containerd's default profile runs a container without CAP_SYS_NICE; this host's
+    cpuset.mems is its one node, the slot's."""
+    assert allowed_nodes() == (0,)
+    proc, report = pinned_child([1], [0], prefix=UNDER_DEFAULT_PROFILE)
+    try:
+        assert report == {"method": "cpuset", "policy": None}
+        assert live_affinity(proc.pid) == (1,)
+        assert allowed_nodes(proc.pid) == (0,)
+    finally:
+        finish(proc)
+
+
+def test_where_memory_policy_is_refused_a_wider_cpuset_is_refused_with_both_remedies():
+    refused = MembindRefused("set_mempolicy(MPOL_BIND, nodes 0): Operation not permitted")
+    with pytest.raises(PinningError) as e:
+        bound_by_cpuset((0,), (0, 1), refused)
+    message = str(e.value)
+    assert "Operation not permitted" in message and "cpuset.mems allows node(s) 0-1" in message
+    assert "single-numa-node" in message and "CAP_SYS_NICE" in message
+    assert "\n" not in message

@@ -111,3 +111,18 @@ def test_the_status_says_what_runs_each_model_and_why():
         "model path of embed: openvino bf16 (auto: the fastest that passes the gate: 6.04 ms a "
         "text)" in text
     )
+
+
+def test_the_status_says_what_binds_each_instances_memory():
+    from numaserve.router.status import memory_lines
+
+    instances = [
+        {"name": "main-0", "membind": "cpuset"},
+        {"name": "main-1", "membind": "cpuset"},
+        {"name": "long-0", "membind": "numactl"},
+        {"name": "long-1"},  # not ready yet: nothing to say
+    ]
+    assert memory_lines(instances) == [
+        "memory bound by cgroup cpuset.mems (memory-policy calls refused here): main-0, main-1",
+        "memory bound by numactl --membind: long-0",
+    ]

@@ -14,6 +14,7 @@ from numaserve.config import ModelConfig
 from numaserve.host.pinning import live_affinity, read_numa_maps
 from tests.harness.processes import wait_gone
 from tests.harness.router_side import RouterSide, start_worker, worker_spec
+from tests.harness.seccomp import UNDER_DEFAULT_PROFILE
 
 TEXTS = ["Return the absolute value of the argument.", "Hello world"]
 # A model with nothing to prepare (torch, a named precision) is loaded by the worker itself;
@@ -117,6 +118,21 @@ def test_worker_binds_memory_itself_where_numactl_is_not_used(router, tmp_path):
     assert ready["membind"] == "set_mempolicy"
     assert live_affinity(proc.pid) == (0,)
     assert "bind:0" in read_numa_maps(proc.pid).policies
+    assert stop(proc) == exitcodes.OK
+
+
+def test_under_a_profile_refusing_memory_policy_the_cpuset_binds_it_and_the_worker_says_so(
+    router, tmp_path
+):
+    """As a container without CAP_SYS_NICE runs under its runtime's default seccomp profile,
+    on a host whose cpuset.mems is the slot's one node. numactl, which the worker would start
+    itself over under, is refused too: it stays as it is."""
+    log = tmp_path / "w.log"
+    proc = start_worker(worker_spec(router, cpus=(0,)), log, prefix=UNDER_DEFAULT_PROFILE)
+    _, ready = router.wait_for(protocol.READY)
+    assert ready["membind"] == "cpuset"
+    assert live_affinity(proc.pid) == (0,)
+    assert "memory bound by cgroup cpuset.mems" in log.read_text()
     assert stop(proc) == exitcodes.OK
 
 

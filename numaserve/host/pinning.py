@@ -7,6 +7,7 @@ before torch (and its OpenMP pool) is imported. Nothing here imports torch.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import shutil
@@ -29,11 +30,32 @@ class PinningError(RuntimeError):
     pass
 
 
+class MembindRefused(PinningError):
+    """The kernel refused the memory-policy call itself (EPERM): a seccomp profile without
+    CAP_SYS_NICE, as containerd's and Docker's default ones are."""
+
+
+# Bound by what: numactl or set_mempolicy (a policy of the process's own), or the cgroup's
+# cpuset.mems where the policy calls are refused and the cgroup allows the slot's nodes alone.
+BOUND_BY_CPUSET = "cpuset"
+# What status, the metrics and the logs call each way the memory is bound.
+BOUND_BY = {
+    "numactl": "numactl --membind",
+    "set_mempolicy": "set_mempolicy(MPOL_BIND)",
+    BOUND_BY_CPUSET: "cgroup cpuset.mems (memory-policy calls refused here)",
+}
+REMEDIES = (
+    "run one pod per NUMA node (the kubelet's Topology Manager with policy single-numa-node, "
+    "and its Memory Manager), so that cpuset.mems is the slot's node alone, or grant the "
+    "container CAP_SYS_NICE"
+)
+
+
 @dataclass(frozen=True)
 class PinReport:
     cpus: tuple[int, ...]
     nodes: tuple[int, ...]
-    membind: str  # "numactl" or "set_mempolicy": which one bound the memory
+    membind: str  # "numactl", "set_mempolicy" or "cpuset": what bound the memory
     threads: int
 
     def to_json(self) -> dict:
@@ -75,7 +97,8 @@ def set_membind(nodes: Iterable[int]) -> None:
     # maxnode counts one more than the bits the kernel reads (a long-standing quirk).
     if _libc().syscall(number, MPOL_BIND, mask, ctypes.c_ulong(_MAX_NODES + 1)) != 0:
         err = ctypes.get_errno()
-        raise PinningError(
+        refused = MembindRefused if err == errno.EPERM else PinningError
+        raise refused(
             f"set_mempolicy(MPOL_BIND, nodes {format_cpulist(nodes)}): {os.strerror(err)}"
         )
 
@@ -141,6 +164,8 @@ def pin_current_process(
     """Bind CPUs and memory and check the kernel agrees. Returns (method, cpus, nodes).
 
     Under numactl (the launcher sets PINNED_BY_ENV) the binding is already done and only checked.
+    Where the memory-policy calls are refused, the cgroup's cpuset.mems must bind it
+    (bound_by_cpuset).
     """
     cpus, nodes = tuple(sorted(set(cpus))), tuple(sorted(set(nodes)))
     try:
@@ -155,7 +180,10 @@ def pin_current_process(
         )
     method = "numactl" if environ.get(PINNED_BY_ENV) == "numactl" else "set_mempolicy"
     if method == "set_mempolicy":
-        set_membind(nodes)
+        try:
+            set_membind(nodes)
+        except MembindRefused as e:
+            return bound_by_cpuset(nodes, allowed_nodes(), e), cpus, nodes
     mode, bound = get_mempolicy()
     if (mode, bound) != (MPOL_BIND, nodes):
         raise PinningError(
@@ -165,13 +193,35 @@ def pin_current_process(
     return method, cpus, nodes
 
 
+def allowed_nodes(pid: int | str = "self") -> tuple[int, ...]:
+    """The nodes a process may take memory from: its cgroup's cpuset.mems, as the kernel
+    applies it (/proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            return tuple(parse_cpulist(line.split(":", 1)[1]))
+    raise PinningError(f"/proc/{pid}/status has no Mems_allowed_list")
+
+
+def bound_by_cpuset(nodes: tuple[int, ...], allowed: tuple[int, ...], refused: Exception) -> str:
+    """Where the memory-policy calls are refused: the cgroup binds the memory already when it
+    allows the slot's nodes alone; wider, the slot's memory could land off its node, and that
+    is never served silently."""
+    if allowed == nodes:
+        return BOUND_BY_CPUSET
+    raise PinningError(
+        f"{refused}, and the cgroup's cpuset.mems allows node(s) {format_cpulist(allowed)}, "
+        f"not the slot's {format_cpulist(nodes)} alone: its memory could land off its node. "
+        f"To serve here, {REMEDIES} (docs/kubernetes.md#memory-binding-in-a-pod)"
+    )
+
+
 def restart_under_numactl(method: str, cpus, nodes, argv: list[str], log) -> None:
     """Start this process over under numactl, where it is installed and did not start us:
     the binding made in-process (checked there, so a bad slot exits PINNING rather than
     numactl's 1) covers only memory touched after it, and the interpreter's start-up pages
     would stay wherever they first landed. Returns only where numactl cannot run."""
     numactl = shutil.which("numactl")
-    if method == "numactl" or numactl is None:
+    if method != "set_mempolicy" or numactl is None:  # numactl's own calls would be refused
         return
     try:
         os.execve(

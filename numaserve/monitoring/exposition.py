@@ -63,6 +63,7 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _pools(shards)
     yield from _cache(shards)
     yield from _model_paths(shards)
+    yield from _memory_binding(shards)
     yield from _passes(snapshot, shards)
     yield from _http(readings.http)
     yield from _numastat(readings)
@@ -232,6 +233,25 @@ def _model_paths(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
                     "quantize": path["quantize"],
                     "keep_fp32": ",".join(path["keep_fp32"]),
                     "chosen_by": path["chosen_by"],
+                }
+                info.add_metric([], labels)
+    yield info
+
+
+def _memory_binding(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+    """What binds each ready instance's memory to its node: `cpuset` where the memory-policy
+    calls are refused (a container's default seccomp profile) and the cgroup binds it."""
+    info = InfoMetricFamily(
+        "numaserve_instance_memory_binding",
+        "What binds an instance's memory to its node: numactl, set_mempolicy or cpuset.",
+    )
+    for (_, model_name), status in shards:
+        for instance in status.get("instances", ()):
+            if instance.get("routed") and instance.get("membind"):
+                labels = {
+                    "instance": instance["name"],
+                    "model_name": model_name,
+                    "bound_by": instance["membind"],
                 }
                 info.add_metric([], labels)
     yield info

@@ -9,7 +9,13 @@ import os
 import zmq
 
 from numaserve import exitcodes, protocol
-from numaserve.host.pinning import PinningError, pin_current_process, restart_under_numactl
+from numaserve.host.pinning import (
+    BOUND_BY,
+    BOUND_BY_CPUSET,
+    PinningError,
+    pin_current_process,
+    restart_under_numactl,
+)
 from numaserve.lifecycle import die_with_parent, read_spec
 
 # Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
@@ -31,6 +37,8 @@ def begin(spec_type, module: str, argv: list[str] | None, log: logging.Logger, b
         except PinningError as e:
             log.error("cannot pin %s: %s", module, e)
             return exitcodes.PINNING
+        if method == BOUND_BY_CPUSET:
+            log.info("%s: memory bound by %s", module, BOUND_BY[method])
         restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     return spec
 

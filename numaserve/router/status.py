@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from numaserve import protocol
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.pinning import affinity_if_alive
+from numaserve.host.pinning import BOUND_BY, affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
 
 if TYPE_CHECKING:
@@ -99,6 +99,15 @@ def model_path_lines(instances: list[dict], several: bool) -> list[str]:
             model = f" of {i.get('model_name')}" if several else ""
             seen.setdefault((model, what), f"model path{model}: {what} ({why})")
     return list(seen.values())
+
+
+def memory_lines(instances: list[dict]) -> list[str]:
+    """How each instance's memory is bound to its node, instances alike on one line."""
+    bound: dict[str, list[str]] = {}
+    for i in instances:
+        if method := i.get("membind"):
+            bound.setdefault(BOUND_BY.get(method, method), []).append(i["name"])
+    return [f"memory bound by {how}: {', '.join(names)}" for how, names in bound.items()]
 
 
 def pools(dispatch: Dispatcher, model_name: str) -> list[dict]:
@@ -197,6 +206,7 @@ def format_status(report: dict) -> str:
     )
     lines.append(f"pools: {pools}")
     lines += model_path_lines(report["instances"], several)
+    lines += memory_lines(report["instances"])
     cache = report["cache"]
     lines.append(
         f"cache: {cache['entries']}/{cache['capacity']} entries, hit rate {cache['hit_rate']:.1%} "

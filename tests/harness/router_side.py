@@ -103,8 +103,10 @@ def prepared_record(model: ModelConfig, directory: Path) -> str:
     return str(path)
 
 
-def start_worker(spec: WorkerSpec, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(spec.argv(), stdout=log.open("w"), stderr=subprocess.STDOUT)
+def start_worker(spec: WorkerSpec, log: Path, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`prefix`: what to run it under (tests/harness/seccomp.py)."""
+    argv = [*prefix, *spec.argv()]
+    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 def pinned_worker_serves(model: ModelConfig, directory: Path) -> dict:
