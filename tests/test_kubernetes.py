@@ -2,9 +2,11 @@
 them, validate strictly against the Kubernetes API's schemas (kubernetes-validate), and hold
 what docs/kubernetes.md promises: a Guaranteed pod, probes on the metrics port, a grace period
 longer than the drain, non-root on a read-only root, keys from Secrets, a headless Service.
-The Prometheus operator's kinds have no schema there: their alert rules are the shipped ones
-(which promtool checks in tests/test_prometheus.py), and their fields are checked here."""
+The Prometheus operator's and KEDA's kinds have no schema there: their alert rules are the
+shipped ones (which promtool checks in tests/test_prometheus.py), and their fields are checked
+here, as are the autoscalers' metric and its series."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,8 +19,9 @@ from numaserve.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
-KUBERNETES_VERSION = "1.30.0"  # the oldest release still supported upstream when written
-BUILDS = ["base", "overlays/two-socket"]
+KUBERNETES_VERSION = "1.33.0"  # the oldest release still supported upstream when written
+BUILDS = ["base", "overlays/two-socket", "overlays/autoscale-hpa", "overlays/autoscale-keda"]
+CUSTOM = ("monitoring.coreos.com/", "keda.sh/")  # no schema in Kubernetes': checked below
 
 pytestmark = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl renders the kustomizations (.ci/run has it)"
@@ -65,8 +68,8 @@ def served_config(docs):
 @pytest.mark.parametrize("build", BUILDS)
 def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(build):
     for doc in render(build):
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # not Kubernetes' own: checked below
+        if doc["apiVersion"].startswith(CUSTOM):
+            continue
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
@@ -125,6 +128,13 @@ def test_the_config_serves_every_port_the_pod_and_services_name(docs):
     assert server.endpoint.startswith("tcp://0.0.0.0:") and server.curve is not None
 
 
+def test_the_pod_serves_the_model_path_the_image_prepared(docs):
+    """The image holds the artifact of its own config's model section alone, read-only: a
+    pod's config naming another path would find no artifact and could not build one."""
+    image = parse_config((ROOT / "deploy/container/numaserve.yaml").read_text())
+    assert served_config(docs).model == image.model
+
+
 def test_zeromq_clients_get_every_pods_address_from_a_headless_service(services):
     assert services["numaserve-zmq"]["spec"]["clusterIP"] == "None"
     assert {p["targetPort"] for p in services["numaserve"]["spec"]["ports"]} == {"http", "metrics"}
@@ -148,3 +158,46 @@ def test_prometheus_scrapes_each_pods_metrics_port_as_job_numaserve(docs, servic
     assert selected.items() <= services["numaserve"]["metadata"]["labels"].items()
     # The job label is the Service's name; the alert rules expect job="numaserve".
     assert 'job="numaserve"' in yaml.safe_dump(docs["PrometheusRule"]["spec"])
+
+
+def autoscaled(build: str) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in render(build)}
+
+
+def exposed_series() -> set[str]:
+    """The series names numaserve's /metrics exposes, as docs/monitoring.md lists them."""
+    text = (ROOT / "docs" / "monitoring.md").read_text()
+    return set(re.findall(r"^\| `(numaserve_[a-z_]+)`", text, re.M))
+
+
+def test_the_hpa_scales_the_deployment_on_the_busy_ratio_the_adapter_rule_serves():
+    docs = autoscaled("overlays/autoscale-hpa")
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    assert "replicas" not in docs["Deployment"]["spec"]  # the autoscaler owns it
+    (metric,) = hpa["metrics"]
+    assert metric["pods"]["metric"]["name"] == "numaserve_instance_busy_ratio"
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    adapter = ROOT / "deploy/kubernetes/overlays/autoscale-hpa/prometheus-adapter.yaml"
+    (rule,) = yaml.safe_load(adapter.read_text())["rules"]
+    assert rule["name"]["as"] == "numaserve_instance_busy_ratio"
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    used = set(re.findall(r"numaserve_[a-z_]+", rule["metricsQuery"]))
+    assert used == {"numaserve_forward_pass_seconds_sum", "numaserve_instance_up"}
+
+
+def test_the_keda_alternative_scales_on_the_same_signal():
+    docs = autoscaled("overlays/autoscale-keda")
+    scaled = docs["ScaledObject"]["spec"]
+    assert scaled["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    (trigger,) = scaled["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "Value")
+    used = set(re.findall(r"numaserve_[a-z_]+", trigger["metadata"]["query"]))
+    assert used == {"numaserve_forward_pass_seconds_sum", "numaserve_instance_up"}
+    behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
+
+
+def test_the_autoscalers_read_series_numaserve_exposes():
+    exposed = exposed_series()
+    assert {"numaserve_forward_pass_seconds", "numaserve_instance_up"} <= exposed

@@ -2,6 +2,7 @@
 `status`; and (slow) a real Prometheus server scrapes it, evaluates the shipped alert rules and
 answers every query of the shipped Grafana dashboard; promtool accepts all three."""
 
+import itertools
 import json
 import os
 import shutil
@@ -307,3 +308,30 @@ def test_every_dashboard_query_returns_data(server, prometheus):
         empty = [expr for expr in empty if not query(prometheus, expr)]
         time.sleep(0.5)
     assert empty == []
+
+
+@pytest.mark.slow
+def test_the_autoscalers_query_gives_the_busy_ratio_on_the_live_series(server, prometheus):
+    """KEDA's query as shipped (deploy/kubernetes/overlays/autoscale-keda), and the
+    prometheus-adapter rule's with its templates filled in as the adapter fills them: a share
+    of the instances' time, between 0 and 1, once traffic has run."""
+    overlays = ROOT / "deploy" / "kubernetes" / "overlays"
+    keda = yaml.safe_load((overlays / "autoscale-keda/scaledobject.yaml").read_text())
+    (rule,) = yaml.safe_load((overlays / "autoscale-hpa/prometheus-adapter.yaml").read_text())[
+        "rules"
+    ]
+    adapter = rule["metricsQuery"].replace("<<.LabelMatchers>>", 'job="numaserve"')
+    exprs = [
+        keda["spec"]["triggers"][0]["metadata"]["query"],
+        adapter.replace("<<.GroupBy>>", "job"),
+    ]
+    deadline = time.monotonic() + 60  # rate() needs two scrapes with passes between them
+    ratios: list[float] = []
+    with Client(server.endpoint, timeout=10) as client:
+        for i in itertools.count():
+            client.embed([f"autoscaler traffic {i}.{j}" for j in range(4)])  # no cache hits
+            found = [query(prometheus, expr) for expr in exprs]
+            ratios = [float(v[0]["value"][1]) for v in found if v]
+            if (len(ratios) == 2 and all(ratios)) or time.monotonic() > deadline:
+                break
+    assert len(ratios) == 2 and all(0 < r <= 1 for r in ratios), ratios
