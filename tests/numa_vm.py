@@ -67,6 +67,8 @@ class Mode:
     # Whether the guest's servers load artifacts the host built (ensure_artifacts).
     prebuilt: bool = False
     vng_args: tuple[str, ...] = ()
+    # Whether the guest's /tmp starts empty, not as an overlay of the host's (private_tmp).
+    empty_tmp: bool = False
     kernel_args: tuple[str, ...] = ()
     packages: dict[str, str] = field(default_factory=dict)  # like DEBIAN_PACKAGES
 
@@ -86,6 +88,7 @@ MODES = {
             # the host's own services (databases, Prometheus) have no business in this guest.
             "systemd.unit=serial-getty@ttyS0.service",
         ),
+        empty_tmp=True,
         # The guest's systemd is the host's: Debian's systemd, and udev to find the serial
         # console that the getty, and so the tests, run on.
         packages={"systemctl": "systemd", "udevadm": "udev"},
@@ -219,14 +222,41 @@ def ensure_artifacts(model: Path) -> Path:
     return cache
 
 
-def guest_command(mode: Mode, model: Path, artifacts: Path | None, pytest_args: list[str]) -> str:
+def guest_command(
+    name: str, mode: Mode, model: Path, artifacts: Path | None, pytest_args: list[str]
+) -> str:
+    """What the guest runs: a script in the cache, and a short command that runs it. vng passes
+    the command on the kernel's command line, base64 and all, before the --append arguments,
+    and the kernel cuts that line at 2,048 bytes: a long command silently cut off the
+    arguments after it (seen: `systemd.unit=serial-getty@ttyS0.se`)."""
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", mode.marker]
     pytest += ["--timeout=1500"]  # emulation: torch takes minutes to import
     pytest += [mode.tests, *pytest_args]  # only this module: imports are slow here
     env = f"PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))}"
     if artifacts:
         env += f" NUMASERVE_CACHE={shlex.quote(str(artifacts))}"
-    return f"cd {shlex.quote(str(REPO))} && export {env} && {shlex.join(pytest)}; echo {SENTINEL}$?"
+    script = CACHE / f"guest-{name}.sh"
+    script.write_text(
+        f"cd {shlex.quote(str(REPO))} && export {env} && {shlex.join(pytest)}\necho {SENTINEL}$?\n"
+    )
+    return f"sh {shlex.quote(str(script))}"
+
+
+def private_tmp(argv: list[str]) -> list[str]:
+    """argv run in a mount namespace of its own, on an empty /tmp. At boot systemd-tmpfiles
+    empties /tmp (`D /tmp` in tmp.conf), and the guest's /tmp is an overlay of the host's:
+    it would delete every file of the host's /tmp, one 9p call at a time under emulation
+    (CI lost 7 minutes there; a whiteout each, the host's files are safe). Masking the job
+    on the kernel's command line does not reach it: `container=`, which keeps PID 1 from
+    taking /.dockerenv for a container, makes the generators that read the masks take
+    themselves for one, and read PID 1's argv instead. Only as root, and not where the
+    checkout itself lies under /tmp."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or REPO.is_relative_to("/tmp"):
+        return argv
+    if CACHE.is_relative_to("/tmp"):
+        return argv
+    mount = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
 
 
 def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int | None:
@@ -237,6 +267,7 @@ def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> i
     kernel_args = " ".join([*KERNEL_ARGS, *mode.kernel_args])  # vng keeps one --append only
     argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, *mode.vng_args, "--append", kernel_args]
     argv += ["--exec", command]
+    argv = private_tmp(argv) if mode.empty_tmp else argv
     say(f"booting (software emulation; kernel lines in {log_path})")
     began = time.monotonic()
     code = None
@@ -314,7 +345,7 @@ def main() -> int:
             say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
             return 0
         extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        command = guest_command(mode, model, artifacts, extra)
+        command = guest_command(args.init, mode, model, artifacts, extra)
         return boot_until_it_reports(vng, vmlinuz, mode, command, args.timeout)
     except SetupError as e:
         say(f"error: {e}")
