@@ -24,7 +24,7 @@ from tests.harness.console import numaserve
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/numaserve:test"
-MAX_IMAGE_MB = 600
+MAX_IMAGE_MB = 700  # 666 MB measured: docs/container.md says where it goes
 
 pytestmark = [
     pytest.mark.slow,
@@ -159,9 +159,10 @@ def test_the_image_is_small_and_holds_no_torch(image):
     size_mb = int(podman("image", "inspect", "--format", "{{.Size}}", image).stdout) / 1e6
     print(f"\nimage {image}: {size_mb:.0f} MB")
     assert size_mb < MAX_IMAGE_MB
-    find = "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('onnxruntime'))"
-    out = podman("run", "--rm", "--entrypoint", "python3", image, "-c", find).stdout
-    assert out.startswith("None ") and "onnxruntime" in out
+    find = "import importlib.util as u; print([bool(u.find_spec(m)) for m in MODULES])"
+    modules = "MODULES = ['torch', 'ctranslate2', 'onnxruntime']; "
+    out = podman("run", "--rm", "--entrypoint", "python3", image, "-c", modules + find).stdout
+    assert out.strip() == "[False, True, True]"
 
 
 def test_each_process_is_pinned_inside_the_cpuset(served):
@@ -186,16 +187,17 @@ def test_it_serves_over_the_published_zeromq_http_and_metrics_ports(served, keys
     with client(keys, ports) as c:
         (embedding,) = c.embed(["a text through the published ZeroMQ port"])
     assert len(embedding.vector) == 384
+    headers = {"Authorization": "Bearer test-api-key-0123456789"}
     request = urllib.request.Request(
         f"http://127.0.0.1:{ports['http']}/embed",
         data=json.dumps({"inputs": "a text over HTTP"}).encode(),
-        headers={
-            "Content-Type": "application/json",
-            "Authorization": "Bearer test-api-key-0123456789",
-        },
+        headers={"Content-Type": "application/json", **headers},
     )
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert len(json.loads(reply.read())[0]) == 384
+    info = urllib.request.Request(f"http://127.0.0.1:{ports['http']}/info", headers=headers)
+    with urllib.request.urlopen(info, timeout=10) as reply:
+        assert set(json.loads(reply.read())["model_paths"].values()) == {"ctranslate2 int8"}
     with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5) as m:
         assert "numaserve_" in m.read().decode()
 
