@@ -251,9 +251,8 @@ def private_tmp(argv: list[str]) -> list[str]:
     taking /.dockerenv for a container, makes the generators that read the masks take
     themselves for one, and read PID 1's argv instead. Only as root, and not where the
     checkout itself lies under /tmp."""
-    if os.geteuid() != 0 or not shutil.which("unshare") or REPO.is_relative_to("/tmp"):
-        return argv
-    if CACHE.is_relative_to("/tmp"):
+    under_tmp = REPO.is_relative_to("/tmp") or CACHE.is_relative_to("/tmp")
+    if os.geteuid() != 0 or not shutil.which("unshare") or under_tmp:
         return argv
     mount = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *argv]

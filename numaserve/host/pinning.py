@@ -122,12 +122,17 @@ def get_mempolicy() -> tuple[int, tuple[int, ...]]:
     return mode.value, nodes
 
 
+def _status_list(pid: int | str, field: str) -> tuple[int, ...]:
+    """A list field of /proc/PID/status (`Cpus_allowed_list`, `Mems_allowed_list`)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return tuple(parse_cpulist(line.split(":", 1)[1]))
+    raise PinningError(f"/proc/{pid}/status has no {field}")
+
+
 def live_affinity(pid: int | str = "self") -> tuple[int, ...]:
     """The CPUs a process may run on, as the kernel reports them in /proc/PID/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return tuple(parse_cpulist(line.split(":", 1)[1]))
-    raise PinningError(f"/proc/{pid}/status has no Cpus_allowed_list")
+    return _status_list(pid, "Cpus_allowed_list")
 
 
 def affinity_if_alive(pid: object) -> tuple[int, ...] | None:
@@ -196,10 +201,7 @@ def pin_current_process(
 def allowed_nodes(pid: int | str = "self") -> tuple[int, ...]:
     """The nodes a process may take memory from: its cgroup's cpuset.mems, as the kernel
     applies it (/proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Mems_allowed_list:"):
-            return tuple(parse_cpulist(line.split(":", 1)[1]))
-    raise PinningError(f"/proc/{pid}/status has no Mems_allowed_list")
+    return _status_list(pid, "Mems_allowed_list")
 
 
 def bound_by_cpuset(nodes: tuple[int, ...], allowed: tuple[int, ...], refused: Exception) -> str:
