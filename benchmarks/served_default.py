@@ -9,28 +9,41 @@ round, and the ratio of each adjacent pair is reported: on a noisy VM only ratio
 run mean anything. Texts: short (stdlib first sentences, about 14 tokens) and prose (the
 peers' mixed texts: runs of 1-16 sentences, about 118 tokens median).
 
+On a bigger machine, `--client-cpus` keeps the load generator off the server's cores (it
+pins itself there once each server is up, so the server still sees the whole machine), and
+`--against "ctranslate2 int8"` names the path the default chooses on this CPU class where a
+machine lacks a candidate (OpenVINO) or the time for auto's race.
+
 Run:  .venv/bin/python -m benchmarks.served_default [--rounds 2] [--requests 800]
-          [--traffic short,prose] [--json FILE]
+          [--traffic short,prose] [--model PATH] [--against NAME] [--client-cpus 12-15]
+          [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
+from numaserve.host.cpulist import parse_cpulist
 from numaserve.host.topology import read_topology
 from numaserve.loadgen.bench import closed_loop, drawing, numaserve_target
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """\
-model: {{path: bundled:minilm, task: embed{precision}}}
-placement: {{pools: [{{name: all, max_tokens: 256, cores_per_instance: 1}}]}}
+model: {{path: "{model}", task: embed{precision}}}
+placement: {{pools: [{{name: all, max_tokens: 256, cores_per_instance: 1, instances: 2}}]}}
 server: {{endpoint: "{endpoint}", cache_entries: 0, max_batch: 1}}
 """
-SYSTEMS = {"default": "", "onnxruntime int8": ", backend: onnxruntime, quantize: int8"}
+SYSTEMS = {
+    "default": "",
+    "ctranslate2 int8": ", backend: ctranslate2, quantize: int8",
+    "onnxruntime int8": ", backend: onnxruntime, quantize: int8",
+}
+BASELINE = "onnxruntime int8"
 
 
 def corpus(kind: str) -> list[str]:
@@ -42,11 +55,14 @@ def corpus(kind: str) -> list[str]:
 
 
 def serve_and_load(name: str, texts: list[str], args, work: Path) -> float:
-    config = CONFIG.format(precision=SYSTEMS[name], endpoint=ENDPOINT)
+    config = CONFIG.format(model=args.model, precision=SYSTEMS[name], endpoint=ENDPOINT)
     server = Server(work, config, name=name.replace(" ", "-"))
+    everywhere = os.sched_getaffinity(0)
     try:
         ready = server.wait_ready(timeout=900)
         paths = {"{backend} {quantize}".format(**i["model_path"]) for i in ready.values()}
+        if args.client_cpus:  # this thread, and the client threads it starts, inherit it
+            os.sched_setaffinity(0, parse_cpulist(args.client_cpus))
         connect = numaserve_target([server.endpoint], timeout=30)
         closed_loop(connect, texts, args.clients, 100, draw=drawing("embed"))  # warm-up
         run = closed_loop(connect, texts, args.clients, args.requests, draw=drawing("embed"))
@@ -54,6 +70,7 @@ def serve_and_load(name: str, texts: list[str], args, work: Path) -> float:
         print(f"  {name}: {rps:.1f} req/s ({', '.join(sorted(paths))})", flush=True)
         return rps
     finally:
+        os.sched_setaffinity(0, everywhere)
         server.stop()
 
 
@@ -63,6 +80,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--traffic", default="short,prose")
+    parser.add_argument("--model", default="bundled:minilm")
+    parser.add_argument("--against", default="default", choices=[*SYSTEMS][:2])
+    parser.add_argument("--client-cpus", help="a CPU list for the load generator")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     topology = read_topology()
@@ -73,16 +93,16 @@ def main() -> None:
             texts = corpus(kind)
             ratios = []
             for r in range(args.rounds):
-                order = ["default", "onnxruntime int8"]
+                order = [args.against, BASELINE]
                 for name in order if r % 2 == 0 else order[::-1]:  # ABBA
                     results.setdefault(kind, {}).setdefault(name, []).append(
                         serve_and_load(name, texts, args, Path(tmp))
                     )
                 pair = results[kind]
-                ratios.append(pair["default"][-1] / pair["onnxruntime int8"][-1])
+                ratios.append(pair[args.against][-1] / pair[BASELINE][-1])
             results[kind]["ratios"] = ratios
             print(
-                f"{kind}: default / onnxruntime int8: "
+                f"{kind}: {args.against} / {BASELINE}: "
                 + ", ".join(f"{x:.2f}" for x in ratios)
                 + f" (median {statistics.median(ratios):.2f})",
                 flush=True,
