@@ -145,6 +145,16 @@ def test_the_openai_sdk_reads_a_refused_key_and_a_bad_request_as_its_errors(embe
         right.embeddings.create(model="default", input="a", dimensions=100_000)
 
 
+def test_the_openai_sdk_reads_why_a_body_over_the_limit_is_refused(embedder):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{embedder.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.APIStatusError, match="this server takes at most") as refused:
+        client.embeddings.create(model="default", input="word " * (1 << 20))  # 5 MiB
+    assert refused.value.status_code == 413
+    assert refused.value.body["type"] == "invalid_request_error"
+
+
 def test_langchains_openai_embeddings_embed_as_the_zeromq_path(embedder):
     from langchain_openai import OpenAIEmbeddings
 

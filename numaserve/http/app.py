@@ -50,10 +50,11 @@ class App:
         if request.path in self.paths:
             methods = sorted(m for m, p in self.routes if p == request.path)
             error = ApiError(405, f"{request.path} takes {', '.join(methods)}")
-            response = errors.tei(error)
+            response = errors.shape_for(request.path)(error)
             response.headers = (("allow", ", ".join(methods)),)
             return response
-        return errors.tei(ApiError(404, f"no route {request.path}; see /openapi.json"))
+        no_route = ApiError(404, f"no route {request.path}; see /openapi.json")
+        return errors.shape_for(request.path)(no_route)
 
     # -- what the routes share -------------------------------------------------------------
 

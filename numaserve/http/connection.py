@@ -83,8 +83,9 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-# An answer made here, before any route sees the request (413, 431, 408, malformed HTTP).
-Refusal = Callable[[int, str], Response]
+# An answer made here, before any route sees the request (413, 431, 408, malformed HTTP):
+# (status, why, the request's path where it was read, else "").
+Refusal = Callable[[int, str, str], Response]
 
 
 class Connection(asyncio.Protocol):
@@ -229,7 +230,7 @@ class Connection(asyncio.Protocol):
             self.busy = False
         except Exception:
             log.error("a route failed", exc_info=True)
-            self._answered(self.refuse(500, "internal error; the server logged it"), False)
+            self._answered(self.refuse(500, "internal error; the server logged it", ""), False)
         else:
             if awaited is None:  # a bare yield (asyncio.sleep(0)): go on at the next turn
                 asyncio.get_running_loop().call_soon(self._step, route, keep_alive)
@@ -254,7 +255,8 @@ class Connection(asyncio.Protocol):
         rest of what it sent cannot be told apart from the next request)."""
         if self.closed:
             return
-        self.transport.write(self.refuse(status, message).encode(keep_alive=False))
+        path = self.request.path if self.request is not None else ""
+        self.transport.write(self.refuse(status, message, path).encode(keep_alive=False))
         self._close()
 
     def _close(self) -> None:

@@ -6,6 +6,8 @@ routes OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 
 from numaserve.http.connection import Response
@@ -66,6 +68,13 @@ def openai(error: ApiError) -> Response:
     return Response(error.status, orjson.dumps(body), headers=headers_for(error.status))
 
 
-def refusal(status: int, message: str) -> Response:
-    """A request refused before any route saw it (malformed HTTP, too big, too slow)."""
-    return tei(ApiError(status, message))
+def shape_for(path: str) -> Callable[[ApiError], Response]:
+    """The error shape of the API a path belongs to: OpenAI's under /v1/, else TEI's."""
+    return openai if path.startswith("/v1/") else tei
+
+
+def refusal(status: int, message: str, path: str) -> Response:
+    """A request refused before any route saw it (malformed HTTP, too big, too slow), in the
+    shape of the API its path names ("" before the path is read): the OpenAI SDK shows an
+    error's reason only when it comes in OpenAI's shape."""
+    return shape_for(path)(ApiError(status, message))

@@ -204,7 +204,7 @@ STATUSES = {
 def document(app) -> dict:
     paths: dict[str, dict] = {}
     for route in app.routes.values():
-        shape = "openai" if route.path.startswith("/v1/") else "tei"
+        shape = route.error.__name__  # errors.openai or errors.tei
         error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape}_error"}}}
         operation: dict = {"summary": route.summary, "responses": {"200": {"description": "OK"}}}
         answer = ANSWERS.get(route.path)
