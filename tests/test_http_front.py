@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -57,6 +59,30 @@ def test_a_request_needs_a_listed_key_as_a_bearer_token(tmp_path):
         with pytest.raises(ApiError) as refused:
             keys.check(header)
         assert refused.value.status == 401
+
+
+def test_a_key_too_short_to_be_listed_is_refused_saying_so(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY}\n")
+    with pytest.raises(ApiError, match="shorter than 16 characters") as refused:
+        ApiKeys(str(path)).check("Bearer short")
+    assert refused.value.status == 401
+
+
+def test_start_refuses_a_keys_file_with_a_short_key_naming_its_line(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"# the ops team\n{KEY}\nhunter2\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f'server: {{http: "127.0.0.1:8080", http_api_keys_file: "{path}"}}\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "numaserve.cli", "start", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"{path}: line 3: a key shorter than 16 characters" in out.stderr
+    assert "spawn" not in out.stderr
 
 
 def test_a_key_added_to_the_file_is_accepted_once_it_is_read_again(tmp_path):

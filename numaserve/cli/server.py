@@ -87,6 +87,7 @@ def start(
         raise UserError(str(e)) from None
     if problems := model_problems(config):
         raise ModelError("; ".join(problems))
+    _check_api_keys(config.server.http_api_keys_file)
     setup_logging(config.logging.level, config.logging.format)
     try:
         code = run(config_path, config)
@@ -101,6 +102,21 @@ def start(
     except TopologyError as e:
         raise MachineError(str(e)) from None
     sys.exit(code)
+
+
+def _check_api_keys(path: str | None) -> None:
+    """A keys file the HTTP fronts could not serve by, refused before anything starts: a key
+    too short would otherwise be dropped in a front's log, and its holder refused with 401."""
+    from numaserve.http.keys import KeysFileError, read_keys
+
+    if not path:
+        return
+    try:
+        problem = read_keys(path).short_keys_problem(path)
+    except KeysFileError as e:
+        raise UserError(str(e)) from None
+    if problem:
+        raise UserError(problem)
 
 
 def _model_config(model_path: str, task: str, port: int, zmq_port: int) -> str:

@@ -3,7 +3,9 @@
 The file is looked at again at most once a second and re-read when it changed, so a key added
 or revoked applies within a second, with no restart (as the CurveZMQ keys directory does). Keys
 are held as SHA-256 digests and a request's key is looked up by its own: no comparison whose
-time depends on how much of a key an attacker guessed.
+time depends on how much of a key an attacker guessed. A key under 16 characters is too easy
+to guess: `numaserve start` refuses a file that holds one (read_keys), and a request bearing
+one is told why it is refused.
 """
 
 from __future__ import annotations
@@ -12,12 +14,52 @@ import hashlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 from numaserve.http.errors import ApiError
 
 log = logging.getLogger("numaserve.http")
 RECHECK_S = 1.0
 MIN_KEY_CHARS = 16
+
+
+class KeysFileError(ValueError):
+    """A keys file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class KeysFile:
+    keys: tuple[str, ...]  # those long enough, the ones served by
+    short_lines: tuple[int, ...]  # the lines whose key is too short to be accepted
+
+    def short_keys_problem(self, path: str) -> str | None:
+        if not self.short_lines:
+            return None
+        lines = ", ".join(map(str, self.short_lines))
+        return (
+            f"{path}: line{'s' if len(self.short_lines) > 1 else ''} {lines}: a key shorter than "
+            f"{MIN_KEY_CHARS} characters, which this server never accepts (too easy to guess): "
+            f"make each key {MIN_KEY_CHARS} characters or more (`openssl rand -hex 24` makes one)"
+        )
+
+
+def read_keys(path: str) -> KeysFile:
+    """The file's keys, one a line, blank lines and `#` comments skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeysFileError(f"server.http_api_keys_file: cannot read {path}: {e}") from None
+    keys, short = [], []
+    for number, line in enumerate(lines, 1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if len(key) < MIN_KEY_CHARS:
+            short.append(number)
+        else:
+            keys.append(key)
+    return KeysFile(tuple(keys), tuple(short))
 
 
 class ApiKeys:
@@ -37,25 +79,20 @@ class ApiKeys:
             return
         try:
             info = os.stat(self.path)
-            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
-            if stamp == self.stamp:
-                return
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            log.error("server.http_api_keys_file: cannot read %s: %s", self.path, e)
+        except OSError as e:
+            log.error("server.http_api_keys_file: cannot read %s: %s", self.path, e.strerror)
             return
-        keys = [line.strip() for line in lines]
-        keys = [k for k in keys if k and not k.startswith("#")]
-        short = [k for k in keys if len(k) < MIN_KEY_CHARS]
-        if short:
-            log.warning(
-                "%s: %d key(s) shorter than %d characters are ignored (too easy to guess)",
-                self.path,
-                len(short),
-                MIN_KEY_CHARS,
-            )
-        self.digests = frozenset(_digest(k) for k in keys if len(k) >= MIN_KEY_CHARS)
+        stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+        if stamp == self.stamp:
+            return
+        try:
+            read = read_keys(self.path)
+        except KeysFileError as e:  # keep the keys it had
+            log.error("%s", e)
+            return
+        if problem := read.short_keys_problem(self.path):  # refused at start; edited since
+            log.error("%s; the file's other keys apply", problem)
+        self.digests = frozenset(_digest(k) for k in read.keys)
         self.stamp = stamp
         log.info("API keys: %d from %s", len(self.digests), self.path)
 
@@ -70,6 +107,12 @@ class ApiKeys:
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "this server needs an API key: Authorization: Bearer KEY")
+        if len(key.strip()) < MIN_KEY_CHARS:
+            raise ApiError(
+                401,
+                f"the API key is shorter than {MIN_KEY_CHARS} characters: none that short "
+                "is ever accepted (docs/http.md#api-keys)",
+            )
         if _digest(key.strip()) not in self.digests:
             raise ApiError(401, "the API key is not one this server accepts")
 
