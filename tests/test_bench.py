@@ -2,6 +2,7 @@
 test_router.py)."""
 
 import json
+import random
 import socket
 
 import pytest
@@ -12,9 +13,11 @@ from numaserve.loadgen.bench import (
     CorpusError,
     Result,
     closed_loop,
+    drawing,
     format_result,
     http_target,
     load_corpus,
+    with_words_shuffled,
 )
 from tests.harness.stand_in import InProcessRouter
 
@@ -149,6 +152,33 @@ def test_a_bench_says_when_its_results_came_from_the_cache(router, tmp_path):
     out = CliRunner().invoke(main, [*command, "--clients", "1", "--requests", "5"])
     assert out.exit_code == 0, out.output
     assert "4 of 5 texts were answered from the router's cache" in out.output
+    assert "server.cache_entries: 0" in out.output  # the key the config takes
+
+
+def test_a_bench_names_the_server_that_answered_and_its_model(router):
+    command = ["bench", "--endpoint", router.endpoint, "--clients", "1", "--requests", "2"]
+    out = CliRunner().invoke(main, command)
+    assert out.exit_code == 0, out.output
+    assert f"server      {router.endpoint}: " in out.output
+    assert "(embed)" in out.output.split(router.endpoint)[1].splitlines()[0]
+
+
+def test_a_second_bench_of_the_built_in_corpus_is_not_answered_from_the_cache(router):
+    command = ["bench", "--endpoint", router.endpoint, "--clients", "1", "--requests", "300"]
+    first = CliRunner().invoke(main, [*command, "--json"])
+    again = CliRunner().invoke(main, [*command, "--json"])
+    assert first.exit_code == again.exit_code == 0, again.output
+    assert json.loads(again.output)["cache"]["hits"] <= 15  # of 300: short sentences may recur
+    assert "words shuffled per request" in json.loads(again.output)["texts"]
+
+
+def test_shuffled_texts_keep_their_words_and_their_requests_shape():
+    rng, texts = random.Random(1), ["one two three four five six", "seven eight nine ten"]
+    for draw in (drawing("embed"), drawing("classify", pairs=True), drawing("rerank", documents=3)):
+        plain, shuffled = draw(rng, texts), with_words_shuffled(draw)(random.Random(1), texts)
+        assert [type(a) for a in shuffled] == [type(a) for a in plain]
+        flat = [t for a in shuffled for t in ([a] if isinstance(a, str) else a)]
+        assert all(sorted(t.split()) in [sorted(x.split()) for x in texts] for t in flat)
 
 
 def test_an_http_server_that_is_not_there_counts_connection_errors():

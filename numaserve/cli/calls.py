@@ -128,7 +128,8 @@ def rerank(
 @click.option(
     "--corpus",
     type=click.Path(dir_okay=False),
-    help="Texts, one per line (default: stdlib docstring sentences).",
+    help="Texts, one per line (default: stdlib docstring sentences, each sent with its words "
+    "shuffled, so that the router's cache seldom answers).",
 )
 @click.option(
     "--op",
@@ -205,6 +206,8 @@ def bench(
     except load.CorpusError as e:
         raise UserError(str(e)) from None
     draw = load.drawing(op, pairs, documents)
+    if corpus is None:
+        draw = load.with_words_shuffled(draw)
     servers: Counter[str] = Counter()
     try:
         connect = (
@@ -217,7 +220,9 @@ def bench(
     except ValueError as e:
         raise UserError(f"--http: {e}") from None
     total = int(rate * duration) if rate else clients * requests
-    cache_before = None if url else _cache_counts(endpoints)
+    before = {} if url else _statuses(endpoints)
+    answered_by = [_describe_http(url, api_key)] if url else [_describe(*s) for s in before.items()]
+    cache_before = None if url else _cache_counts(before)
     show = not as_json and total >= 200
     with (
         click.progressbar(length=total, label="requests", file=sys.stderr)
@@ -245,8 +250,14 @@ def bench(
                 connect, texts, clients, requests, label, bar.update, seed, draw
             )
             result.servers = servers
-    if cache_before is not None and (cache_after := _cache_counts(endpoints)) is not None:
+    if cache_before is not None and (cache_after := _cache_counts(_statuses(endpoints))):
         result.cache = {k: cache_after[k] - cache_before[k] for k in cache_before}
+    result.answered_by = answered_by
+    result.texts = (
+        f"{corpus} ({len(texts)} texts)"
+        if corpus
+        else f"the built-in corpus ({len(texts)} stdlib sentences, words shuffled per request)"
+    )
     summary = result.summary()
     if as_json:
         print_json(summary)
@@ -268,21 +279,63 @@ def _check_bench_options(op: str, pairs: bool, url: str | None, rate: float | No
         raise UserError(f"--pairs is for {takers}")
 
 
-def _cache_counts(endpoints) -> dict[str, int] | None:
-    """The router caches' hits and misses now, summed over every server (each address of
-    the endpoints), to tell how many of a run's texts they answered; None where a server does
-    not say."""
+def _statuses(endpoints) -> dict[str, dict | str]:
+    """Each address of the endpoints: its server's status, or why it gave none."""
     from numaserve.client import Client, NumaserveError
     from numaserve.client.endpoints import Endpoints
 
-    counts = {"hits": 0, "misses": 0}
+    statuses: dict[str, dict | str] = {}
     for address in Endpoints(endpoints).addresses:
         try:
             with Client(address, timeout=5, retries=0, curve=client_keys()) as client:
-                cache = client.status().get("cache") or {}
-        except NumaserveError:
-            return None
-        if not all(isinstance(cache.get(k), int) for k in counts):
+                statuses[address] = client.status()
+        except NumaserveError as e:
+            statuses[address] = str(e)
+    return statuses
+
+
+def _describe(address: str, status: dict | str) -> str:
+    """An address and what answers there: a run against whatever process holds a port should
+    say whose figures these are."""
+    if isinstance(status, str):
+        return f"{address}: no status ({status})"
+    pid = (status.get("supervisor") or {}).get("pid")
+    return f"{address}: {status.get('model')} ({status.get('task')})" + (
+        f", numaserve pid {pid}" if pid else ""
+    )
+
+
+def _describe_http(url: str, api_key: str | None) -> str:
+    """What the server at `url` says it serves (TEI's /info), or that it does not say."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    base = f"http://{parts.netloc}"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=5)
+        conn.request("GET", "/info", headers=headers)
+        response = conn.getresponse()
+        info = json.loads(response.read()) if response.status == 200 else None
+        conn.close()
+    except (OSError, http.client.HTTPException, ValueError):
+        info = None
+    if not isinstance(info, dict) or "model_id" not in info:
+        return f"{base}: no /info"
+    kind = info.get("model_type")
+    task = next(iter(kind), "?") if isinstance(kind, dict) else "?"
+    return f"{base}: {info['model_id']} ({task})"
+
+
+def _cache_counts(statuses: dict[str, dict | str]) -> dict[str, int] | None:
+    """The router caches' hits and misses, summed over every server, to tell how many of a
+    run's texts they answered; None where a server does not say."""
+    counts = {"hits": 0, "misses": 0}
+    for status in statuses.values():
+        cache = status.get("cache") if isinstance(status, dict) else None
+        if not isinstance(cache, dict) or not all(isinstance(cache.get(k), int) for k in counts):
             return None
         counts = {k: counts[k] + cache[k] for k in counts}
     return counts

@@ -57,6 +57,8 @@ class Result:
     errors: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # each error code's first message
     cache: dict[str, int] | None = None  # the router cache's hits and misses during the run
+    answered_by: list[str] = field(default_factory=list)  # each server: where, what it serves
+    texts: str = ""  # where the texts came from
     servers: Counter[str] = field(default_factory=Counter)  # replies by server address
 
     def record_error(self, code: str, message: str = "") -> None:
@@ -78,6 +80,8 @@ class Result:
             "errors": dict(self.errors),
             "error_messages": dict(self.reasons),
             "cache": self.cache,
+            "answered_by": self.answered_by,
+            "texts": self.texts,
             "servers": dict(sorted(self.servers.items())),
             "seconds": round(self.seconds, 3),
             "throughput_rps": round(len(lat) / self.seconds, 1) if self.seconds else 0.0,
@@ -98,7 +102,9 @@ def format_result(summary: dict) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(summary["errors"].items())) or "none"
-    lines = [
+    lines = [f"server      {where}" for where in summary["answered_by"]]
+    lines += [f"texts       {summary['texts']}"] if summary["texts"] else []
+    lines += [
         f"{summary['mode']} loop, {summary['op']}: {summary['requests']} requests in {summary['seconds']:.1f} s",
         f"throughput  {summary['throughput_rps']:.1f} requests/s",
         f"latency ms  p50 {ms(lat['p50'])}  p95 {ms(lat['p95'])}  p99 {ms(lat['p99'])}  max {ms(lat['max'])}",
@@ -109,12 +115,17 @@ def format_result(summary: dict) -> str:
         replies = sum(servers.values())
         lines.append("servers     replies by server (the client spreads over every one):")
         lines += [f"  {where}: {n} ({100 * n / replies:.1f}%)" for where, n in servers.items()]
-    if (cache := summary["cache"]) and cache["hits"]:
+    cache = summary["cache"]
+    if cache is None:
+        lines.append("cache       not seen from here: `numaserve status` on the server shows it")
+    elif not cache["hits"]:
+        lines.append("cache       no text was answered from the router's cache")
+    else:
         texts = cache["hits"] + cache["misses"]
         lines.append(
             f"cache       {cache['hits']} of {texts} texts were answered from the router's cache, "
-            "not the model (server.cache_size: 0, or a corpus of more distinct texts, measures "
-            "the model)"
+            "not the model (server.cache_entries: 0, or a corpus of more distinct texts, "
+            "measures the model)"
         )
     return "\n".join(lines)
 
@@ -135,6 +146,29 @@ Draw = Callable[[random.Random, list[str]], tuple]  # one request's arguments, f
 
 def one_text(rng: random.Random, texts: list[str]) -> tuple:
     return (rng.choice(texts),)
+
+
+def with_words_shuffled(draw: Draw, shuffler: random.Random | None = None) -> Draw:
+    """`draw`, each text with its words in a random order: the built-in corpus has a few
+    thousand sentences, so a long run, or a second one, would be answered by the router's
+    cache rather than the model. Shuffled afresh each run (`shuffler`, seeded by the system,
+    not by --seed, which picks the texts), they seldom repeat, and each keeps its words, and
+    so about its length in tokens."""
+    shuffler = shuffler or random.Random()
+    lock = threading.Lock()  # the clients' threads share it
+
+    def shuffled(text: str) -> str:
+        words = text.split()
+        with lock:
+            shuffler.shuffle(words)
+        return " ".join(words)
+
+    def each(arg):
+        if isinstance(arg, str):
+            return shuffled(arg)
+        return type(arg)(shuffled(text) for text in arg)  # a pair, or documents
+
+    return lambda rng, texts: tuple(each(arg) for arg in draw(rng, texts))
 
 
 def drawing(op: str, pairs: bool = False, documents: int = 10) -> Draw:
