@@ -30,6 +30,8 @@ BASE = {
     "lifecycle",
     "curve",
     "config_files",
+    "config_ports",
+    "keys_file",
     "config_precision",
     "corpus",
 }

@@ -9,6 +9,7 @@ from collections import deque
 import pytest
 
 from numaserve import exitcodes
+from numaserve.config_ports import Ports
 from numaserve.supervisor.children import Child, State, TransitionError
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.stop import FAST_STOP_EXIT
@@ -319,6 +320,16 @@ def test_a_reload_of_a_broken_config_keeps_the_running_config(rig):
     rig.step(signal.SIGHUP)
     assert rig.sup.reconcile is None
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+def test_a_reload_keeps_the_ports_the_command_line_moved(tmp_path, caplog):
+    rig = Rig(tmp_path, ports=Ports(zmq=6001, metrics=9999))
+    rig.start()
+    rig.step(signal.SIGHUP)
+    rig.run_for(3.0)
+    assert rig.sup.config.server.endpoint == "tcp://127.0.0.1:6001"
+    assert rig.sup.config.server.metrics.endswith(":9999")
+    assert "changed" not in caplog.text  # nothing to apply at a restart
 
 
 def test_sigterm_during_a_reload_aborts_it_and_stops(rig):

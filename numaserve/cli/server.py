@@ -27,6 +27,7 @@ from numaserve.cli.common import (
     timeout_option,
 )
 from numaserve.config import ConfigError, load_config
+from numaserve.config_ports import Ports
 from numaserve.config_precision import needs_prepare
 from numaserve.host.ledger import CoresHeldError
 from numaserve.host.placement import PlacementError
@@ -34,13 +35,13 @@ from numaserve.host.topology import TopologyError
 from numaserve.tasks import NAMES
 
 
-def _port_option(name: str, default: int, whose: str):
+def _port_option(name: str, default: int, key: str):
     return click.option(
         name,
         type=click.IntRange(1, 65535),
-        default=default,
-        show_default=True,
-        help=f"--model: {whose} port, on 127.0.0.1.",
+        default=None,
+        help=f"Move {key}'s port (over the file's, on its host; --model: on 127.0.0.1; "
+        f"default {default}).",
     )
 
 
@@ -65,13 +66,20 @@ def _port_option(name: str, default: int, whose: str):
     show_default=True,
     help="--model: what the model does.",
 )
-@_port_option("--port", 8080, "the HTTP API's")
-@_port_option("--zmq-port", 5555, "the ZeroMQ endpoint's")
+@_port_option("--port", 8080, "server.http (the HTTP API)")
+@_port_option("--zmq-port", 5555, "server.endpoint (ZeroMQ)")
+@_port_option("--metrics-port", 9464, "server.metrics (/metrics, /healthz, /readyz)")
 def start(
-    config_path: str | None, model_path: str | None, task: str, port: int, zmq_port: int
+    config_path: str | None,
+    model_path: str | None,
+    task: str,
+    port: int | None,
+    zmq_port: int | None,
+    metrics_port: int | None,
 ) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config):
-    `--config FILE`, or `--model PATH [--task T] [--port P]` with no file at all."""
+    `--config FILE`, or `--model PATH [--task T]` with no file at all; `--port`, `--zmq-port`
+    and `--metrics-port` move a port of either."""
     from numaserve.curve import CurveError
     from numaserve.logs import setup_logging
     from numaserve.monitoring.endpoint import MonitoringError
@@ -79,24 +87,29 @@ def start(
 
     if (config_path is None) == (model_path is None):
         raise UserError("give --config FILE, or --model PATH to serve a model with no file")
+    ports = Ports(port, zmq_port, metrics_port)
+    # What an error names: the file the user wrote, or the command that wrote one for them.
+    where = config_path or f"numaserve start --model {model_path}"
     if model_path is not None:
-        config_path = _model_config(model_path, task, port, zmq_port)
+        config_path = _model_config(model_path, task, (port or 8080, zmq_port or 5555))
     try:
-        config = load_config(config_path)
+        config = ports.apply(load_config(config_path))
     except ConfigError as e:
-        raise UserError(str(e)) from None
+        raise UserError(str(e).replace(config_path, where)) from None
     if problems := model_problems(config):
         raise ModelError("; ".join(problems))
     _check_api_keys(config.server.http_api_keys_file)
     setup_logging(config.logging.level, config.logging.format)
     try:
-        code = run(config_path, config)
+        code = run(config_path, config, ports)
     except CoresHeldError as e:
-        raise HeldError(f"{config_path}: cannot place: {e}") from None
+        raise HeldError(f"{where}: cannot place: {e}") from None
     except PlacementError as e:
-        raise UserError(f"{config_path}: cannot place: {e}") from None
-    except (MonitoringError, CurveError) as e:
-        raise UserError(f"{config_path}: {e}") from None
+        raise UserError(f"{where}: cannot place: {e}") from None
+    except MonitoringError as e:
+        raise UserError(f"{where}: {e} (or move it: --port, --zmq-port, --metrics-port)") from None
+    except CurveError as e:
+        raise UserError(f"{where}: {e}") from None
     except ConfigError as e:
         raise UserError(str(e)) from None
     except TopologyError as e:
@@ -107,7 +120,7 @@ def start(
 def _check_api_keys(path: str | None) -> None:
     """A keys file the HTTP fronts could not serve by, refused before anything starts: a key
     too short would otherwise be dropped in a front's log, and its holder refused with 401."""
-    from numaserve.http.keys import KeysFileError, read_keys
+    from numaserve.keys_file import KeysFileError, read_keys
 
     if not path:
         return
@@ -119,7 +132,7 @@ def _check_api_keys(path: str | None) -> None:
         raise UserError(problem)
 
 
-def _model_config(model_path: str, task: str, port: int, zmq_port: int) -> str:
+def _model_config(model_path: str, task: str, ports: tuple[int, int]) -> str:
     """The config `start --model` runs, written to a file of this process's own (removed at
     exit) so that the server, its reload and the core ledger see it as they see any other."""
     import atexit
@@ -131,7 +144,7 @@ def _model_config(model_path: str, task: str, port: int, zmq_port: int) -> str:
 
     config = {
         "model": {"path": path_against(model_path, Path.cwd()), "task": task},
-        "server": {"endpoint": f"tcp://127.0.0.1:{zmq_port}", "http": f"127.0.0.1:{port}"},
+        "server": {"endpoint": f"tcp://127.0.0.1:{ports[1]}", "http": f"127.0.0.1:{ports[0]}"},
     }
     fd, name = tempfile.mkstemp(prefix="numaserve-model-", suffix=".yaml")
     with os.fdopen(fd, "w") as file:

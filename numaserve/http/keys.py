@@ -3,9 +3,8 @@
 The file is looked at again at most once a second and re-read when it changed, so a key added
 or revoked applies within a second, with no restart (as the CurveZMQ keys directory does). Keys
 are held as SHA-256 digests and a request's key is looked up by its own: no comparison whose
-time depends on how much of a key an attacker guessed. A key under 16 characters is too easy
-to guess: `numaserve start` refuses a file that holds one (read_keys), and a request bearing
-one is told why it is refused.
+time depends on how much of a key an attacker guessed. A request bearing a key too short to
+be listed (keys_file.py) is told so.
 """
 
 from __future__ import annotations
@@ -14,52 +13,12 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 from numaserve.http.errors import ApiError
+from numaserve.keys_file import MIN_KEY_CHARS, KeysFileError, read_keys
 
 log = logging.getLogger("numaserve.http")
 RECHECK_S = 1.0
-MIN_KEY_CHARS = 16
-
-
-class KeysFileError(ValueError):
-    """A keys file that cannot be read."""
-
-
-@dataclass(frozen=True)
-class KeysFile:
-    keys: tuple[str, ...]  # those long enough, the ones served by
-    short_lines: tuple[int, ...]  # the lines whose key is too short to be accepted
-
-    def short_keys_problem(self, path: str) -> str | None:
-        if not self.short_lines:
-            return None
-        lines = ", ".join(map(str, self.short_lines))
-        return (
-            f"{path}: line{'s' if len(self.short_lines) > 1 else ''} {lines}: a key shorter than "
-            f"{MIN_KEY_CHARS} characters, which this server never accepts (too easy to guess): "
-            f"make each key {MIN_KEY_CHARS} characters or more (`openssl rand -hex 24` makes one)"
-        )
-
-
-def read_keys(path: str) -> KeysFile:
-    """The file's keys, one a line, blank lines and `#` comments skipped."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise KeysFileError(f"server.http_api_keys_file: cannot read {path}: {e}") from None
-    keys, short = [], []
-    for number, line in enumerate(lines, 1):
-        key = line.strip()
-        if not key or key.startswith("#"):
-            continue
-        if len(key) < MIN_KEY_CHARS:
-            short.append(number)
-        else:
-            keys.append(key)
-    return KeysFile(tuple(keys), tuple(short))
 
 
 class ApiKeys:

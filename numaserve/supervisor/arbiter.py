@@ -21,6 +21,7 @@ from pathlib import Path
 
 from numaserve import exitcodes, protocol
 from numaserve.config import Config
+from numaserve.config_ports import AS_WRITTEN, Ports
 from numaserve.config_precision import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger
@@ -62,12 +63,15 @@ class Supervisor:
         monitor: MonitoringEndpoint | None = None,
         environ: Mapping[str, str] = os.environ,
         ledger: Ledger | None = None,
+        ports: Ports = AS_WRITTEN,
     ):
         """`plan`: placed by the caller, once (start(): around other servers' cores).
+        `ports`: what the command line moved, over the file, at every reload too.
         `monitor`: where each turn's Snapshot goes (server.metrics); none when it is off.
         `ledger`: the host's core ledger, where our entry is (updated when a reload adds
         models)."""
         self.config_path, self.config, self.topo = config_path, config, topo
+        self.ports = ports
         self.runtime_dir = runtime_dir
         self.system = system
         self.connect = connect

@@ -54,7 +54,7 @@ def plan_reload(sup: Supervisor) -> Reconcile | None:
     an error logged) where the file cannot be read or placed."""
     current = sup.config
     try:
-        config = load_config(sup.config_path)
+        config = sup.ports.apply(load_config(sup.config_path))
         by_model = config.named and current.named
         removed, added = model_changes(current, config) if by_model else ((), ())
         with sup.ledger.locked() if sup.ledger and by_model else nullcontext():

@@ -14,6 +14,7 @@ from pathlib import Path
 from numaserve import curve
 from numaserve.addresses import split_host_port
 from numaserve.config import Config
+from numaserve.config_ports import AS_WRITTEN, Ports
 from numaserve.host.cpu_quota import cpu_quota, shared_pool_warning
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.topology import read_topology
@@ -24,11 +25,11 @@ from numaserve.supervisor.processes import System
 log = logging.getLogger("numaserve.supervisor")
 
 
-def start(config_path: str, config: Config) -> int:
+def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
     """`numaserve start`: plan once, supervise, return the exit code. `config`: read from
-    `config_path` by the caller (a reload reads the file again). Raises PlacementError,
-    CurveError or MonitoringError for a config that cannot run here (before anything
-    starts)."""
+    `config_path` by the caller, with `ports` applied (as a reload reads the file again).
+    Raises PlacementError, CurveError or MonitoringError for a config that cannot run here
+    (before anything starts)."""
     topo = read_topology()
     for warning in topo.warnings:
         log.warning("topology: %s", warning)
@@ -82,6 +83,7 @@ def start(config_path: str, config: Config) -> int:
             system=system,
             monitor=monitor,
             ledger=ledger,
+            ports=ports,
         )
         return supervisor.run()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from numaserve import protocol
 from numaserve.config import load_config
+from numaserve.config_ports import AS_WRITTEN, Ports
 from numaserve.host.ledger import Ledger
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
@@ -243,6 +244,7 @@ class Rig:
         config_text: str | None = None,  # instead of CONFIG
         ledger: Ledger | None = None,  # a real one, in a test's directory
         http: str = "",  # server.http: off unless a test is about the HTTP fronts
+        ports: Ports = AS_WRITTEN,  # what `numaserve start`'s command line moved
     ):
         self.config_path = directory / "numaserve.yaml"
         self.routers_setting = routers
@@ -255,7 +257,7 @@ class Rig:
         self.shards: list[FakeRouter] = []  # one per router shard, in the order connected
         self.notifier = FakeNotifier()
         self.monitor = FakeMonitor()
-        self.sup_config = load_config(self.config_path)
+        self.sup_config = ports.apply(load_config(self.config_path))
         topo = read_topology(MACHINE)
         self.sup = Supervisor(
             str(self.config_path),
@@ -271,6 +273,7 @@ class Rig:
             monitor=self.monitor,
             environ={},
             ledger=ledger,
+            ports=ports,
         )
 
     def _connect(self, endpoint: str) -> FakeRouter:
