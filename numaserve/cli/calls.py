@@ -201,13 +201,7 @@ def bench(
     from numaserve.loadgen import bench as load
 
     _check_bench_options(op, pairs, url, rate)
-    try:
-        texts = load.load_corpus(corpus)
-    except load.CorpusError as e:
-        raise UserError(str(e)) from None
-    draw = load.drawing(op, pairs, documents)
-    if corpus is None:
-        draw = load.with_words_shuffled(draw)
+    texts, draw, source = _bench_texts(corpus, load.drawing(op, pairs, documents))
     servers: Counter[str] = Counter()
     try:
         connect = (
@@ -252,12 +246,7 @@ def bench(
             result.servers = servers
     if cache_before is not None and (cache_after := _cache_counts(_statuses(endpoints))):
         result.cache = {k: cache_after[k] - cache_before[k] for k in cache_before}
-    result.answered_by = answered_by
-    result.texts = (
-        f"{corpus} ({len(texts)} texts)"
-        if corpus
-        else f"the built-in corpus ({len(texts)} stdlib sentences, words shuffled per request)"
-    )
+    result.answered_by, result.texts = answered_by, source
     summary = result.summary()
     if as_json:
         print_json(summary)
@@ -267,6 +256,20 @@ def bench(
         reasons = summary["error_messages"] or {code: "" for code in summary["errors"]}
         why = "; ".join(f"{code}: {message}".rstrip(": ") for code, message in reasons.items())
         raise MachineError(f"every request failed ({why})")
+
+
+def _bench_texts(corpus: str | None, draw):
+    """The texts, how each request draws from them, and where they came from, in words."""
+    from numaserve.loadgen import bench as load
+
+    try:
+        texts = load.load_corpus(corpus)
+    except load.CorpusError as e:
+        raise UserError(str(e)) from None
+    if corpus:
+        return texts, draw, f"{corpus} ({len(texts)} texts)"
+    source = f"the built-in corpus ({len(texts)} stdlib sentences, words shuffled per request)"
+    return texts, load.with_words_shuffled(draw), source
 
 
 def _check_bench_options(op: str, pairs: bool, url: str | None, rate: float | None) -> None:

@@ -70,8 +70,7 @@ class Supervisor:
         `monitor`: where each turn's Snapshot goes (server.metrics); none when it is off.
         `ledger`: the host's core ledger, where our entry is (updated when a reload adds
         models)."""
-        self.config_path, self.config, self.topo = config_path, config, topo
-        self.ports = ports
+        self.config_path, self.config, self.topo, self.ports = config_path, config, topo, ports
         self.runtime_dir = runtime_dir
         self.system = system
         self.connect = connect
