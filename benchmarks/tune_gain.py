@@ -1,5 +1,5 @@
 """`numaserve tune`'s gain: the tuned config against the config as given, on short and mixed
-texts, each pair measured as real servers in turns (given, tuned, given, tuned) in one run.
+texts, each pair measured as real servers in turns (given, tuned, tuned, given) in one run.
 
 For each traffic (short: stdlib docstring sentences; mixed: runs of 1-16 of them, as
 benchmarks/peers.py), `numaserve tune` runs as a user runs it (the CLI, `--minutes`,
@@ -9,13 +9,19 @@ load ladder (closed loop at 1, 2, 4 and 8 clients an instance, cache off), and e
 figure is the most texts a second at a step within the p99 target. The ratio is tuned over
 given, per round, and its median.
 
+`--neighbour` runs tune beside a busy neighbour: one process a CPU that spins and sleeps in
+turns of 1-5 s each, at random, for as long as tune runs, and is gone before the turns, which
+then measure what tune wrote on a quiet host. A tune that trusted a single timing taken in a
+burst wrote a config that served 0.78x the default; the test is that this cannot recur.
+
 Run:  .venv/bin/python -m benchmarks.tune_gain [--minutes 8] [--p99-ms 100] [--rounds 2]
-          [--traffic short,mixed] [--config FILE] [--json FILE]
+          [--traffic short,mixed] [--config FILE] [--neighbour] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,6 +43,31 @@ from numaserve.tune.verify import ladder, verify
 
 GIVEN = "model: {path: bundled:minilm}\n"
 STEP_S = 8.0
+# A neighbour's process: busy, then idle, 1-5 s each, at random, until it is killed.
+BURSTS = """
+import random, time
+rng = random.Random()
+while True:
+    end = time.monotonic() + rng.uniform(1, 5)
+    while time.monotonic() < end:
+        pass
+    time.sleep(rng.uniform(1, 5))
+"""
+
+
+@contextlib.contextmanager
+def neighbour(on: bool):
+    """One bursty process a CPU, unpinned, for the block's length."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BURSTS])
+        for _ in range(len(os.sched_getaffinity(0)) if on else 0)
+    ]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def instances(config_path: Path) -> int:
@@ -84,7 +115,8 @@ def run_tune(given: Path, corpus: Path, out: Path, args) -> str:
 def turns(configs: dict[str, Path], texts: list[str], directory: Path, args) -> dict:
     figures: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(args.rounds):
-        for name, path in configs.items():
+        order = list(configs.items())  # ABBA: the second of a pair measured slower here,
+        for name, path in order if r % 2 == 0 else order[::-1]:  # identical configs alike
             v = verify(
                 f"{name}{r}",
                 served_text(path),
@@ -116,6 +148,7 @@ def main() -> None:
     parser.add_argument(
         "--config", type=Path, help="the config as given (default: MiniLM, defaults)"
     )
+    parser.add_argument("--neighbour", action="store_true", help="tune beside a busy one")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     print(format_topology(read_topology()))
@@ -132,7 +165,8 @@ def main() -> None:
             corpus.write_text("\n".join(t.replace("\n", " ") for t in traffic[name]))
             tuned = directory / f"tuned-{name}.yaml"
             print(f"\n== {name} texts: {corpus}")
-            table = run_tune(given, corpus, tuned, args)
+            with neighbour(args.neighbour):
+                table = run_tune(given, corpus, tuned, args)
             figures = turns({"given": given, "tuned": tuned}, traffic[name], directory, args)
             ratios = [
                 t / g if g else float("inf")
