@@ -246,6 +246,23 @@ def test_no_path_that_passes_is_a_clear_error_with_each_ones_figure():
     assert "torch int8: cosine to fp32 >= 0.99 on" in message
 
 
+def test_auto_says_which_candidate_it_builds_before_building_it(caplog):
+    """A first start spends up to half a minute on one candidate: the log says which, and
+    how many are left, before it starts, not only after."""
+    said_before_load = []
+
+    def load(config, isa):
+        said_before_load.append(caplog.text)
+        return load_model(config, isa)
+
+    caplog.set_level("INFO", logger="numaserve.backends")
+    choose(ModelConfig(backend="torch"), ISA, load, TEXTS[-8:])
+    reference, first, second = said_before_load[:3]
+    assert "judging and timing each model path" in first and "candidate" not in reference
+    assert "candidate 1 of 2, torch int8: building and judging it" in first
+    assert "candidate 2 of 2, torch " in second and "s left" in second
+
+
 def test_a_checkpoint_without_the_tasks_head_is_refused_before_any_path_is_judged():
     # bundled MiniLM holds no classification head (tests/test_missing_head.py has the rest).
     loads = CountingLoads()

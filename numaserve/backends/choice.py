@@ -26,6 +26,7 @@ import logging
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -317,12 +318,13 @@ def choose(
             if t.get("passed")
         }
     else:
-        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
         log.info(
-            "quantize: auto: judging and timing each model path of %s on this CPU (once; kept)",
+            "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
+            "against torch fp32",
             config.path,
             extra={"event": "prepare"},
         )
+        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
         gate = Gate(config.task, tokenizer, texts, reference)
         del reference
         trials, passed = judge(config, isa, load, gate)
@@ -351,6 +353,14 @@ def race_pools(pools, batching: Batching, inputs, passed: dict, trials: list, pa
         runners = {
             name: partial(run_as_a_pool, model, batch=batch) for name, model in passed.items()
         }
+        log.info(
+            "quantize: auto: pool %s: timing %d path(s) in turns on %d texts of its lengths, %s",
+            band.pool,
+            len(runners),
+            len(inputs_of_band),
+            f"in micro-batches of {batch}" if batch > 1 else "one at a time",
+            extra={"event": "prepare"},
+        )
         standings = race(runners, inputs_of_band)
         for standing in standings:
             trial = next(t for t in trials if t["path"] == standing.name)
@@ -389,9 +399,18 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
     """Each candidate's verdict (a trial each), and the models that pass, kept loaded."""
     trials, passed = [], {}
     paths = candidates(config.backend)
+    began = time.monotonic()
     for number, path in enumerate(paths, 1):
         trial = {"path": str(path)}
         trials.append(trial)
+        log.info(  # a first start spends up to half a minute on one: say which, and how long
+            "quantize: auto: candidate %d of %d, %s: building and judging it%s",
+            number,
+            len(paths),
+            path,
+            _time_left(time.monotonic() - began, number - 1, len(paths)),
+            extra={"event": "prepare"},
+        )
         try:
             model = load(path.applied_to(config), isa)
         except ModelLoadError as e:
@@ -412,6 +431,13 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
             extra={"event": "prepare"},
         )
     return trials, passed
+
+
+def _time_left(spent: float, done: int, total: int) -> str:
+    """ "; about N s left", at the pace of the candidates done so far."""
+    if not done:
+        return ""
+    return f"; about {spent / done * (total - done):.0f} s left for the candidates"
 
 
 def band_inputs(inputs: list, band: Band) -> list:
