@@ -248,6 +248,31 @@ def test_plan_on_this_machine_plans_around_other_servers(tmp_path, holders_start
     assert [h["cpus"] for h in data["held"]] == [[1]]
 
 
+def test_plan_of_a_config_being_served_shows_its_plan_and_who_serves_it(tmp_path, holders_started):
+    config = tmp_path / "one.yaml"
+    config.write_text("placement: {pools: [{name: main, max_tokens: 512}]}")
+    serving = holders_started([0, 1], str(config))  # every CPU of this 2-CPU machine
+
+    out = run_cli(tmp_path, "plan", "--config", config)
+
+    assert out.returncode == 0, out.stderr
+    assert f"served now by pid {serving.pid}" in out.stdout
+    assert "main-0" in out.stdout
+
+
+def test_a_second_start_of_a_config_being_served_says_so(tmp_path, holders_started):
+    config = tmp_path / "one.yaml"
+    config.write_text('server: {endpoint: "tcp://127.0.0.1:5999"}\n')
+    serving = holders_started([0], str(config))
+
+    out = run_cli(tmp_path, "start", "--config", config)
+
+    assert out.returncode == 75, out.stderr
+    assert f"served already, by pid {serving.pid} on tcp://127.0.0.1:5999" in out.stderr
+    assert "numaserve stop --endpoint tcp://127.0.0.1:5999" in out.stderr
+    assert "fewer instances" not in out.stderr
+
+
 def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds_its_cores(
     tmp_path, holders_started
 ):

@@ -17,6 +17,7 @@ from numaserve.cli.common import (
     sysfs_option,
 )
 from numaserve.config import ConfigError, load_config
+from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around
 from numaserve.host.placement import PlacementError, format_plan
 from numaserve.host.shards import plan_model_shards
@@ -76,9 +77,10 @@ def plan(
     for problem in problems:  # a plan for another machine, whose models may be there
         click.echo(f"warning: {problem}", err=True)
     ledger = None if sysfs_root else _ledger()  # other servers run on this machine only
+    serving = ledger.serving(config_path) if ledger else None  # this config, running now
     try:
         topo, result, holders = plan_around(
-            ledger, topo, config.placement, config.models, config.named
+            ledger, topo, config.placement, config.models, config.named, serving
         )
         shards = plan_model_shards(result, topo, config.server.routers)
     except PlacementError as e:
@@ -86,9 +88,15 @@ def plan(
     if as_json:
         routers = [{"model": model, **shard.to_json()} for model, shard in shards]
         held = [h.to_json() for h in holders]
-        print_json({**result.to_json(), "routers": routers, "held": held})
+        served = serving.to_json() if serving else None
+        print_json({**result.to_json(), "routers": routers, "held": held, "served_by": served})
     else:
         several = len(result.models) > 1
         routers = [f"{model}: " * several + shard.describe() for model, shard in shards]
         around = [f"planned around another server: {h.describe()}" for h in holders]
+        if serving:  # its plan, not "no allowed CPUs": its own cores count as free
+            around.append(
+                f"served now by pid {serving.pid}, on CPUs {format_cpulist(serving.cpus)}: the "
+                "plan above counts them free; `numaserve status` shows where it runs"
+            )
         click.echo("\n".join([format_plan(result), *routers, *around]))

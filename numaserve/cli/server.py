@@ -29,7 +29,7 @@ from numaserve.cli.common import (
 from numaserve.config import ConfigError, load_config
 from numaserve.config_ports import Ports
 from numaserve.config_precision import needs_prepare
-from numaserve.host.ledger import CoresHeldError
+from numaserve.host.ledger import AlreadyServedError, CoresHeldError
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import TopologyError
 from numaserve.tasks import NAMES
@@ -102,6 +102,8 @@ def start(
     setup_logging(config.logging.level, config.logging.format)
     try:
         code = run(config_path, config, ports)
+    except AlreadyServedError as e:
+        raise HeldError(f"{where}: {e}") from None
     except CoresHeldError as e:
         raise HeldError(f"{where}: cannot place: {e}") from None
     except PlacementError as e:

@@ -34,6 +34,10 @@ class CoresHeldError(PlacementError):
     once one of them stops may succeed (exit 75, EX_TEMPFAIL)."""
 
 
+class AlreadyServedError(CoresHeldError):
+    """This very config is served already, by another server on this host."""
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server's entry."""
@@ -47,6 +51,14 @@ class Holder:
 
     def describe(self) -> str:
         return f"pid {self.pid} (config {self.config}) holds CPUs {format_cpulist(self.cpus)}"
+
+    def already_serving(self, endpoint: str) -> AlreadyServedError:
+        """A second start of the config this server serves, refused with what to do."""
+        return AlreadyServedError(
+            f"it is served already, by pid {self.pid} on {endpoint}: `numaserve status "
+            f"--endpoint {endpoint}` shows that server, `numaserve stop --endpoint {endpoint}` "
+            "stops it"
+        )
 
 
 def ledger_dir(environ: Mapping[str, str] = os.environ, create: bool = True) -> Path | None:
@@ -95,11 +107,13 @@ def plan_around(
     placement: PlacementConfig,
     models: tuple[ServedModel, ...] = (),
     named: bool | None = None,
+    serving: Holder | None = None,
 ) -> tuple[CPUTopology, Plan, list[Holder]]:
     """The plan on what the other servers leave, and the topology it was made on (a reload
     plans on the same). A plan that would fit on the whole machine, but not in what is left,
-    is a CoresHeldError naming the holders; one that would not fit anyway, the plain error."""
-    holders = ledger.holders() if ledger else []
+    is a CoresHeldError naming the holders; one that would not fit anyway, the plain error.
+    `serving`: the server of this very config, whose CPUs count as free (`numaserve plan`)."""
+    holders = [h for h in (ledger.holders() if ledger else []) if h != serving]
     free = without(topo, holders)
     try:
         return free, plan_placement(free, placement, models, named), holders
@@ -152,6 +166,11 @@ class Ledger:
             finally:
                 os.close(fd)
         return found
+
+    def serving(self, config: str) -> Holder | None:
+        """The live server of this config file, if another one serves it."""
+        path = os.path.abspath(config)
+        return next((h for h in self.holders() if h.config == path), None)
 
     def register(self, config: str, cpus: tuple[int, ...]) -> Path:
         """Our entry, locked until `release` or our death. Written and locked before it takes

@@ -50,6 +50,8 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
     ledger = Ledger(directory) if directory else None
     with ExitStack() as cleanup:  # undone in reverse: the ledger's entry goes last
         with ledger.locked() if ledger else nullcontext():
+            if ledger and (serving := ledger.serving(config_path)):
+                raise serving.already_serving(config.server.endpoint)
             # Planned here, with the CLI's clear message if it does not fit.
             topo, plan, holders = plan_around(
                 ledger, topo, config.placement, config.models, config.named
