@@ -150,18 +150,3 @@ def _pairs_hint(text: object) -> str:
     if not isinstance(text, list):
         return ""
     return f"; pairs [a, b] are for {' and '.join(t.name for t in TASKS.values() if t.takes_pairs)}"
-
-
-def _pairs_hint(text: object) -> str:
-    if not isinstance(text, list):
-        return ""
-    return f"; pairs [a, b] are for {' and '.join(t.name for t in TASKS.values() if t.takes_pairs)}"
-
-
-def _refuse_others_keys(body: dict, task: Task, bad) -> None:
-    """A key of another task's (rerank's query on classify) is refused, naming its task."""
-    for other in TASKS.values():
-        if other is not task and any(key in body for key in other.option_keys):
-            keys = " and ".join(other.option_keys)
-            verb = "are" if len(other.option_keys) > 1 else "is"
-            raise bad(f"{keys} {verb} for {other.name}, not {task.name}")
