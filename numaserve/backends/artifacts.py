@@ -22,14 +22,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from numaserve import exitcodes
 from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError
 
 log = logging.getLogger("numaserve.backends")
+T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -93,25 +95,39 @@ class Build:
     args: Sequence[str] = ()
 
 
+def kept_or_made(
+    directory: Path,
+    lock_name: str,
+    read: Callable[[], T | None],
+    make: Callable[[], T],
+    cannot: Callable[[OSError], Exception],
+) -> T:
+    """What `read` finds kept in `directory`; else, under the directory's lock `lock_name`
+    (one maker; the others wait, then read what it made), `read` once more, then `make`.
+    `cannot`: the error for a directory that cannot be written (a read-only cache)."""
+    if (kept := read()) is not None:  # no lock, no write: a read-only cache serves
+        return kept
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = (directory / lock_name).open("w")
+    except OSError as e:
+        raise cannot(e) from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (kept := read()) is not None:
+            return kept
+        return make()
+
+
 def ensure(directory: Path, name: str, build: Build) -> Path:
     """directory/name, built first if it is missing or does not match its digest."""
     artifact, digest = directory / name, directory / f"{name}.sha256"
-    if _verified(artifact, digest):  # no lock, no write: a read-only cache serves
-        return artifact
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = (directory / ".lock").open("w")
-    except OSError as e:
-        raise ModelLoadError(
-            f"{build.what} {artifact} is missing or damaged, and it cannot be built "
-            f"there: {e.strerror}. Run `numaserve prepare --config FILE` where the cache is "
-            "writable, or point NUMASERVE_CACHE at a writable directory"
-        ) from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then load its file
+
+    def verified() -> Path | None:
+        return artifact if _verified(artifact, digest) else None
+
+    def made() -> Path:
         if artifact.exists():
-            if _verified(artifact, digest):
-                return artifact
             log.warning("%s %s does not match its digest: rebuilding it", build.what, artifact)
             _remove(artifact)
         _remove_leftovers(directory)
@@ -121,6 +137,15 @@ def ensure(directory: Path, name: str, build: Build) -> Path:
         write_atomically(digest, content_digest(built))
         os.replace(built, artifact)
         return artifact
+
+    def cannot(e: OSError) -> ModelLoadError:
+        return ModelLoadError(
+            f"{build.what} {artifact} is missing or damaged, and it cannot be built "
+            f"there: {e.strerror}. Run `numaserve prepare --config FILE` where the cache is "
+            "writable, or point NUMASERVE_CACHE at a writable directory"
+        )
+
+    return kept_or_made(directory, ".lock", verified, made, cannot)
 
 
 def _verified(artifact: Path, digest: Path) -> bool:

@@ -18,7 +18,6 @@ under a lock, before any instance starts, and tells each instance its pool's pat
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -244,34 +243,30 @@ def ensure_choice(
 ) -> Choice:
     """The kept choice for this model, its pools and this CPU, made first if there is none.
     `pools`: by default one over every length; `digest`: the checkpoint's, if known."""
-    from numaserve.backends.artifacts import cache_root, model_digest
+    from numaserve.backends.artifacts import cache_root, kept_or_made, model_digest
 
     pools = pools or (Band("default", 0, config.max_length),)
     digest = digest or model_digest(Path(resolve_model_path(config.path)))
     key = choice_key(digest, config, isa, pools, batching)
     directory = (root or cache_root()) / "choice"
     kept = directory / f"{key}.json"
-    if (choice := _read(kept)) is not None:
-        return choice
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = (directory / f"{key}.lock").open("w")
-    except OSError as e:
-        raise ModelLoadError(
-            f"quantize: auto has no choice kept for {config.path} on this CPU ({kept}), and "
-            f"cannot make one there: {e.strerror}. Run `numaserve prepare --config FILE` where "
-            "the cache is writable, or name the precision (model.backend, model.quantize)"
-        ) from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one chooser; the others wait, then read its choice
-        if (choice := _read(kept)) is not None:
-            return choice
+
+    def made() -> Choice:
         verdicts = directory / f"gate-{verdicts_key(digest, config, isa)}.json"
         choice = choose(config, isa, load, pools=pools, batching=batching, verdicts=verdicts)
         with tempfile.NamedTemporaryFile("w", dir=directory, delete=False) as f:
             json.dump(choice.to_json(), f, indent=1)
         os.replace(f.name, kept)
         return choice
+
+    def cannot(e: OSError) -> ModelLoadError:
+        return ModelLoadError(
+            f"quantize: auto has no choice kept for {config.path} on this CPU ({kept}), and "
+            f"cannot make one there: {e.strerror}. Run `numaserve prepare --config FILE` where "
+            "the cache is writable, or name the precision (model.backend, model.quantize)"
+        )
+
+    return kept_or_made(directory, f"{key}.lock", lambda: _read(kept), made, cannot)
 
 
 def _read(path: Path) -> Choice | None:
