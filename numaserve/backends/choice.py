@@ -313,13 +313,13 @@ def choose(
             if t.get("passed")
         }
     else:
-        log.info(
+        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
+        log.info(  # once the reference loads: a checkpoint without the task's head fails there
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
             "against torch fp32",
             config.path,
             extra={"event": "prepare"},
         )
-        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
         gate = Gate(config.task, tokenizer, texts, reference)
         del reference
         trials, passed = judge(config, isa, load, gate)
