@@ -58,3 +58,10 @@ def test_a_slug_is_githubs():
     assert slug("Which HTTP server library (for the HTTP front)") == (
         "which-http-server-library-for-the-http-front"
     )
+
+
+def test_the_readme_stays_a_product_page_of_at_most_1200_words():
+    """What it does, how fast, how to start and call it, links to the rest: the details live in
+    docs/, the history in CHANGELOG.md."""
+    words = len((ROOT / "README.md").read_text().split())
+    assert words <= 1200, f"README.md has {words} words; move detail to docs/"
