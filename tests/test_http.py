@@ -145,6 +145,22 @@ def test_the_openai_sdk_reads_a_refused_key_and_a_bad_request_as_its_errors(embe
         right.embeddings.create(model="default", input="a", dimensions=100_000)
 
 
+def test_similarity_is_the_cosine_of_the_source_to_each_sentence_in_teis_shape(embedder):
+    with authed(embedder) as http:
+        body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}}
+        answer = http.post("/similarity", json=body)
+        refused = http.post("/similarity", json={"inputs": {"source_sentence": "a"}})
+    assert answer.status_code == 200, answer.text
+    valid(answer.json(), "SimilarityResponse")
+    source, *others = zmq_vectors(embedder, [TEXTS[0], *TEXTS])
+    expected = [
+        float(source @ v / (np.linalg.norm(source) * np.linalg.norm(v))) for v in others
+    ]
+    np.testing.assert_allclose(answer.json(), expected, rtol=1e-5, atol=1e-6)
+    assert answer.json()[0] == pytest.approx(1.0, abs=1e-5)
+    assert refused.status_code == 422 and "sentences" in refused.json()["error"]
+
+
 def test_the_openai_sdk_reads_why_a_body_over_the_limit_is_refused(embedder):
     import openai
 

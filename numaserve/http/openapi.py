@@ -65,6 +65,14 @@ REQUESTS = {
         return_text={"type": "boolean", "default": False},
         model=MODEL,
     ),
+    "/similarity": _object(
+        ["inputs"],
+        inputs=_object(
+            ["source_sentence", "sentences"], source_sentence={"type": "string"}, sentences=STRINGS
+        ),
+        parameters={"type": "object", "nullable": True},
+        model=MODEL,
+    ),
     "/tokenize": _object(
         ["inputs"],
         inputs={"oneOf": [{"type": "string"}, STRINGS]},
@@ -105,6 +113,7 @@ REQUESTS = {
 }
 ANSWERS = {
     "/embed": {"type": "array", "items": VECTOR},
+    "/similarity": {"type": "array", "items": {"type": "number"}},
     "/predict": {
         "oneOf": [
             {"type": "array", "items": PREDICTION},

@@ -59,6 +59,30 @@ async def embed(app: App, request: Request) -> Response:
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
 
 
+async def similarity(app: App, request: Request) -> Response:
+    """Each sentence's cosine to the source sentence, from their embeddings (TEI)."""
+    body = json_body(request)
+    model = app.model_of(request, body)
+    if model.model.task != "embed":
+        raise ApiError(
+            424,
+            f"model {model.name!r} serves {model.model.task}; /similarity compares "
+            "embeddings, which an embed model makes",
+        )
+    refuse_unsupported(body.get("parameters") or {})
+    given = body.get("inputs")
+    if not isinstance(given, dict):
+        raise ApiError(422, 'inputs must be {"source_sentence": text, "sentences": [texts]}')
+    source, sentences = given.get("source_sentence"), given.get("sentences")
+    if not isinstance(source, str):
+        raise ApiError(422, "inputs.source_sentence must be a text")
+    if not isinstance(sentences, list) or not sentences:
+        raise ApiError(422, "inputs.sentences must be a non-empty list of texts", "Empty")
+    texts = inputs.texts(app, model, [source, *sentences], "inputs.sentences")
+    first, *others = inputs.embeddings(await app.run(request, model, "embed", texts), None, True)
+    return ok([float(first @ vector) for vector in others])
+
+
 async def predict(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
@@ -266,6 +290,7 @@ ROUTES = (
     _post("/embed", embed, "Embeddings of texts (TEI)"),
     _post("/predict", predict, "A classifier's labels and scores for texts or pairs (TEI)"),
     _post("/rerank", rerank, "A cross-encoder's scores for a query and texts, best first (TEI)"),
+    _post("/similarity", similarity, "Each sentence's cosine to a source sentence (TEI)"),
     _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),
     _post("/decode", decode, "Token ids back to text (TEI)"),
     Route("GET", "/info", info, errors.tei, "The served model and the server's limits (TEI)"),
