@@ -153,9 +153,7 @@ def test_similarity_is_the_cosine_of_the_source_to_each_sentence_in_teis_shape(e
     assert answer.status_code == 200, answer.text
     valid(answer.json(), "SimilarityResponse")
     source, *others = zmq_vectors(embedder, [TEXTS[0], *TEXTS])
-    expected = [
-        float(source @ v / (np.linalg.norm(source) * np.linalg.norm(v))) for v in others
-    ]
+    expected = [float(source @ v / (np.linalg.norm(source) * np.linalg.norm(v))) for v in others]
     np.testing.assert_allclose(answer.json(), expected, rtol=1e-5, atol=1e-6)
     assert answer.json()[0] == pytest.approx(1.0, abs=1e-5)
     assert refused.status_code == 422 and "sentences" in refused.json()["error"]

@@ -52,10 +52,15 @@ def _result_json(result) -> dict:
 @endpoint_option
 @timeout_option
 @json_option
-def embed(texts, file, endpoints, timeout: float, as_json: bool) -> None:
+@click.option(
+    "--prompt-name",
+    help="One of the model's own prompts, put before each text (default: the model's default).",
+)
+def embed(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) -> None:
     """Print the embeddings of TEXTS as JSON, a line per text ('-': one text from standard
     input)."""
-    results = call_server(endpoints, timeout, "embed", read_texts(texts, file))
+    batch = read_texts(texts, file)
+    results = call_server(endpoints, timeout, "embed", batch, prompt_name=prompt_name)
     print_results([_result_json(r) for r in results])
 
 

@@ -15,6 +15,7 @@ from numaserve.client.arguments import (
     as_batch,
     check_aggregation,
     check_deadline,
+    prompt_field,
     rerank_fields,
     results,
 )
@@ -32,9 +33,15 @@ class AsyncClient(Calls):
         self.ctx = zmq.asyncio.Context.instance()
         self._idle: dict[str, list[Link]] = {}  # by endpoint: sockets with no call waiting
 
-    async def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+    async def embed(
+        self,
+        texts: str | Sequence[str],
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
         batch, single = as_batch(texts, pairs=False)
-        return results("embed", await self.call("embed", batch, deadline_ms), single)
+        body = await self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        return results("embed", body, single)
 
     async def classify(self, texts: Texts, deadline_ms: float | None = None):
         batch, single = as_batch(texts)

@@ -69,6 +69,15 @@ def rerank_fields(query, documents, top_k) -> tuple[list, dict]:
     return batch, {"query": query, "top_k": top_k}
 
 
+def prompt_field(prompt_name) -> dict:
+    """The request's prompt_name where one is given: none leaves the model's default."""
+    if prompt_name is None:
+        return {}
+    if not isinstance(prompt_name, str) or not prompt_name:
+        raise TypeError(f"prompt_name: a prompt's name, or None; got {_describe(prompt_name)}")
+    return {"prompt_name": prompt_name}
+
+
 def check_aggregation(aggregation) -> None:
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation: one of {', '.join(AGGREGATIONS)}; got {aggregation!r}")

@@ -14,6 +14,7 @@ from numaserve.client.arguments import (
     as_batch,
     check_aggregation,
     check_deadline,
+    prompt_field,
     rerank_fields,
     results,
 )
@@ -30,10 +31,18 @@ class Client(Calls):
         self.ctx = zmq.Context.instance()
         self.links: dict[str, Link] = {}  # by endpoint, opened at its first request
 
-    def embed(self, texts: str | Sequence[str], deadline_ms: float | None = None):
-        """One Embedding for a string, a list of them for a list of strings."""
+    def embed(
+        self,
+        texts: str | Sequence[str],
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        """One Embedding for a string, a list of them for a list of strings. `prompt_name`:
+        one of the model's own prompts, put before each text (the model's default where
+        None, as sentence-transformers does)."""
         batch, single = as_batch(texts, pairs=False)
-        return results("embed", self.call("embed", batch, deadline_ms), single)
+        body = self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        return results("embed", body, single)
 
     def classify(self, texts: Texts, deadline_ms: float | None = None):
         """One Classification for a string or a pair (a tuple of two strings), a list of them

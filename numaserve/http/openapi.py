@@ -42,6 +42,7 @@ REQUESTS = {
     "/embed": _object(
         ["inputs"],
         inputs=INPUT,
+        prompt_name={"type": "string", "nullable": True},
         normalize={"type": "boolean", "default": True},
         dimensions={"type": "integer", "minimum": 1, "nullable": True},
         truncate={"type": "boolean", "nullable": True},
@@ -70,7 +71,11 @@ REQUESTS = {
         inputs=_object(
             ["source_sentence", "sentences"], source_sentence={"type": "string"}, sentences=STRINGS
         ),
-        parameters={"type": "object", "nullable": True},
+        parameters={
+            "type": "object",
+            "nullable": True,
+            "properties": {"prompt_name": {"type": "string", "nullable": True}},
+        },
         model=MODEL,
     ),
     "/tokenize": _object(

@@ -22,6 +22,7 @@ from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.requests import Deadlines, Pending
 from numaserve.tasks import TASKS
+from numaserve.tasks.prompts import NO_PROMPTS, PromptError, Prompts
 
 log = logging.getLogger("numaserve.router")
 
@@ -47,6 +48,7 @@ class RequestBook:
         task: str,
         max_queue_ms: int,
         hold_until: float = 0.0,
+        prompts: Prompts = NO_PROMPTS,
     ):
         """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
         (specs.model_key), the cache's key until instances announce their own. `hold_until`:
@@ -60,6 +62,7 @@ class RequestBook:
         self.max_queue_ms = max_queue_ms
         self.hold_until = hold_until
         self.tagged = TASKS[task].needs_tokens
+        self.prompts = prompts  # an embedding model's own (tasks/embed.py)
         self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
         # Results are cached under the key of the model that computed them, and looked up
         # under those of the live instances: after a reload that changed the model, the old
@@ -90,7 +93,7 @@ class RequestBook:
             self.error(envelope, request, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE, now)
             return
         try:
-            inputs = request.inputs()
+            inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
             encoded = (
                 self.tokenizer.encode_tagged(inputs)
                 if self.tagged
@@ -98,6 +101,9 @@ class RequestBook:
             )
         except TooLongError as e:
             self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
+            return
+        except PromptError as e:
+            self.error(envelope, request, ErrorCode.BAD_REQUEST, str(e), now)
             return
         deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
         pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)

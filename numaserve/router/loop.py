@@ -14,12 +14,13 @@ import os
 import signal
 import time
 import traceback
+from pathlib import Path
 
 import zmq
 
 from numaserve import curve, exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.modelpath import ModelLoadError
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.protocol import ErrorCode
 from numaserve.requests import Request, RequestError, parse_request
 from numaserve.router import status
@@ -32,6 +33,8 @@ from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, begin, context, send
 from numaserve.router.requests import Pending
 from numaserve.specs import RouterSpec, model_key
+from numaserve.tasks import TASKS
+from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.whole_status import whole_server
 
 log = logging.getLogger("numaserve.router")
@@ -72,7 +75,14 @@ class Router:
     """One shard: its sockets and event loop. What each request becomes is the book's
     (book.py); which instance runs which text is dispatch.py's."""
 
-    def __init__(self, spec: RouterSpec, tokenizer: Tokenizer, ctx: zmq.Context | None = None):
+    def __init__(
+        self,
+        spec: RouterSpec,
+        tokenizer: Tokenizer,
+        ctx: zmq.Context | None = None,
+        prompts: Prompts = NO_PROMPTS,
+    ):
+        """`prompts`: an embedding model's own (tasks/embed.py), read with its tokenizer."""
         self.spec = spec
         self.server = spec.server
         self.dispatch = Dispatcher.for_server(spec.pools, spec.server)
@@ -92,6 +102,7 @@ class Router:
             # router for `liveness` heartbeats: a restarted router holds texts for them that
             # long instead of answering no_instance.
             hold_until=time.monotonic() + self.expiry + 2 * self.heartbeat,
+            prompts=prompts,
         )
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
@@ -430,10 +441,11 @@ def main(argv: list[str] | None = None) -> int:
             spec.model.truncate,
             memo_bytes=TOKENIZER_MEMO_BYTES if spec.server.cache_entries else 0,
         )
+        prompts = TASKS[spec.model.task].prompts(Path(resolve_model_path(spec.model.path)))
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    router = Router(spec, tokenizer, context())
+    router = Router(spec, tokenizer, context(), prompts)
     try:
         router.bind()
     except curve.CurveError as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from numaserve.tasks.agreement import Verdict, cosine_verdict
+from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 
 if TYPE_CHECKING:
     from numaserve.backends.tokenizer import Tokenizer
@@ -83,6 +84,10 @@ class Task:
     def inputs(self, request: Request) -> list:
         """What the model reads for a request: its texts (or pairs)."""
         return list(request.texts)
+
+    def prompts(self, directory: Path) -> Prompts:
+        """The checkpoint's own prompts a request may name (an embedding model's)."""
+        return NO_PROMPTS
 
     def check_checkpoint(self, directory: Path, path: str) -> None:
         """Refuse, with a ModelLoadError, a checkpoint this task cannot serve: at prepare,

@@ -7,7 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve import protocol
-from numaserve.tasks.base import Head, Output, Task
+from numaserve.modelpath import ModelLoadError
+from numaserve.tasks.base import Bad, Head, Output, Task
+from numaserve.tasks.prompts import Prompts
+
+MAX_PROMPT_NAME = 128
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,9 +41,26 @@ class Pooled(Head):
 class Embed(Task):
     name = "embed"
     output = Output.HIDDEN_STATE
+    option_keys = ("prompt_name",)
+
+    def options(self, body: dict, bad: Bad) -> dict:
+        name = body.get("prompt_name")
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_PROMPT_NAME):
+            raise bad(
+                f"prompt_name must be a prompt's name: a string of 1-{MAX_PROMPT_NAME} characters"
+            )
+        return {"prompt_name": name}
+
+    def prompts(self, directory: Path) -> Prompts:
+        return Prompts.read(directory)
 
     def check_checkpoint(self, directory: Path, path: str) -> None:
-        _pooling(directory)  # refuses a module numaserve cannot run
+        pooling = _pooling(directory)  # refuses a module numaserve cannot run
+        if any(Prompts.read(directory).table.values()) and not pooling.include_prompt:
+            raise ModelLoadError(
+                f"{path}: its Pooling leaves a prompt's tokens out (include_prompt: false), "
+                "and numaserve pools every token: a prompted text's vector would be wrong"
+            )
 
     def head(self, facts, width: int, directory: Path, path: str) -> Head:
         return Pooled(_pooling(directory), width)

@@ -35,6 +35,8 @@ TRANSFORMER, POOLING, NORMALIZE = "Transformer", "Pooling", "Normalize"
 class Pooling:
     modes: tuple[str, ...] = ("mean",)
     normalize: bool = True
+    # sentence-transformers can pool without a prompt's tokens; numaserve pools every token.
+    include_prompt: bool = True
 
     @classmethod
     def read(cls, directory: str | Path) -> Pooling:
@@ -54,8 +56,9 @@ class Pooling:
                 )
         if POOLING not in kinds:
             raise ModelLoadError(f"{path} has no Pooling module: one vector per text needs one")
-        pooling = modules[kinds.index(POOLING)]
-        return cls(_modes(root / pooling.get("path", "") / "config.json"), NORMALIZE in kinds)
+        config = root / modules[kinds.index(POOLING)].get("path", "") / "config.json"
+        include_prompt = read_json(config).get("include_prompt", True) is not False
+        return cls(_modes(config), NORMALIZE in kinds, include_prompt)
 
     def __call__(self, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """One vector per row of `out` (batch, tokens, features), its real tokens given by

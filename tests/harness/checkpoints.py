@@ -33,9 +33,17 @@ def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
     return path
 
 
-def save_tiny_embedder(path: Path, pooling_mode, normalize: bool = True, dense: bool = False):
+def save_tiny_embedder(
+    path: Path,
+    pooling_mode,
+    normalize: bool = True,
+    dense: bool = False,
+    prompts: dict | None = None,
+    default_prompt_name: str | None = None,
+):
     """A 2-layer BertModel (random weights, fixed seed) saved as a sentence-transformers model
-    with this pooling, with or without a Normalize module, and optionally a Dense layer."""
+    with this pooling, with or without a Normalize module, optionally a Dense layer, and
+    optionally prompts of its own (as E5 and BGE have)."""
     import warnings
 
     import torch
@@ -58,7 +66,10 @@ def save_tiny_embedder(path: Path, pooling_mode, normalize: bool = True, dense: 
         modules.append(models.Dense(64 * (1 if isinstance(pooling_mode, str) else 2), 32))
     if normalize:
         modules.append(models.Normalize())
-    SentenceTransformer(modules=modules, device="cpu").save(str(path))
+    model = SentenceTransformer(
+        modules=modules, device="cpu", prompts=prompts, default_prompt_name=default_prompt_name
+    )
+    model.save(str(path))
     return path
 
 

@@ -1,9 +1,9 @@
 """text-embeddings-inference's routes, with its request and response shapes (its
 docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests validate by).
 
-Where numaserve differs, it says so in an error rather than silently: `prompt_name`,
-`truncation_direction: Left` and `raw_scores: true` are refused (422); `truncate` is the
-server's `model.truncate`, whatever a request says. A `models:` server takes the model's name
+Where numaserve differs, it says so in an error rather than silently: `truncation_direction:
+Left` and `raw_scores: true` are refused (422); `truncate` is the server's `model.truncate`,
+whatever a request says. `prompt_name` names one of an embedding model's own prompts. A `models:` server takes the model's name
 in the body's `model` or the query's `?model=`.
 """
 
@@ -40,8 +40,6 @@ def check_task(model: HttpModel, route: str) -> None:
 
 
 def refuse_unsupported(body: dict) -> None:
-    if body.get("prompt_name") is not None:
-        raise ApiError(422, "prompt_name is not supported here: put the prompt in the text")
     if str(body.get("truncation_direction") or "right").lower() != "right":
         raise ApiError(422, "truncation_direction: numaserve truncates on the right only")
     if body.get("raw_scores"):
@@ -55,7 +53,7 @@ async def embed(app: App, request: Request) -> Response:
     refuse_unsupported(body)
     dimensions = inputs.dimensions_of(body)
     texts = inputs.texts(app, model, body.get("inputs"), "inputs")
-    results = await app.run(request, model, "embed", texts)
+    results = await app.run(request, model, "embed", texts, prompt_name=body.get("prompt_name"))
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
 
 
@@ -69,7 +67,10 @@ async def similarity(app: App, request: Request) -> Response:
             f"model {model.name!r} serves {model.model.task}; /similarity compares "
             "embeddings, which an embed model makes",
         )
-    refuse_unsupported(body.get("parameters") or {})
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ApiError(422, "parameters must be an object")
+    refuse_unsupported(parameters)
     given = body.get("inputs")
     if not isinstance(given, dict):
         raise ApiError(422, 'inputs must be {"source_sentence": text, "sentences": [texts]}')
@@ -79,7 +80,9 @@ async def similarity(app: App, request: Request) -> Response:
     if not isinstance(sentences, list) or not sentences:
         raise ApiError(422, "inputs.sentences must be a non-empty list of texts", "Empty")
     texts = inputs.texts(app, model, [source, *sentences], "inputs.sentences")
-    first, *others = inputs.embeddings(await app.run(request, model, "embed", texts), None, True)
+    prompt = parameters.get("prompt_name")
+    results = await app.run(request, model, "embed", texts, prompt_name=prompt)
+    first, *others = inputs.embeddings(results, None, True)
     return ok([float(first @ vector) for vector in others])
 
 
