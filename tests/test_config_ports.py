@@ -2,13 +2,12 @@
 and the error a taken port gives, naming what the user wrote."""
 
 import socket
-import subprocess
-import sys
 
 import pytest
 
 from numaserve.config import ConfigError, parse_config
 from numaserve.config_ports import Ports
+from tests.harness.console import numaserve
 
 
 def test_each_port_moves_on_the_host_the_config_names():
@@ -52,12 +51,8 @@ def test_start_with_the_metrics_port_taken_names_the_command_and_the_flag_not_a_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        start = ["start", "--model", "bundled:minilm", "--metrics-port", str(port), *ports]
-        out = subprocess.run(
-            [sys.executable, "-m", "numaserve.cli", *start],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        out = numaserve(
+            "start", "--model", "bundled:minilm", "--metrics-port", port, *ports, timeout=120
         )
     assert out.returncode == 2, out.stderr
     said = (

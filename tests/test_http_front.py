@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,6 +20,7 @@ from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
 from numaserve.http.routes.inputs import embeddings
 from numaserve.http.routes.tei import predict_inputs
+from tests.harness.console import numaserve
 
 # -- config --------------------------------------------------------------------------------
 
@@ -74,12 +73,7 @@ def test_start_refuses_a_keys_file_with_a_short_key_naming_its_line(tmp_path):
     path.write_text(f"# the ops team\n{KEY}\nhunter2\n")
     config = tmp_path / "c.yaml"
     config.write_text(f'server: {{http: "127.0.0.1:8080", http_api_keys_file: "{path}"}}\n')
-    out = subprocess.run(
-        [sys.executable, "-m", "numaserve.cli", "start", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = numaserve("start", "--config", config)
     assert out.returncode == 2, out.stderr
     assert f"{path}: line 3: a key shorter than 16 characters" in out.stderr
     assert "spawn" not in out.stderr

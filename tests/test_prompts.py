@@ -11,6 +11,7 @@ from numaserve.requests import RequestError, parse_request
 from numaserve.tasks.prompts import Prompts
 from numaserve.testing.server import ENDPOINT, Server
 from tests.harness.checkpoints import save_tiny_embedder
+from tests.harness.console import numaserve
 
 PROMPTS = {"query": "query: ", "passage": "passage: ", "plain": ""}
 TEXTS = ["What is the capital of France?", "Paris is the capital of France."]
@@ -118,17 +119,9 @@ def test_over_http_embed_and_similarity_take_teis_prompt_name(prompted):
 @pytest.mark.slow
 def test_the_cli_embeds_with_a_named_prompt(prompted):
     import json
-    import subprocess
-    import sys
 
     server, path = prompted
-    command = ["embed", "--endpoint", server.endpoint, "--prompt-name", "passage", TEXTS[0]]
-    out = subprocess.run(
-        [sys.executable, "-m", "numaserve.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = numaserve("embed", "--endpoint", server.endpoint, "--prompt-name", "passage", TEXTS[0])
     assert out.returncode == 0, out.stderr
     vector = json.loads(out.stdout)["results"][0]["embedding"]
     np.testing.assert_allclose(vector, reference(path, prompt_name="passage")[0], atol=2e-5)
