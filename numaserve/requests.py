@@ -14,7 +14,7 @@ from numaserve.tasks import TASKS, Task
 
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")
-COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms")
+COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate")
 OWNERS = {key: task for task in TASKS.values() for key in task.option_keys}  # a task's keys
 REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
@@ -39,6 +39,7 @@ class Request:
     deadline_ms: float | None = None
     model: str | None = None  # the model asked for; None: the server's only one
     options: dict[str, Any] = field(default_factory=dict)  # the task's own (Task.options)
+    truncate: bool | None = None  # cut a text over the limit, or refuse it; None: model.truncate
 
     @property
     def task(self) -> Task:
@@ -60,6 +61,8 @@ class Request:
             body["deadline_ms"] = self.deadline_ms
         if self.model is not None:
             body["model"] = self.model
+        if self.truncate is not None:
+            body["truncate"] = self.truncate
         return body
 
 
@@ -78,6 +81,9 @@ def parse_request(body: dict, max_texts: int) -> Request:
     if op not in OPS:
         raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
     deadline, model = _deadline(body.get("deadline_ms"), bad), _model(body.get("model"), bad)
+    truncate = body.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise bad("truncate must be true or false (or left out: the server's model.truncate)")
     if op not in TASKS:
         return Request(request_id, op, (), deadline, model)
     task = TASKS[op]
@@ -87,7 +93,7 @@ def parse_request(body: dict, max_texts: int) -> Request:
         keys = " and ".join(other.option_keys)
         verb = "are" if len(other.option_keys) > 1 else "is"
         raise bad(f"{keys} {verb} for {other.name}, not {task.name}")
-    return Request(request_id, op, texts, deadline, model, task.options(body, bad))
+    return Request(request_id, op, texts, deadline, model, task.options(body, bad), truncate)
 
 
 def _request_id(raw_id: object) -> int | str:

@@ -18,7 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from numaserve.client import Client
+from numaserve.client import Client, NumaserveError
 from numaserve.http.routes.tei import DTYPES
 from tests.harness import server as server_
 from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_model
@@ -157,6 +157,18 @@ def test_similarity_is_the_cosine_of_the_source_to_each_sentence_in_teis_shape(e
     np.testing.assert_allclose(answer.json(), expected, rtol=1e-5, atol=1e-6)
     assert answer.json()[0] == pytest.approx(1.0, abs=1e-5)
     assert refused.status_code == 422 and "sentences" in refused.json()["error"]
+
+
+def test_a_request_may_refuse_a_text_over_the_limit_where_the_server_cuts_it(embedder):
+    long = "word " * 300  # max_length 128; the server truncates (model.truncate's default)
+    with authed(embedder) as http:
+        cut = http.post("/embed", json={"inputs": long})
+        refused = http.post("/embed", json={"inputs": long, "truncate": False})
+    assert cut.status_code == 200
+    assert refused.status_code == 422 and "the limit is 128" in refused.json()["error"]
+    refusing = Client(embedder.endpoint, timeout=30, truncate=False)
+    with refusing as client, pytest.raises(NumaserveError, match="the limit is 128"):
+        client.embed(long)
 
 
 def test_the_openai_sdk_reads_why_a_body_over_the_limit_is_refused(embedder):

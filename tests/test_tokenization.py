@@ -69,6 +69,20 @@ def test_long_text_is_refused_when_truncation_is_off():
         tok.encode(["fine", "word " * 40])
 
 
+def test_a_request_chooses_truncation_over_the_models_setting_either_way():
+    cutting = Tokenizer("bundled:minilm", max_length=16, memo_bytes=1 << 20)
+    refusing = Tokenizer("bundled:minilm", max_length=16, truncate=False)
+    (cut,) = refusing.encode(["word " * 40], truncate=True)
+    assert (len(cut.ids), cut.truncated) == (16, True)
+    cutting.encode(["word " * 40])  # remembered, cut
+    with pytest.raises(TooLongError, match="text 0 has 42 tokens"):
+        cutting.encode(["word " * 40], truncate=False)  # not answered from the memo
+    with pytest.raises(TooLongError):
+        cutting.encode([("word " * 20, "word " * 20)], truncate=False)
+    with pytest.raises(TooLongError):
+        cutting.encode_tagged(["word " * 40], truncate=False)
+
+
 def test_a_text_of_4_mib_is_cut_before_tokenizing_and_costs_little():
     tok = Tokenizer("bundled:minilm", max_length=256)
     huge = "All work and no play makes a dull model. " * (4 * 2**20 // 41)

@@ -110,35 +110,41 @@ class Tokenizer:
         self.memo_bytes = 0
         self.memo_limit = memo_bytes
 
-    def encode(self, texts: list[Text]) -> list[Encoded]:
+    def encode(self, texts: list[Text], truncate: bool | None = None) -> list[Encoded]:
         """Encodings of `texts`; a text seen recently is not tokenized again. A pair is
         encoded as transformers encodes `tokenizer(a, b, truncation=True)`: both texts
-        between the model's special tokens, the longer cut first."""
-        if len(texts) == 1 and (known := self.memo.get(texts[0])) is not None:
+        between the model's special tokens, the longer cut first. `truncate`: a request's
+        own choice, over the model's (cut a text over the limit, or refuse it)."""
+        strict = not (self.truncate if truncate is None else truncate)
+        known = self.memo.get(texts[0]) if len(texts) == 1 else None
+        if known is not None and not (strict and known.truncated):  # a refusal is not kept
             return [known]
         singles = [i for i, text in enumerate(texts) if isinstance(text, str)]
         if len(singles) == len(texts):
-            out = self._encode(texts)
+            out = self._encode(texts, strict)
         else:
             out = [None] * len(texts)
-            for i, enc in zip(singles, self._encode([texts[i] for i in singles]), strict=True):
+            for i, enc in zip(
+                singles, self._encode([texts[i] for i in singles], strict), strict=True
+            ):
                 out[i] = enc
             for i, text in enumerate(texts):
                 if out[i] is None:
-                    out[i] = self._encode_pair(i, *text)
+                    out[i] = self._encode_pair(i, *text, strict)
         if self.memo_limit:
             for text, enc in zip(texts, out, strict=True):
                 if isinstance(text, str):
                     self._remember(text, enc)
         return out
 
-    def encode_tagged(self, texts: list[str]) -> list[Encoded]:
+    def encode_tagged(self, texts: list[str], truncate: bool | None = None) -> list[Encoded]:
         """Encodings with each token's character span and spelling, for entities (ner)."""
+        strict = not (self.truncate if truncate is None else truncate)
         out = []
         for i, text in enumerate(texts):
             head = self._whole_enough(text)
             enc = self.raw.encode(head)
-            if enc.overflowing and not self.truncate:
+            if enc.overflowing and strict:
                 raise TooLongError(
                     i, len(self.full.encode(head).ids), self.max_length, head != text
                 )
@@ -151,10 +157,10 @@ class Tokenizer:
             out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
         return out
 
-    def _encode_pair(self, index: int, first: str, second: str) -> Encoded:
+    def _encode_pair(self, index: int, first: str, second: str, strict: bool) -> Encoded:
         heads = (self._whole_enough(first), self._whole_enough(second))
         enc = self.raw.encode(*heads)
-        if enc.overflowing and not self.truncate:
+        if enc.overflowing and strict:
             cut = heads != (first, second)
             raise TooLongError(index, len(self.full.encode(*heads).ids), self.max_length, cut)
         types = enc.type_ids
@@ -184,7 +190,7 @@ class Tokenizer:
             oldest = next(iter(self.memo))  # dicts keep insertion order
             self.memo_bytes -= _memo_cost(oldest, self.memo.pop(oldest))
 
-    def _encode(self, texts: list[str]) -> list[Encoded]:
+    def _encode(self, texts: list[str], strict: bool) -> list[Encoded]:
         heads = [self._head(text, self.prefix_chars) for text in texts]
         found = [self.words.encode(head) for head in heads] if self.words else [None] * len(heads)
         rest = [i for i, f in enumerate(found) if f is None]
@@ -198,7 +204,7 @@ class Tokenizer:
                 # Rare: a head without enough tokens (long runs of spaces): a longer head.
                 head = self._whole_enough(text)
                 ids, cut = self._encode_one(head)
-            if cut and not self.truncate:
+            if cut and strict:
                 raise TooLongError(
                     i, len(self.full.encode(head).ids), self.max_length, cut=len(head) < len(text)
                 )

@@ -40,7 +40,9 @@ class Calls:
     there is one; `connect_timeout`: seconds before an endpoint where nothing accepts the
     connection counts as not answering (no retries then); `max_message_bytes`: the largest
     request to send (default: the server's own limit, asked once a request is larger than any
-    server's limit can be); `resolve_every`: seconds between lookups of the host names."""
+    server's limit can be); `resolve_every`: seconds between lookups of the host names;
+    `truncate`: whether the server cuts a text over the model's limit (True) or refuses it
+    (False), over its model.truncate; None leaves that to the server."""
 
     def __init__(
         self,
@@ -52,6 +54,7 @@ class Calls:
         connect_timeout: float = 2.0,
         max_message_bytes: int | None = None,
         resolve_every: float = RESOLVE_EVERY_S,
+        truncate: bool | None = None,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
@@ -63,9 +66,11 @@ class Calls:
             raise ValueError(f"retries: a whole number, 0 or more; got {retries!r}")
         if model is not None and not isinstance(model, str):
             raise TypeError(f"model: a model name (str) or None; got {type(model).__name__}")
+        if truncate is not None and not isinstance(truncate, bool):
+            raise TypeError(f"truncate: True, False or None; got {type(truncate).__name__}")
         self.timeout, self.retries, self.curve = timeout, retries, curve
         self.connect_timeout = connect_timeout
-        self.model = model
+        self.model, self.truncate = model, truncate
         # None: ask the server (its ping reply) once a request is larger than any limit may be;
         # 0: a server that does not say
         self.max_message_bytes = max_message_bytes
@@ -82,8 +87,12 @@ class Calls:
 
     def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
-        if self.model is not None and texts is not None:  # status and ping are the server's
-            body["model"] = self.model
+        if texts is not None:  # status and ping are the server's
+            body |= {
+                k: v
+                for k, v in (("model", self.model), ("truncate", self.truncate))
+                if v is not None
+            }
         for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
             if value is not None:
                 body[key] = value

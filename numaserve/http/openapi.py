@@ -57,6 +57,7 @@ REQUESTS = {
                 {"type": "array", "items": {"oneOf": [{**STRINGS, "maxItems": 1}, PAIR]}},
             ]
         },
+        truncate={"type": "boolean", "nullable": True},
         model=MODEL,
     ),
     "/rerank": _object(
@@ -64,6 +65,7 @@ REQUESTS = {
         query={"type": "string"},
         texts=STRINGS,
         return_text={"type": "boolean", "default": False},
+        truncate={"type": "boolean", "nullable": True},
         model=MODEL,
     ),
     "/similarity": _object(
@@ -74,7 +76,10 @@ REQUESTS = {
         parameters={
             "type": "object",
             "nullable": True,
-            "properties": {"prompt_name": {"type": "string", "nullable": True}},
+            "properties": {
+                "prompt_name": {"type": "string", "nullable": True},
+                "truncate": {"type": "boolean", "nullable": True},
+            },
         },
         model=MODEL,
     ),

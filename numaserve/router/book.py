@@ -94,11 +94,8 @@ class RequestBook:
             return
         try:
             inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
-            encoded = (
-                self.tokenizer.encode_tagged(inputs)
-                if self.tagged
-                else self.tokenizer.encode(inputs)
-            )
+            encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
+            encoded = encode(inputs, request.truncate)
         except TooLongError as e:
             self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
             return

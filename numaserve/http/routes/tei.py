@@ -2,8 +2,8 @@
 docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests validate by).
 
 Where numaserve differs, it says so in an error rather than silently: `truncation_direction:
-Left` and `raw_scores: true` are refused (422); `truncate` is the server's `model.truncate`,
-whatever a request says. `prompt_name` names one of an embedding model's own prompts. A `models:` server takes the model's name
+Left` and `raw_scores: true` are refused (422). `truncate` is the request's choice over the
+server's `model.truncate`; `prompt_name` names one of an embedding model's own prompts. A `models:` server takes the model's name
 in the body's `model` or the query's `?model=`.
 """
 
@@ -53,7 +53,14 @@ async def embed(app: App, request: Request) -> Response:
     refuse_unsupported(body)
     dimensions = inputs.dimensions_of(body)
     texts = inputs.texts(app, model, body.get("inputs"), "inputs")
-    results = await app.run(request, model, "embed", texts, prompt_name=body.get("prompt_name"))
+    results = await app.run(
+        request,
+        model,
+        "embed",
+        texts,
+        prompt_name=body.get("prompt_name"),
+        truncate=body.get("truncate"),
+    )
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
 
 
@@ -80,8 +87,8 @@ async def similarity(app: App, request: Request) -> Response:
     if not isinstance(sentences, list) or not sentences:
         raise ApiError(422, "inputs.sentences must be a non-empty list of texts", "Empty")
     texts = inputs.texts(app, model, [source, *sentences], "inputs.sentences")
-    prompt = parameters.get("prompt_name")
-    results = await app.run(request, model, "embed", texts, prompt_name=prompt)
+    prompt, truncate = parameters.get("prompt_name"), parameters.get("truncate")
+    results = await app.run(request, model, "embed", texts, prompt_name=prompt, truncate=truncate)
     first, *others = inputs.embeddings(results, None, True)
     return ok([float(first @ vector) for vector in others])
 
@@ -92,7 +99,7 @@ async def predict(app: App, request: Request) -> Response:
     check_task(model, "/predict")
     refuse_unsupported(body)
     texts, single = predict_inputs(body.get("inputs"))
-    results = await app.run(request, model, "classify", texts)
+    results = await app.run(request, model, "classify", texts, truncate=body.get("truncate"))
     names = labels(model.model.path)
     ranked = [
         sorted(
@@ -134,7 +141,9 @@ async def rerank(app: App, request: Request) -> Response:
     check_task(model, "/rerank")
     refuse_unsupported(body)
     documents = body.get("texts")
-    results = await app.run(request, model, "rerank", documents, query=body.get("query"))
+    results = await app.run(
+        request, model, "rerank", documents, query=body.get("query"), truncate=body.get("truncate")
+    )
     with_text = flag(body, "return_text", False)
     ranks = sorted(results, key=lambda r: -r["score"])
     return ok(
