@@ -328,6 +328,51 @@ def test_predict_and_rerank_answer_teis_shapes_for_a_models_servers_named_model(
     assert {r["text"] for r in ranks} == set(TEXTS[1:])
 
 
+def test_the_cohere_sdk_reranks_through_v2_as_the_zeromq_ranking(pair):
+    import cohere
+
+    client = cohere.ClientV2(api_key="unused", base_url=pair.url)
+    answer = client.rerank(model="ranker", query=TEXTS[0], documents=TEXTS, top_n=2)
+    cut = client.rerank(model="ranker", query=TEXTS[0], documents=TEXTS, max_tokens_per_doc=3)
+    with Client(pair.endpoint, timeout=30, model="ranker") as zmq:
+        expected = zmq.rerank(TEXTS[0], TEXTS, top_k=2)
+        first_words = zmq.rerank(TEXTS[0], ["What is the", "Paris is the", "A third text"])
+    assert [r.index for r in answer.results] == [r.index for r in expected]
+    np.testing.assert_allclose(
+        [r.relevance_score for r in answer.results], [r.score for r in expected], rtol=1e-6
+    )
+    by_index = {r.index: r.relevance_score for r in cut.results}
+    np.testing.assert_allclose(
+        [by_index[i] for i in range(3)], [r.score for r in first_words], rtol=1e-6
+    )
+
+
+def test_the_cohere_sdk_embeds_by_type_through_v2(embedder):
+    import cohere
+    from sentence_transformers.quantization import quantize_embeddings
+
+    client = cohere.ClientV2(api_key=KEY, base_url=embedder.url)
+    kinds = ["float", "int8", "uint8", "binary", "ubinary"]
+    answer = client.embed(
+        model="default", texts=TEXTS, input_type="search_query", embedding_types=kinds
+    )
+    vectors = np.stack(zmq_vectors(embedder, TEXTS))
+    np.testing.assert_allclose(answer.embeddings.float_, vectors, rtol=1e-6, atol=1e-7)
+    assert answer.embeddings.int8 == np.rint(vectors * 127).astype(int).tolist()
+    assert answer.embeddings.uint8 == np.rint((vectors + 1) * 127.5).astype(int).tolist()
+    assert answer.embeddings.binary == quantize_embeddings(vectors, "binary").tolist()
+    assert answer.embeddings.ubinary == quantize_embeddings(vectors, "ubinary").tolist()
+    assert len(answer.embeddings.binary[0]) == vectors.shape[1] // 8  # 32x smaller than float
+
+
+def test_v2_errors_come_in_cohere_shape(embedder):
+    with authed(embedder) as http:
+        answer = http.post(
+            "/v2/embed", json={"model": "default", "texts": ["a"], "truncate": "START"}
+        )
+    assert answer.status_code == 422 and "truncate must be END or NONE" in answer.json()["message"]
+
+
 def test_v1_rerank_answers_best_first_as_the_zeromq_ranking(pair):
     with httpx.Client(base_url=pair.url, timeout=30) as http:
         answer = http.post(

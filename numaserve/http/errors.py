@@ -1,7 +1,8 @@
 """HTTP errors, each API's shape of them, and what each protocol error code becomes.
 
 TEI's routes answer its `ErrorResponse` (`error`, `error_type`); OpenAI's and the other `/v1/`
-routes OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK reads.
+routes OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK reads; Cohere's
+`/v2/` routes Cohere's `{"message"}`.
 """
 
 from __future__ import annotations
@@ -68,8 +69,16 @@ def openai(error: ApiError) -> Response:
     return Response(error.status, orjson.dumps(body), headers=headers_for(error.status))
 
 
+def cohere(error: ApiError) -> Response:
+    body = orjson.dumps({"message": error.message})
+    return Response(error.status, body, headers=headers_for(error.status))
+
+
 def shape_for(path: str) -> Callable[[ApiError], Response]:
-    """The error shape of the API a path belongs to: OpenAI's under /v1/, else TEI's."""
+    """The error shape of the API a path belongs to: OpenAI's under /v1/, Cohere's under /v2/,
+    else TEI's."""
+    if path.startswith("/v2/"):
+        return cohere
     return openai if path.startswith("/v1/") else tei
 
 

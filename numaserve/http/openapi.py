@@ -120,6 +120,29 @@ REQUESTS = {
         top_n={"type": "integer", "minimum": 1, "nullable": True},
         return_documents={"type": "boolean", "default": False},
     ),
+    "/v2/rerank": _object(
+        ["query", "documents"],
+        model=MODEL,
+        query={"type": "string"},
+        documents=STRINGS,
+        top_n={"type": "integer", "minimum": 1, "nullable": True},
+        max_tokens_per_doc={"type": "integer", "minimum": 1, "nullable": True},
+    ),
+    "/v2/embed": _object(
+        ["texts"],
+        model=MODEL,
+        texts=STRINGS,
+        input_type={
+            "type": "string",
+            "enum": ["search_query", "search_document", "classification", "clustering"],
+        },
+        embedding_types={
+            "type": "array",
+            "items": {"type": "string", "enum": ["float", "int8", "uint8", "binary", "ubinary"]},
+        },
+        truncate={"type": "string", "enum": ["END", "NONE"], "default": "END"},
+        output_dimension={"type": "integer", "minimum": 1, "nullable": True},
+    ),
 }
 ANSWERS = {
     "/embed": {"type": "array", "items": VECTOR},
@@ -207,6 +230,7 @@ ERRORS = {
             code={"type": "string", "nullable": True},
         ),
     ),
+    "cohere": _object(["message"], message={"type": "string"}),
 }
 STATUSES = {
     "400": "Malformed JSON, or no model named where several are served",

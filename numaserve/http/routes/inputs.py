@@ -88,5 +88,23 @@ def embeddings(results: list[dict], dimensions: int | None, normalize: bool) -> 
     return vectors
 
 
+def quantized(vectors: list[np.ndarray], kind: str) -> list[list]:
+    """Unit vectors as a vector database stores them (Cohere's embedding types): float; int8,
+    each value x as round(127 x); uint8, round(127.5 (x + 1)); binary and ubinary, one bit a
+    dimension (x > 0), eight to a byte, most significant first, as sentence-transformers'
+    quantize_embeddings packs them (binary's bytes less 128, as signed ones)."""
+    import numpy as np
+
+    if kind == "float":
+        return [v.tolist() for v in vectors]
+    matrix = np.stack(vectors)
+    if kind in ("binary", "ubinary"):
+        packed = np.packbits(matrix > 0, axis=-1).astype(np.int16)
+        return (packed - 128 if kind == "binary" else packed).tolist()
+    if kind == "int8":
+        return np.clip(np.rint(matrix * 127), -128, 127).astype(np.int16).tolist()
+    return np.clip(np.rint((matrix + 1) * 127.5), 0, 255).astype(np.int16).tolist()
+
+
 def prompt_tokens(results: list[dict]) -> int:
     return sum(result["tokens"] for result in results)
