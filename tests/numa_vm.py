@@ -230,7 +230,7 @@ def guest_command(
     and the kernel cuts that line at 2,048 bytes: a long command silently cut off the
     arguments after it (seen: `systemd.unit=serial-getty@ttyS0.se`)."""
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", mode.marker]
-    pytest += ["--timeout=1500"]  # emulation: torch takes minutes to import
+    pytest += ["--timeout=1500", "--durations=0"]  # emulation: torch takes minutes to import
     pytest += [mode.tests, *pytest_args]  # only this module: imports are slow here
     env = f"PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))}"
     if artifacts:

@@ -149,10 +149,10 @@ def test_the_hardened_unit_still_pins_each_instance_and_binds_its_memory():
         assert f"bind:{node}" in read_numa_maps(i["pid"]).policies, i
 
 
-def test_a_second_unit_wanting_the_same_cores_is_refused_naming_the_first():
+def test_a_second_unit_of_the_same_config_is_refused_naming_the_first():
     """Two units, one core ledger (/run/numaserve, the unit's RuntimeDirectory): a copy of
-    the unit with the same config finds every core held, and exits 75 at once, naming the
-    first unit's supervisor and config, while the first serves on."""
+    the unit with the same config finds it served already, and exits 75 at once, naming the
+    first unit's supervisor and endpoint, while the first serves on."""
     main_pid = show("MainPID")["MainPID"]
     entry = json.loads(Path(f"/run/numaserve/server-{main_pid}.json").read_text())
     assert entry["config"] == "/etc/numaserve/numaserve.yaml"
@@ -168,7 +168,7 @@ def test_a_second_unit_wanting_the_same_cores_is_refused_naming_the_first():
 
     assert show("ExecMainStatus", unit=SECOND)["ExecMainStatus"] == "75"
     said = journal(unit=SECOND)
-    assert f"pid {main_pid} (config /etc/numaserve/numaserve.yaml)" in said, said
+    assert f"served already, by pid {main_pid} on tcp://" in said, said
     assert all_ready(status())
     systemctl("reset-failed", SECOND)
 
