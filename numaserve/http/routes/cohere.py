@@ -110,7 +110,7 @@ async def embed_v2(app: App, request: Request) -> Response:
     results = await app.run(
         request, model, "embed", texts, prompt_name=prompt, truncate=TRUNCATE[truncate]
     )
-    vectors = inputs.embeddings(results, inputs.dimensions_of(_dimensions(body)), True)
+    vectors = inputs.embeddings(results, inputs.dimensions_of(body, "output_dimension"), True)
     return ok(
         {
             "id": str(uuid.uuid4()),
@@ -125,10 +125,6 @@ async def embed_v2(app: App, request: Request) -> Response:
 def _model(app: App, body: dict):
     """The model a body names where the server serves several; else its only one."""
     return app.model(body.get("model") if app.spec.named else None)
-
-
-def _dimensions(body: dict) -> dict:
-    return {"dimensions": body.get("output_dimension")}
 
 
 def _meta(**billed) -> dict:

@@ -57,12 +57,14 @@ def decode(app: App, model: HttpModel, ids: object, key: str, skip_special: bool
     return tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
-def dimensions_of(body: dict) -> int | None:
-    value = body.get("dimensions")
+def dimensions_of(body: dict, key: str = "dimensions") -> int | None:
+    """How many of each vector's first values a request wants (OpenAI's and TEI's
+    `dimensions`, Cohere's `output_dimension`); None for all."""
+    value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError(422, "dimensions must be an integer of at least 1")
+        raise ApiError(422, f"{key} must be an integer of at least 1")
     return value
 
 
