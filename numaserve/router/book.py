@@ -62,7 +62,7 @@ class RequestBook:
         self.max_queue_ms = max_queue_ms
         self.hold_until = hold_until
         self.tagged = TASKS[task].needs_tokens
-        self.prompts = prompts  # an embedding model's own (tasks/embed.py)
+        self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
         self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
         # Results are cached under the key of the model that computed them, and looked up
         # under those of the live instances: after a reload that changed the model, the old
