@@ -64,8 +64,6 @@ class Mode:
 
     tests: str
     marker: str
-    # Whether the guest's servers load artifacts the host built (ensure_artifacts).
-    prebuilt: bool = False
     vng_args: tuple[str, ...] = ()
     # Whether the guest's /tmp starts empty, not as an overlay of the host's (private_tmp).
     empty_tmp: bool = False
@@ -74,7 +72,7 @@ class Mode:
 
 
 MODES = {
-    "virtme": Mode("tests/test_numa_vm.py", "numa_vm", prebuilt=True),
+    "virtme": Mode("tests/test_numa_vm.py", "numa_vm"),
     "systemd": Mode(
         "tests/test_systemd_vm.py",
         "systemd_vm",
@@ -204,9 +202,10 @@ def ensure_artifacts(model: Path) -> Path:
     """The artifacts the guest's servers load (every model of tests/harness/vm_server.py),
     built here as the guest would build them for its CPU model: under emulation each build
     spends minutes importing torch, then minutes more running it. The guest's `numaserve
-    prepare` finds them, checks their digests and builds nothing; it sees this cache
-    read-only. The systemd guest builds its own: the hardened unit's first start, build and
-    all, is part of what that suite shows."""
+    prepare` finds them, checks their digests and builds nothing. The guest is told where, as
+    $NUMASERVE_VM_ARTIFACTS: tests/conftest.py gives each run a new $NUMASERVE_CACHE, which
+    tests/test_numa_vm.py points here (read-only), and tests/test_systemd_vm.py copies them
+    into the unit's cache, as an image built elsewhere would bring them."""
     cache = CACHE / "artifacts"
     say(f"the guest's artifacts, built or verified, in {cache}")
     script = "from tests.harness.vm_server import *; "
@@ -223,7 +222,7 @@ def ensure_artifacts(model: Path) -> Path:
 
 
 def guest_command(
-    name: str, mode: Mode, model: Path, artifacts: Path | None, pytest_args: list[str]
+    name: str, mode: Mode, model: Path, artifacts: Path, pytest_args: list[str]
 ) -> str:
     """What the guest runs: a script in the cache, and a short command that runs it. vng passes
     the command on the kernel's command line, base64 and all, before the --append arguments,
@@ -233,8 +232,7 @@ def guest_command(
     pytest += ["--timeout=1500", "--durations=0"]  # emulation: torch takes minutes to import
     pytest += [mode.tests, *pytest_args]  # only this module: imports are slow here
     env = f"PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))}"
-    if artifacts:
-        env += f" NUMASERVE_CACHE={shlex.quote(str(artifacts))}"
+    env += f" NUMASERVE_VM_ARTIFACTS={shlex.quote(str(artifacts))}"
     script = CACHE / f"guest-{name}.sh"
     script.write_text(
         f"cd {shlex.quote(str(REPO))} && export {env} && {shlex.join(pytest)}\necho {SENTINEL}$?\n"
@@ -339,7 +337,7 @@ def main() -> int:
         vmlinuz = ensure_kernel()
         vng = ensure_vng()
         model = ensure_model()
-        artifacts = ensure_artifacts(model) if mode.prebuilt else None
+        artifacts = ensure_artifacts(model)
         if args.setup_only:
             say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
             return 0

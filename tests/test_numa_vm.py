@@ -33,6 +33,22 @@ pytestmark = [
 NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def artifacts_built_before_the_boot():
+    """The servers here load the artifacts the host built for the guest's CPU model
+    (tests/numa_vm.py: ensure_artifacts), over the run's new cache (tests/conftest.py): a
+    build under emulation spends over 6 minutes importing torch and exporting."""
+    artifacts = os.environ.get("NUMASERVE_VM_ARTIFACTS")
+    if not artifacts:
+        pytest.fail(
+            "NUMASERVE_VM_ARTIFACTS is not set: run these tests through python -m tests.numa_vm"
+        )
+    run_cache = os.environ["NUMASERVE_CACHE"]
+    os.environ["NUMASERVE_CACHE"] = artifacts
+    yield artifacts
+    os.environ["NUMASERVE_CACHE"] = run_cache
+
+
 @pytest.fixture(scope="module")
 def config_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("config") / "numa.yaml"
@@ -106,6 +122,14 @@ def test_plan_puts_a_router_shard_on_each_nodes_reserved_core(config_path):
     assert not {c for r in routers for c in r["cpus"]} & {
         c for i in plan["instances"] for c in i["cpus"]
     }
+
+
+def test_the_server_loads_the_artifact_built_before_the_boot(
+    server, artifacts_built_before_the_boot
+):
+    log = server.log()
+    assert "building the ONNX artifact" not in log, log
+    assert f"artifact {artifacts_built_before_the_boot}/onnx/" in log, log
 
 
 def test_each_router_shard_runs_and_keeps_its_memory_on_its_own_node(shards, workers):
