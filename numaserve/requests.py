@@ -15,7 +15,10 @@ from numaserve.tasks import TASKS, Task
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")
 COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate")
-OWNERS = {key: task for task in TASKS.values() for key in task.option_keys}  # a task's keys
+OWNERS: dict[str, tuple[str, ...]] = {}  # a task's own key -> the tasks that take it
+for _task in TASKS.values():
+    for _key in _task.option_keys:
+        OWNERS[_key] = (*OWNERS.get(_key, ()), _task.name)
 REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000
@@ -76,7 +79,6 @@ def parse_request(body: dict, max_texts: int) -> Request:
     unknown = [k for k in body if k not in REQUEST_KEYS]
     if unknown:
         raise bad(f"unknown key {unknown[0]!r}; a request has {', '.join(REQUEST_KEYS)}")
-    owners = [OWNERS[k] for k in body if k in OWNERS]
     op = body.get("op")
     if op not in OPS:
         raise bad(f"unknown op {op!r}; the ops are {', '.join(OPS)}")
@@ -88,11 +90,12 @@ def parse_request(body: dict, max_texts: int) -> Request:
         return Request(request_id, op, (), deadline, model)
     task = TASKS[op]
     texts = _texts(body.get("texts"), task, max_texts, bad)
-    other = next((owner for owner in owners if owner is not task), None)
-    if other is not None:  # a key of another task's (rerank's query on classify)
-        keys = " and ".join(other.option_keys)
-        verb = "are" if len(other.option_keys) > 1 else "is"
-        raise bad(f"{keys} {verb} for {other.name}, not {task.name}")
+    misplaced = [k for k in body if k in OWNERS and task.name not in OWNERS[k]]
+    if misplaced:  # a key of other tasks' (rerank's query on classify)
+        keys = " and ".join(misplaced)
+        verb = "are" if len(misplaced) > 1 else "is"
+        owners = " and ".join(OWNERS[misplaced[0]])
+        raise bad(f"{keys} {verb} for {owners}, not {task.name}")
     return Request(request_id, op, texts, deadline, model, task.options(body, bad), truncate)
 
 

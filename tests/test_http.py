@@ -328,6 +328,29 @@ def test_predict_and_rerank_answer_teis_shapes_for_a_models_servers_named_model(
     assert {r["text"] for r in ranks} == set(TEXTS[1:])
 
 
+def test_raw_scores_answer_the_models_logits_as_the_zeromq_path_has_them(pair):
+    with httpx.Client(base_url=pair.url, timeout=30) as http:
+        predicted = http.post(
+            "/predict", json={"model": "toxicity", "inputs": TEXTS[0], "raw_scores": True}
+        ).json()
+        ranks = http.post(
+            "/rerank",
+            json={"model": "ranker", "query": TEXTS[0], "texts": TEXTS, "raw_scores": True},
+        ).json()
+        refused = http.post(
+            "/predict", json={"model": "toxicity", "inputs": "a", "raw_scores": "yes"}
+        )
+    with Client(pair.endpoint, timeout=30, model="toxicity") as zmq:
+        logits = zmq.classify(TEXTS[0], raw_scores=True).logits
+    with Client(pair.endpoint, timeout=30, model="ranker") as zmq:
+        ranked = zmq.rerank(TEXTS[0], TEXTS, raw_scores=True)
+    valid(predicted, "PredictResponse")
+    assert [p["score"] for p in predicted] == sorted(logits, reverse=True)
+    valid(ranks, "RerankResponse")
+    assert {r["index"]: r["score"] for r in ranks} == {r.index: r.logit for r in ranked}
+    assert refused.status_code == 422 and "raw_scores must be true or false" in refused.text
+
+
 def test_the_cohere_sdk_reranks_through_v2_as_the_zeromq_ranking(pair):
     import cohere
 

@@ -136,9 +136,16 @@ def test_a_rerank_request_without_what_it_needs_is_a_bad_request(body, message):
     assert bad_request({"op": "rerank", **body}) == message
 
 
-def test_query_and_top_k_are_refused_outside_rerank():
+def test_query_and_top_k_are_refused_outside_rerank_naming_the_keys_given():
     message = bad_request({"op": "classify", "texts": ["a"], "top_k": 3})
-    assert message == "query and top_k are for rerank, not classify"
+    assert message == "top_k is for rerank, not classify"
+    message = bad_request({"op": "ner", "texts": ["a"], "query": "q", "top_k": 3})
+    assert message == "query and top_k are for rerank, not ner"
+
+
+def test_raw_scores_is_refused_where_there_are_no_logits_naming_the_tasks_that_have_them():
+    message = bad_request({"op": "embed", "texts": ["a"], "raw_scores": True})
+    assert message == "raw_scores is for classify and rerank, not embed"
 
 
 def test_a_request_passed_on_keeps_its_pairs_query_and_top_k():
@@ -166,24 +173,31 @@ def served(path, task: str, inputs, backend="torch", quantize="none", segments=T
     out = model.run(
         [list(e.ids) for e in encoded], [e.second for e in encoded] if segments else None
     )
-    return np.array([r.probs for r in out] if task == "classify" else out)
+    return np.array([r.probs for r in out] if task == "classify" else [r.score for r in out])
 
 
-def transformers_pair_probs(path) -> np.ndarray:
+def transformers_pair_logits(path, pairs=PAIRS) -> np.ndarray:
     """transformers on each pair alone: token type ids where the model has segment
-    embeddings (the MiniLM tokenizer makes them for every model), softmax."""
+    embeddings (the MiniLM tokenizer makes them for every model)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
     rows = []
     with torch.inference_mode():
-        for a, b in PAIRS:
+        for a, b in pairs:
             inputs = hf_tokenizer()(a, b, return_tensors="pt")
             if getattr(model.config, "type_vocab_size", 0) < 2:
                 inputs.pop("token_type_ids")
-            rows.append(torch.softmax(model(**inputs).logits[0], -1).numpy())
+            rows.append(model(**inputs).logits[0].numpy())
     return np.stack(rows)
+
+
+def transformers_pair_probs(path) -> np.ndarray:
+    """Their softmax."""
+    logits = transformers_pair_logits(path)
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 def cross_encoder_scores(path, pairs) -> np.ndarray:
@@ -228,6 +242,29 @@ def test_a_cross_encoder_saved_with_identity_activation_gives_raw_logits(tmp_pat
     ours = served(path, "rerank", pairs)
     # The sigmoid of these logits (0.17-0.19) would be 0.54-0.55: far outside the tolerance.
     np.testing.assert_allclose(ours, cross_encoder_scores(path, pairs), atol=1e-4)
+
+
+def test_the_heads_keep_the_models_logits_beside_their_scores(tmp_path):
+    """What raw_scores answers: the classifier's logits before the softmax, the
+    cross-encoder's before the sigmoid."""
+    nli = save_tiny_model(tmp_path / "nli", "bert", "classify")
+    config = ModelConfig(
+        path=str(nli), task="classify", backend="torch", quantize="none", max_length=64
+    )
+    encoded = Tokenizer(config.path, 64).encode(list(PAIRS))
+    out = load_model(config).run([list(e.ids) for e in encoded], [e.second for e in encoded])
+    np.testing.assert_allclose([r.logits for r in out], transformers_pair_logits(nli), atol=1e-4)
+    ce = save_tiny_cross_encoder(tmp_path / "ce")
+    pairs = [(QUERY, d) for d in DOCUMENTS]
+    config = ModelConfig(
+        path=str(ce), task="rerank", backend="torch", quantize="none", max_length=64
+    )
+    encoded = Tokenizer(config.path, 64).encode(pairs)
+    out = load_model(config).run([list(e.ids) for e in encoded], [e.second for e in encoded])
+    np.testing.assert_allclose(
+        [r.logit for r in out], transformers_pair_logits(ce, pairs)[:, 0], atol=1e-4
+    )
+    assert all(abs(r.score - 1 / (1 + np.exp(-r.logit))) < 1e-6 for r in out)
 
 
 def test_a_cross_encoder_with_an_activation_numaserve_lacks_is_refused(tmp_path):
@@ -310,6 +347,17 @@ def test_a_server_classifies_pairs_as_transformers_does(pair_server):
     assert results[0].tokens == len(hf_tokenizer()(*PAIRS[0])["input_ids"])
 
 
+def test_a_server_answers_the_logits_only_where_asked_from_one_cached_result(pair_server):
+    server, path = pair_server
+    with server.client() as client:
+        plain = client.classify(PAIRS)
+        raw = client.classify(PAIRS, raw_scores=True)  # from the cache the first call filled
+        again = client.classify(PAIRS[0])
+    np.testing.assert_allclose([r.logits for r in raw], transformers_pair_logits(path), atol=1e-4)
+    assert [r.probs for r in raw] == [r.probs for r in plain]
+    assert all(r.logits is None for r in plain) and again.logits is None
+
+
 def test_a_pair_and_the_same_tokens_as_one_text_are_cached_apart(pair_server):
     """'a [SEP] b' tokenizes to a pair's ids with no second segment: a different input."""
     server, _ = pair_server
@@ -330,15 +378,29 @@ def test_a_server_reranks_as_cross_encoder_predict_does(rerank_server):
     assert [r.index for r in best] == list(np.argsort(-theirs)[:2])
 
 
+def test_a_server_reranks_with_the_logits_where_asked(rerank_server):
+    server, path = rerank_server
+    pairs = [(QUERY, d) for d in DOCUMENTS]
+    with server.client() as client:
+        best = client.rerank(QUERY, DOCUMENTS, top_k=2, raw_scores=True)
+        plain = client.rerank(QUERY, DOCUMENTS, top_k=2)
+    logits = transformers_pair_logits(path, pairs)[:, 0]
+    assert [r.index for r in best] == [r.index for r in plain] == list(np.argsort(-logits)[:2])
+    np.testing.assert_allclose([r.logit for r in best], logits[[r.index for r in best]], atol=1e-4)
+    assert [r.score for r in best] == [r.score for r in plain]
+    assert all(r.logit is None for r in plain)
+
+
 def test_the_async_client_reranks_too(rerank_server):
     server, _ = rerank_server
 
     async def go():
         async with AsyncClient(server.endpoint) as client:
-            return await client.rerank(QUERY, DOCUMENTS, top_k=1)
+            return await client.rerank(QUERY, DOCUMENTS, top_k=1, raw_scores=True)
 
     (best,) = asyncio.run(go())
     assert isinstance(best, Ranked) and best.index in range(len(DOCUMENTS))
+    assert best.logit is not None
 
 
 def test_a_long_document_goes_to_the_pool_its_pair_fits(rerank_server):
@@ -372,6 +434,20 @@ def test_the_cli_reranks_and_classifies_pairs(rerank_server, pair_server):
     assert len(json.loads(out.stdout)["results"]) == 2
     odd = numaserve("classify", "--pairs", "one", "--endpoint", pair_server[0].endpoint)
     assert odd.returncode == 2 and "--pairs needs an even number of texts; got 1" in odd.stderr
+
+
+def test_the_cli_prints_the_logits_with_raw_scores(rerank_server, pair_server):
+    endpoint = rerank_server[0].endpoint
+    out = numaserve("rerank", QUERY, *DOCUMENTS, "--raw-scores", "--endpoint", endpoint)
+    assert out.returncode == 0, out.stderr
+    assert all(
+        set(r) == {"index", "score", "logit", "tokens", "truncated"}
+        for r in json.loads(out.stdout)["results"]
+    )
+    out = numaserve("classify", "a fox", "--raw-scores", "--endpoint", pair_server[0].endpoint)
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)["results"]
+    assert len(result["logits"]) == len(result["probs"])
 
 
 def bench(endpoint: str, *options: str) -> dict:

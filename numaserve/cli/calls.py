@@ -40,9 +40,16 @@ def _result_json(result) -> dict:
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
     elif isinstance(result, Ranked):
         fields = {"index": result.index, "score": result.score}
+        fields |= {"logit": result.logit} if result.logit is not None else {}
     else:
         fields = {"label": result.label, "probs": list(result.probs)}
+        fields |= {"logits": list(result.logits)} if result.logits is not None else {}
     return {**fields, "tokens": result.tokens, "truncated": result.truncated}
+
+
+raw_scores_option = click.option(
+    "--raw-scores", is_flag=True, help="Print the model's logits too, before its activation."
+)
 
 
 @main.command()
@@ -72,18 +79,21 @@ def embed(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) ->
     is_flag=True,
     help="Read TEXTS two by two as pairs (premise, hypothesis), for a model that takes pairs.",
 )
+@raw_scores_option
 @model_option
 @endpoint_option
 @timeout_option
 @json_option
-def classify(texts, file, pairs: bool, endpoints, timeout: float, as_json: bool) -> None:
+def classify(
+    texts, file, pairs: bool, raw_scores: bool, endpoints, timeout: float, as_json: bool
+) -> None:
     """Print the label and probabilities of each of TEXTS (or each pair) as JSON, a line per
     text ('-': one text from standard input)."""
     texts = read_texts(texts, file)
     if pairs and len(texts) % 2:
         raise click.UsageError(f"--pairs needs an even number of texts; got {len(texts)}")
     batch = list(zip(texts[::2], texts[1::2], strict=True)) if pairs else list(texts)
-    results = call_server(endpoints, timeout, "classify", batch)
+    results = call_server(endpoints, timeout, "classify", batch, raw_scores=raw_scores)
     print_results([_result_json(r) for r in results])
 
 
@@ -113,17 +123,27 @@ def ner(texts, file, aggregation: str, endpoints, timeout: float, as_json: bool)
 @click.argument("documents", nargs=-1)
 @file_option
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
+@raw_scores_option
 @model_option
 @endpoint_option
 @timeout_option
 @json_option
 def rerank(
-    query, documents, file, top_k: int | None, endpoints, timeout: float, as_json: bool
+    query,
+    documents,
+    file,
+    top_k: int | None,
+    raw_scores: bool,
+    endpoints,
+    timeout: float,
+    as_json: bool,
 ) -> None:
     """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, a line per
     document, in order, or the best --top-k first ('-': one document from standard input)."""
     documents = read_texts(documents, file, "DOCUMENTS")
-    results = call_server(endpoints, timeout, "rerank", query, documents, top_k)
+    results = call_server(
+        endpoints, timeout, "rerank", query, documents, top_k, raw_scores=raw_scores
+    )
     print_results([_result_json(r) for r in results])
 
 

@@ -16,6 +16,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     prompt_field,
+    raw_scores_field,
     rerank_fields,
     results,
 )
@@ -43,9 +44,12 @@ class AsyncClient(Calls):
         body = await self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
-    async def classify(self, texts: Texts, deadline_ms: float | None = None):
+    async def classify(
+        self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False
+    ):
         batch, single = as_batch(texts)
-        return results("classify", await self.call("classify", batch, deadline_ms), single)
+        body = await self.call("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
+        return results("classify", body, single)
 
     async def rerank(
         self,
@@ -53,8 +57,10 @@ class AsyncClient(Calls):
         documents: Sequence[str],
         top_k: int | None = None,
         deadline_ms: float | None = None,
+        raw_scores: bool = False,
     ) -> list[Ranked]:
         batch, fields = rerank_fields(query, documents, top_k)
+        fields |= raw_scores_field(raw_scores)
         return results("rerank", await self.call("rerank", batch, deadline_ms, **fields), False)
 
     async def ner(

@@ -69,6 +69,13 @@ def rerank_fields(query, documents, top_k) -> tuple[list, dict]:
     return batch, {"query": query, "top_k": top_k}
 
 
+def raw_scores_field(raw_scores) -> dict:
+    """The request's raw_scores where asked for (results then carry the model's logits)."""
+    if not isinstance(raw_scores, bool):
+        raise TypeError(f"raw_scores: True or False; got {_describe(raw_scores)}")
+    return {"raw_scores": True} if raw_scores else {}
+
+
 def prompt_field(prompt_name) -> dict:
     """The request's prompt_name where one is given: none leaves the model's default."""
     if prompt_name is None:

@@ -15,6 +15,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     prompt_field,
+    raw_scores_field,
     rerank_fields,
     results,
 )
@@ -44,11 +45,13 @@ class Client(Calls):
         body = self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
-    def classify(self, texts: Texts, deadline_ms: float | None = None):
+    def classify(self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False):
         """One Classification for a string or a pair (a tuple of two strings), a list of them
-        for a list."""
+        for a list. `raw_scores`: each with the model's logits too, before the softmax (or
+        a multi-label model's sigmoid)."""
         batch, single = as_batch(texts)
-        return results("classify", self.call("classify", batch, deadline_ms), single)
+        body = self.call("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
+        return results("classify", body, single)
 
     def rerank(
         self,
@@ -56,9 +59,12 @@ class Client(Calls):
         documents: Sequence[str],
         top_k: int | None = None,
         deadline_ms: float | None = None,
+        raw_scores: bool = False,
     ) -> list[Ranked]:
-        """Each document's score for `query`, in order; with `top_k`, the best k, best first."""
+        """Each document's score for `query`, in order; with `top_k`, the best k, best first.
+        `raw_scores`: each with the model's logit too, before its activation."""
         batch, fields = rerank_fields(query, documents, top_k)
+        fields |= raw_scores_field(raw_scores)
         return results("rerank", self.call("rerank", batch, deadline_ms, **fields), False)
 
     def ner(

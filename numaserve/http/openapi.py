@@ -57,6 +57,7 @@ REQUESTS = {
                 {"type": "array", "items": {"oneOf": [{**STRINGS, "maxItems": 1}, PAIR]}},
             ]
         },
+        raw_scores={"type": "boolean", "default": False},
         truncate={"type": "boolean", "nullable": True},
         model=MODEL,
     ),
@@ -65,6 +66,7 @@ REQUESTS = {
         query={"type": "string"},
         texts=STRINGS,
         return_text={"type": "boolean", "default": False},
+        raw_scores={"type": "boolean", "default": False},
         truncate={"type": "boolean", "nullable": True},
         model=MODEL,
     ),

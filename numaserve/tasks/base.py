@@ -63,6 +63,27 @@ class Answers:
         return results
 
 
+class RawScores(Answers):
+    """For a task whose results carry the model's logits beside its scores (`raw`: the
+    result's key), which are answered only to a request that asks (`raw_scores: true`,
+    as TEI has it): one cached result serves both."""
+
+    raw: str
+
+    def finish(self, request: Request, encoded: list, results: list[dict]) -> list[dict]:
+        if not request.options.get("raw_scores"):
+            for result in results:
+                result.pop(self.raw, None)
+        return results
+
+
+def raw_scores_option(body: dict, bad: Bad) -> bool | None:
+    raw = body.get("raw_scores")
+    if raw is not None and not isinstance(raw, bool):
+        raise bad("raw_scores must be true or false (true: the model's logits too)")
+    return raw
+
+
 class Task:
     """One task numaserve serves. Subclasses set the class attributes and override the steps
     where they differ from embed's plain "one text in, one result out"."""

@@ -6,7 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.tasks.agreement import Verdict, agreement_verdict
-from numaserve.tasks.base import Head, Output, Task, labels_of, softmax
+from numaserve.tasks.base import (
+    Bad,
+    Head,
+    Output,
+    RawScores,
+    Task,
+    labels_of,
+    raw_scores_option,
+    softmax,
+)
 
 # transformers' `problem_type` for a model that scores each label on its own (sigmoid);
 # anything else is one label of many (softmax).
@@ -17,6 +26,7 @@ MULTI_LABEL = "multi_label_classification"
 class ClassifyResult:
     label: str
     probs: tuple[float, ...]
+    logits: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,11 @@ class Classification:
     probs: tuple[float, ...]  # in the model's label order
     tokens: int
     truncated: bool
+    logits: tuple[float, ...] | None = None  # the model's own output, where asked for
+
+
+class Logits(RawScores):
+    raw = "logits"
 
 
 class Classifier(Head):
@@ -39,7 +54,10 @@ class Classifier(Head):
         else:
             probs = softmax(out)
         return [
-            ClassifyResult(self.labels[int(p.argmax())], tuple(float(x) for x in p)) for p in probs
+            ClassifyResult(
+                self.labels[int(p.argmax())], tuple(float(x) for x in p), tuple(map(float, o))
+            )
+            for p, o in zip(probs, out, strict=True)
         ]
 
     def describe(self) -> dict:
@@ -51,16 +69,29 @@ class Classify(Task):
     output = Output.SEQUENCE_LOGITS
     takes_pairs = True
     reads_pairs = True
+    option_keys = ("raw_scores",)
+
+    def options(self, body: dict, bad: Bad) -> dict:
+        return {"raw_scores": raw_scores_option(body, bad)}
 
     def head(self, facts, width: int, directory: Path, path: str) -> Head:
         return Classifier(labels_of(facts, width), facts.problem_type == MULTI_LABEL)
 
     def to_wire(self, result: ClassifyResult) -> dict:
-        return {"label": result.label, "probs": list(result.probs)}
+        return {"label": result.label, "probs": list(result.probs), "logits": list(result.logits)}
+
+    def answers(self, tokenizer) -> Logits:
+        return Logits()
 
     def from_wire(self, result: dict) -> Classification:
-        probs = tuple(result["probs"])
-        return Classification(result["label"], probs, result["tokens"], result["truncated"])
+        probs, logits = tuple(result["probs"]), result.get("logits")
+        return Classification(
+            result["label"],
+            probs,
+            result["tokens"],
+            result["truncated"],
+            tuple(logits) if logits is not None else None,
+        )
 
     def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
         return [r.label for r in results]

@@ -9,7 +9,7 @@ from pathlib import Path
 from numaserve.modelpath import ModelLoadError, read_json
 from numaserve.protocol import check_text
 from numaserve.tasks.agreement import Verdict, agreement_verdict
-from numaserve.tasks.base import Answers, Bad, Head, Output, Task
+from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, raw_scores_option
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 
@@ -19,11 +19,18 @@ ACTIVATIONS = ("Sigmoid", "Identity")
 
 
 @dataclass(frozen=True)
+class Scored:
+    score: float  # after the activation
+    logit: float  # the model's own output
+
+
+@dataclass(frozen=True)
 class Ranked:
     index: int  # the document's place in the request
     score: float  # the cross-encoder's score for (query, document)
     tokens: int  # of the pair, special tokens included
     truncated: bool
+    logit: float | None = None  # the model's own output, where asked for
 
 
 def activation(directory: str | Path, path: str) -> str:
@@ -50,11 +57,12 @@ class Scorer(Head):
 
     def __call__(self, out, mask, batch):
         logits = out[:, 0]
+        scores = logits
         if self.sigmoid:
             import numpy as np
 
-            logits = 1 / (1 + np.exp(-logits))
-        return [float(x) for x in logits]
+            scores = 1 / (1 + np.exp(-logits))
+        return [Scored(float(s), float(x)) for s, x in zip(scores, logits, strict=True)]
 
 
 def ranked(results: list[dict], top_k: int | None) -> list[dict]:
@@ -66,9 +74,11 @@ def ranked(results: list[dict], top_k: int | None) -> list[dict]:
     return sorted(results, key=lambda r: -r["score"])[:top_k]
 
 
-class Ranking(Answers):
+class Ranking(RawScores):
+    raw = "logit"
+
     def finish(self, request, encoded, results):
-        return ranked(results, request.options["top_k"])
+        return ranked(super().finish(request, encoded, results), request.options["top_k"])
 
 
 class Rerank(Task):
@@ -76,7 +86,7 @@ class Rerank(Task):
     output = Output.SEQUENCE_LOGITS
     reads_pairs = True
     inputs_are = "documents"
-    option_keys = ("query", "top_k")
+    option_keys = ("query", "top_k", "raw_scores")
 
     def options(self, body: dict, bad: Bad) -> dict:
         query, top_k = body.get("query"), body.get("top_k")
@@ -85,7 +95,7 @@ class Rerank(Task):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise bad("top_k must be an integer of at least 1")
-        return {"query": query, "top_k": top_k}
+        return {"query": query, "top_k": top_k, "raw_scores": raw_scores_option(body, bad)}
 
     def inputs(self, request) -> list:
         return [(request.options["query"], document) for document in request.texts]
@@ -101,14 +111,20 @@ class Rerank(Task):
             )
         return Scorer(activation(directory, path))
 
-    def to_wire(self, result: float) -> dict:
-        return {"score": result}
+    def to_wire(self, result: Scored) -> dict:
+        return {"score": result.score, "logit": result.logit}
 
-    def answers(self, tokenizer) -> Answers:
+    def answers(self, tokenizer) -> Ranking:
         return Ranking()
 
     def from_wire(self, result: dict) -> Ranked:
-        return Ranked(result["index"], result["score"], result["tokens"], result["truncated"])
+        return Ranked(
+            result["index"],
+            result["score"],
+            result["tokens"],
+            result["truncated"],
+            result.get("logit"),
+        )
 
     def gate_inputs(self, tokenizer, texts: list[str]) -> list:
         """Each text's opening words ask for it among itself and the next texts."""
@@ -121,7 +137,9 @@ class Rerank(Task):
     def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
         """The top document of each query."""
         n = GATE_DOCUMENTS
-        return [max(range(n), key=lambda k: results[i + k]) for i in range(0, len(results), n)]
+        return [
+            max(range(n), key=lambda k: results[i + k].score) for i in range(0, len(results), n)
+        ]
 
     def gate_verdict(self, answers: list, reference: list) -> Verdict:
         return agreement_verdict(answers, reference, "queries")

@@ -2,9 +2,10 @@
 docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests validate by).
 
 Where numaserve differs, it says so in an error rather than silently: `truncation_direction:
-Left` and `raw_scores: true` are refused (422). `truncate` is the request's choice over the
-server's `model.truncate`; `prompt_name` names one of an embedding model's own prompts. A `models:` server takes the model's name
-in the body's `model` or the query's `?model=`.
+Left` is refused (422). `truncate` is the request's choice over the server's `model.truncate`;
+`prompt_name` names one of an embedding model's own prompts; `raw_scores` answers the model's
+logits as the scores. A `models:` server takes the model's name in the body's `model` or the
+query's `?model=`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ def check_task(model: HttpModel, route: str) -> None:
 def refuse_unsupported(body: dict) -> None:
     if str(body.get("truncation_direction") or "right").lower() != "right":
         raise ApiError(422, "truncation_direction: numaserve truncates on the right only")
-    if body.get("raw_scores"):
-        raise ApiError(422, "raw_scores: numaserve answers probabilities (scores) only")
 
 
 async def embed(app: App, request: Request) -> Response:
@@ -99,11 +98,15 @@ async def predict(app: App, request: Request) -> Response:
     check_task(model, "/predict")
     refuse_unsupported(body)
     texts, single = predict_inputs(body.get("inputs"))
-    results = await app.run(request, model, "classify", texts, truncate=body.get("truncate"))
+    raw = body.get("raw_scores")
+    results = await app.run(
+        request, model, "classify", texts, truncate=body.get("truncate"), raw_scores=raw
+    )
     names = labels(model.model.path)
+    scores = "logits" if raw else "probs"
     ranked = [
         sorted(
-            ({"label": _label(names, i), "score": p} for i, p in enumerate(r["probs"])),
+            ({"label": _label(names, i), "score": p} for i, p in enumerate(r[scores])),
             key=lambda p: -p["score"],
         )
         for r in results
@@ -140,9 +143,15 @@ async def rerank(app: App, request: Request) -> Response:
     model = app.model_of(request, body)
     check_task(model, "/rerank")
     refuse_unsupported(body)
-    documents = body.get("texts")
+    documents, raw = body.get("texts"), body.get("raw_scores")
     results = await app.run(
-        request, model, "rerank", documents, query=body.get("query"), truncate=body.get("truncate")
+        request,
+        model,
+        "rerank",
+        documents,
+        query=body.get("query"),
+        truncate=body.get("truncate"),
+        raw_scores=raw,
     )
     with_text = flag(body, "return_text", False)
     ranks = sorted(results, key=lambda r: -r["score"])
@@ -150,7 +159,7 @@ async def rerank(app: App, request: Request) -> Response:
         [
             {
                 "index": r["index"],
-                "score": r["score"],
+                "score": r["logit" if raw else "score"],
                 **({"text": documents[r["index"]]} if with_text else {}),
             }
             for r in ranks
