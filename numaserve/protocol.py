@@ -84,6 +84,7 @@ def embedding_from_wire(data: bytes):
 
 
 MAX_MODEL_NAME = 64  # a longer `model` names no model a config can have
+TRUNCATION_DIRECTIONS = ("right", "left")  # which end of a text a cut takes away
 
 
 def is_valid_utf8(text: str) -> bool:

@@ -9,12 +9,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from numaserve.protocol import MAX_MODEL_NAME, ErrorCode, check_text, reply_id
+from numaserve.protocol import (
+    MAX_MODEL_NAME,
+    TRUNCATION_DIRECTIONS,
+    ErrorCode,
+    check_text,
+    reply_id,
+)
 from numaserve.tasks import TASKS, Task
 
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")
-COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate")
+COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate", "truncation_direction")
 OWNERS: dict[str, tuple[str, ...]] = {}  # a task's own key -> the tasks that take it
 for _task in TASKS.values():
     for _key in _task.option_keys:
@@ -43,6 +49,7 @@ class Request:
     model: str | None = None  # the model asked for; None: the server's only one
     options: dict[str, Any] = field(default_factory=dict)  # the task's own (Task.options)
     truncate: bool | None = None  # cut a text over the limit, or refuse it; None: model.truncate
+    truncation_direction: str | None = None  # "left": a cut keeps the end; None: "right"
 
     @property
     def task(self) -> Task:
@@ -66,7 +73,13 @@ class Request:
             body["model"] = self.model
         if self.truncate is not None:
             body["truncate"] = self.truncate
+        if self.truncation_direction is not None:
+            body["truncation_direction"] = self.truncation_direction
         return body
+
+    @property
+    def cuts_left(self) -> bool:
+        return self.truncation_direction == "left"
 
 
 def parse_request(body: dict, max_texts: int) -> Request:
@@ -86,6 +99,12 @@ def parse_request(body: dict, max_texts: int) -> Request:
     truncate = body.get("truncate")
     if truncate is not None and not isinstance(truncate, bool):
         raise bad("truncate must be true or false (or left out: the server's model.truncate)")
+    direction = body.get("truncation_direction")
+    if direction is not None and direction not in TRUNCATION_DIRECTIONS:
+        raise bad(
+            "truncation_direction must be right (a cut keeps a text's start, the default) or "
+            "left (it keeps the end)"
+        )
     if op not in TASKS:
         return Request(request_id, op, (), deadline, model)
     task = TASKS[op]
@@ -96,7 +115,8 @@ def parse_request(body: dict, max_texts: int) -> Request:
         verb = "are" if len(misplaced) > 1 else "is"
         owners = " and ".join(OWNERS[misplaced[0]])
         raise bad(f"{keys} {verb} for {owners}, not {task.name}")
-    return Request(request_id, op, texts, deadline, model, task.options(body, bad), truncate)
+    options = task.options(body, bad)
+    return Request(request_id, op, texts, deadline, model, options, truncate, direction)
 
 
 def _request_id(raw_id: object) -> int | str:

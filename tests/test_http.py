@@ -171,6 +171,38 @@ def test_a_request_may_refuse_a_text_over_the_limit_where_the_server_cuts_it(emb
         client.embed(long)
 
 
+def test_a_cut_on_the_left_keeps_a_texts_end_on_every_route(embedder):
+    long = "start " + "word " * 300 + "the end"  # max_length 128: 126 tokens and 2 special
+    tail, last_eight = "word " * 124 + "the end", "word " * 6 + "the end"
+    with Client(embedder.endpoint, timeout=30, truncation_direction="left") as client:
+        left = client.embed(long)
+    expected, right, eight = zmq_vectors(embedder, [tail, long, last_eight])
+    assert left.truncated and np.array_equal(left.vector, expected)
+    assert not np.allclose(right, expected, atol=1e-3)
+    with authed(embedder) as http:
+        tei = http.post("/embed", json={"inputs": long, "truncation_direction": "Left"})
+        cohere = http.post(
+            "/v2/embed",
+            json={
+                "model": "default",
+                "texts": [long],
+                "truncate": "START",
+                "embedding_types": ["float"],
+            },
+        )
+        vllm = http.post("/v1/embeddings", json={"input": long, "truncate_prompt_tokens": -1})
+        last = http.post("/v1/embeddings", json={"input": long, "truncate_prompt_tokens": 10})
+        over = http.post("/v1/embeddings", json={"input": long, "truncate_prompt_tokens": 129})
+        odd = http.post("/embed", json={"inputs": long, "truncation_direction": "Middle"})
+    np.testing.assert_allclose(tei.json()[0], expected, atol=1e-6)
+    np.testing.assert_allclose(cohere.json()["embeddings"]["float"][0], expected, atol=1e-6)
+    np.testing.assert_allclose(vllm.json()["data"][0]["embedding"], expected, atol=1e-6)
+    np.testing.assert_allclose(last.json()["data"][0]["embedding"], eight, atol=1e-6)
+    assert last.json()["usage"]["prompt_tokens"] == 10
+    assert over.status_code == 422 and "from 3 to 128" in over.json()["error"]["message"]
+    assert odd.status_code == 422 and "Right or Left" in odd.json()["error"]
+
+
 def test_the_openai_sdk_reads_why_a_body_over_the_limit_is_refused(embedder):
     import openai
 
@@ -391,9 +423,10 @@ def test_the_cohere_sdk_embeds_by_type_through_v2(embedder):
 def test_v2_errors_come_in_cohere_shape(embedder):
     with authed(embedder) as http:
         answer = http.post(
-            "/v2/embed", json={"model": "default", "texts": ["a"], "truncate": "START"}
+            "/v2/embed", json={"model": "default", "texts": ["a"], "truncate": "MIDDLE"}
         )
-    assert answer.status_code == 422 and "truncate must be END or NONE" in answer.json()["message"]
+    message = answer.json()["message"]
+    assert answer.status_code == 422 and "truncate must be one of END, START, NONE" in message
 
 
 def test_v1_rerank_answers_best_first_as_the_zeromq_ranking(pair):

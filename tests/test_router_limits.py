@@ -117,7 +117,9 @@ def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_g
     r = make_router(instances=1)
     encode = r.router.book.tokenizer.encode
 
-    def tokenizer_bug(texts, truncate=None):  # a stand-in for a bug no test has found yet
+    def tokenizer_bug(
+        texts, truncate=None, left=False
+    ):  # a stand-in for a bug no test has found yet
         if texts == ["boom"]:
             raise RuntimeError("an unforeseen bug")
         return encode(texts, truncate)

@@ -129,3 +129,60 @@ def test_one_huge_text_does_not_push_the_others_out_of_the_memo():
     tok.encode(["a text worth remembering"])
     tok.encode(["huge " * 200_000])
     assert list(tok.memo) == ["a text worth remembering"]
+
+
+# -- a cut on the left (truncation_direction: left) ------------------------------------------
+
+
+def transformers_left_ids(path: str, texts: list, max_length: int) -> list[tuple[int, ...]]:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(resolve_model_path(path), truncation_side="left")
+    return [tuple(hf(*t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
+
+
+def test_a_left_cut_keeps_each_texts_end_as_transformers_truncation_side_left_does():
+    texts = [(s,) for s in SENTENCES[:40]] + [("word " * 300,), ("first " * 50 + "last words",)]
+    texts += [(SENTENCES[0], "two " * 40), ("one " * 40 + "end", SENTENCES[1])]  # pairs
+    tok = Tokenizer("bundled:minilm", max_length=32)
+    ours = tok.encode([t[0] if len(t) == 1 else t for t in texts], left=True)
+    assert [e.ids for e in ours] == transformers_left_ids("bundled:minilm", texts, 32)
+    assert ours[-4].truncated and tok.raw.decode(ours[-3].ids).endswith("first last words")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "word " * 20_000 + "the end",
+        "super,cali.fragilistic;" * 5_000,
+        "word " * 2_000 + " " * 50_000 + "x",  # the first cut holds too few tokens
+        "中文" * 20_000,
+    ],
+)
+def test_a_left_cut_of_a_huge_text_keeps_the_ids_the_whole_text_gives(text):
+    tok = Tokenizer("bundled:minilm", max_length=256)
+    (enc,) = tok.encode([text], left=True)
+    whole = tok.left.encode(text)
+    assert (enc.ids, enc.truncated) == (tuple(whole.ids), True)
+
+
+def test_a_left_cut_is_not_answered_from_the_memo_of_right_cuts_nor_refused_texts_kept():
+    tok = Tokenizer("bundled:minilm", max_length=16, memo_bytes=1 << 20)
+    text = "start " + "word " * 40 + "end"
+    (right,) = tok.encode([text])
+    (left,) = tok.encode([text], left=True)
+    assert right.ids != left.ids and tok.raw.decode(left.ids).endswith("end")
+    with pytest.raises(TooLongError, match="text 0 has 44 tokens"):
+        tok.encode([text], truncate=False, left=True)
+
+
+def test_a_left_cut_gives_entities_offsets_in_the_whole_text():
+    tok = Tokenizer("bundled:minilm", max_length=8)
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    (enc,) = tok.encode_tagged([text], left=True)
+    spans = [
+        span
+        for span, special in zip(enc.tokens.offsets, enc.tokens.special, strict=True)
+        if not special
+    ]
+    assert [text[a:b] for a, b in spans] == ["gamma", "delta", "epsilon", "zeta", "eta", "theta"]

@@ -17,3 +17,19 @@ def test_truncate_is_any_requests_choice_and_passes_on_with_it():
 def test_truncate_that_is_not_a_boolean_is_refused():
     with pytest.raises(RequestError, match="truncate must be true or false"):
         parse_request({"id": 1, "op": "embed", "texts": ["a"], "truncate": "no"}, 8)
+
+
+def test_truncation_direction_is_any_requests_choice_and_passes_on_with_it():
+    for direction in ("left", "right"):
+        body = {"id": 1, "op": "ner", "texts": ["a"], "truncation_direction": direction}
+        request = parse_request(body, 8)
+        assert request.to_body()["truncation_direction"] == direction
+        assert request.cuts_left is (direction == "left")
+    assert parse_request({"id": 1, "op": "embed", "texts": ["a"]}, 8).cuts_left is False
+
+
+@pytest.mark.parametrize("direction", ["Left", "start", 1, True])
+def test_a_truncation_direction_other_than_right_or_left_is_refused(direction):
+    body = {"id": 1, "op": "embed", "texts": ["a"], "truncation_direction": direction}
+    with pytest.raises(RequestError, match=r"truncation_direction must be right .* or left"):
+        parse_request(body, 8)

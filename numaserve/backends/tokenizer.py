@@ -96,6 +96,8 @@ class Tokenizer:
         self.raw.enable_truncation(max_length)
         self.full = FastTokenizer.from_str(self.raw.to_str())
         self.full.no_truncation()
+        self.left = FastTokenizer.from_str(self.raw.to_str())  # keeps a text's end
+        self.left.enable_truncation(max_length, direction="left")
         self.words = WordPieceMemo.of(self.raw, max_length)
         unknown = getattr(self.raw.model, "unk_token", None)
         self.unknown_id = self.raw.token_to_id(unknown) if unknown else None
@@ -110,12 +112,18 @@ class Tokenizer:
         self.memo_bytes = 0
         self.memo_limit = memo_bytes
 
-    def encode(self, texts: list[Text], truncate: bool | None = None) -> list[Encoded]:
+    def encode(
+        self, texts: list[Text], truncate: bool | None = None, left: bool = False
+    ) -> list[Encoded]:
         """Encodings of `texts`; a text seen recently is not tokenized again. A pair is
         encoded as transformers encodes `tokenizer(a, b, truncation=True)`: both texts
         between the model's special tokens, the longer cut first. `truncate`: a request's
-        own choice, over the model's (cut a text over the limit, or refuse it)."""
+        own choice, over the model's (cut a text over the limit, or refuse it); `left`: a
+        cut keeps the text's end (transformers' `truncation_side="left"`), which neither
+        the memo nor the WordPiece shortcut knows."""
         strict = not (self.truncate if truncate is None else truncate)
+        if left:
+            return [self._encode_alone(i, text, strict, left) for i, text in enumerate(texts)]
         known = self.memo.get(texts[0]) if len(texts) == 1 else None
         if known is not None and not (strict and known.truncated):  # a refusal is not kept
             return [known]
@@ -130,55 +138,68 @@ class Tokenizer:
                 out[i] = enc
             for i, text in enumerate(texts):
                 if out[i] is None:
-                    out[i] = self._encode_pair(i, *text, strict)
+                    out[i] = self._encode_alone(i, text, strict)
         if self.memo_limit:
             for text, enc in zip(texts, out, strict=True):
                 if isinstance(text, str):
                     self._remember(text, enc)
         return out
 
-    def encode_tagged(self, texts: list[str], truncate: bool | None = None) -> list[Encoded]:
-        """Encodings with each token's character span and spelling, for entities (ner)."""
+    def encode_tagged(
+        self, texts: list[str], truncate: bool | None = None, left: bool = False
+    ) -> list[Encoded]:
+        """Encodings with each token's character span (in the whole text) and spelling, for
+        entities (ner)."""
         strict = not (self.truncate if truncate is None else truncate)
         out = []
         for i, text in enumerate(texts):
-            head = self._whole_enough(text)
-            enc = self.raw.encode(head)
+            part = self._whole_enough(text, left)
+            enc = (self.left if left else self.raw).encode(part)
             if enc.overflowing and strict:
                 raise TooLongError(
-                    i, len(self.full.encode(head).ids), self.max_length, head != text
+                    i, len(self.full.encode(part).ids), self.max_length, part != text
                 )
+            special = tuple(bool(s) for s in enc.special_tokens_mask)
+            base = len(text) - len(part) if left else 0  # a tail's offsets start at its start
             tokens = Tokens(
-                tuple(enc.offsets),
-                tuple(bool(s) for s in enc.special_tokens_mask),
+                tuple(
+                    span if is_special else (span[0] + base, span[1] + base)
+                    for span, is_special in zip(enc.offsets, special, strict=True)
+                ),
+                special,
                 tuple(enc.tokens),
                 tuple(t == self.unknown_id for t in enc.ids),
             )
             out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
         return out
 
-    def _encode_pair(self, index: int, first: str, second: str, strict: bool) -> Encoded:
-        heads = (self._whole_enough(first), self._whole_enough(second))
-        enc = self.raw.encode(*heads)
+    def _encode_alone(self, index: int, text: Text, strict: bool, left: bool = False) -> Encoded:
+        """One text or pair, by the library alone: a pair, or any text cut on the left."""
+        texts = (text,) if isinstance(text, str) else text
+        parts = tuple(self._whole_enough(t, left) for t in texts)
+        enc = (self.left if left else self.raw).encode(*parts)
         if enc.overflowing and strict:
-            cut = heads != (first, second)
-            raise TooLongError(index, len(self.full.encode(*heads).ids), self.max_length, cut)
+            cut = parts != tuple(texts)
+            raise TooLongError(index, len(self.full.encode(*parts).ids), self.max_length, cut)
         types = enc.type_ids
-        return Encoded(tuple(enc.ids), bool(enc.overflowing), types.index(1) if 1 in types else 0)
+        second = types.index(1) if len(parts) == 2 and 1 in types else 0
+        return Encoded(tuple(enc.ids), bool(enc.overflowing), second)
 
-    def _whole_enough(self, text: str) -> str:
-        """A head of `text` with at least max_length tokens of its own, or all of it: a cut
-        then keeps what it would keep of the whole text (a pair's truncation, longest first,
-        looks only at whether each text has more tokens than fit)."""
+    def _whole_enough(self, text: str, left: bool = False) -> str:
+        """A head of `text` (its tail, cutting on the left) with at least max_length tokens
+        of its own, or all of it: a cut then keeps what it would keep of the whole text (a
+        pair's truncation, longest first, looks only at whether each text has more tokens
+        than fit)."""
+        cut = self._tail if left else self._head
         limit = self.prefix_chars
-        head = self._head(text, limit)
+        part = cut(text, limit)
         while (
-            len(head) < len(text)
-            and len(self.full.encode(head, add_special_tokens=False).ids) < self.max_length
+            len(part) < len(text)
+            and len(self.full.encode(part, add_special_tokens=False).ids) < self.max_length
         ):
             limit *= 4
-            head = self._head(text, limit)
-        return head
+            part = cut(text, limit)
+        return part
 
     def _remember(self, text: str, enc: Encoded) -> None:
         cost = _memo_cost(text, enc)
@@ -225,6 +246,16 @@ class Tokenizer:
             return text
         space = text.rfind(" ", limit - limit // 4, limit)
         return text[: space if space > 0 else limit]
+
+    @staticmethod
+    def _tail(text: str, limit: int) -> str:
+        """At most `limit` characters of the end of `text`, cut at a space in its first
+        quarter where there is one."""
+        if len(text) <= limit:
+            return text
+        start = len(text) - limit
+        space = text.find(" ", start, start + limit // 4)
+        return text[space + 1 if space >= 0 else start :]
 
 
 def _memo_cost(text: str, enc: Encoded) -> int:

@@ -42,7 +42,8 @@ class Calls:
     request to send (default: the server's own limit, asked once a request is larger than any
     server's limit can be); `resolve_every`: seconds between lookups of the host names;
     `truncate`: whether the server cuts a text over the model's limit (True) or refuses it
-    (False), over its model.truncate; None leaves that to the server."""
+    (False), over its model.truncate; None leaves that to the server. `truncation_direction`:
+    which end a cut takes away, "right" (the default: the text's start is kept) or "left"."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class Calls:
         max_message_bytes: int | None = None,
         resolve_every: float = RESOLVE_EVERY_S,
         truncate: bool | None = None,
+        truncation_direction: str | None = None,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
@@ -68,9 +70,14 @@ class Calls:
             raise TypeError(f"model: a model name (str) or None; got {type(model).__name__}")
         if truncate is not None and not isinstance(truncate, bool):
             raise TypeError(f"truncate: True, False or None; got {type(truncate).__name__}")
+        if truncation_direction not in (None, *protocol.TRUNCATION_DIRECTIONS):
+            raise ValueError(
+                f"truncation_direction: 'right', 'left' or None; got {truncation_direction!r}"
+            )
         self.timeout, self.retries, self.curve = timeout, retries, curve
         self.connect_timeout = connect_timeout
         self.model, self.truncate = model, truncate
+        self.truncation_direction = truncation_direction
         # None: ask the server (its ping reply) once a request is larger than any limit may be;
         # 0: a server that does not say
         self.max_message_bytes = max_message_bytes
@@ -88,11 +95,12 @@ class Calls:
     def request(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         body = {"id": f"{self._prefix}{next(self._ids)}", "op": op}
         if texts is not None:  # status and ping are the server's
-            body |= {
-                k: v
-                for k, v in (("model", self.model), ("truncate", self.truncate))
-                if v is not None
+            settings = {
+                "model": self.model,
+                "truncate": self.truncate,
+                "truncation_direction": self.truncation_direction,
             }
+            body |= {k: v for k, v in settings.items() if v is not None}
         for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
             if value is not None:
                 body[key] = value

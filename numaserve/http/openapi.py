@@ -34,6 +34,9 @@ ENTITY = {
 }
 
 
+DIRECTION = {"type": "string", "enum": ["Left", "Right"], "default": "Right"}  # TEI's
+
+
 def _object(required: list[str], **properties) -> dict:
     return {"type": "object", "required": required, "properties": properties}
 
@@ -46,6 +49,7 @@ REQUESTS = {
         normalize={"type": "boolean", "default": True},
         dimensions={"type": "integer", "minimum": 1, "nullable": True},
         truncate={"type": "boolean", "nullable": True},
+        truncation_direction=DIRECTION,
         model=MODEL,
     ),
     "/predict": _object(
@@ -59,6 +63,7 @@ REQUESTS = {
         },
         raw_scores={"type": "boolean", "default": False},
         truncate={"type": "boolean", "nullable": True},
+        truncation_direction=DIRECTION,
         model=MODEL,
     ),
     "/rerank": _object(
@@ -68,6 +73,7 @@ REQUESTS = {
         return_text={"type": "boolean", "default": False},
         raw_scores={"type": "boolean", "default": False},
         truncate={"type": "boolean", "nullable": True},
+        truncation_direction=DIRECTION,
         model=MODEL,
     ),
     "/similarity": _object(
@@ -81,6 +87,7 @@ REQUESTS = {
             "properties": {
                 "prompt_name": {"type": "string", "nullable": True},
                 "truncate": {"type": "boolean", "nullable": True},
+                "truncation_direction": DIRECTION,
             },
         },
         model=MODEL,
@@ -109,6 +116,7 @@ REQUESTS = {
         model=MODEL,
         encoding_format={"type": "string", "enum": ["float", "base64"], "default": "float"},
         dimensions={"type": "integer", "minimum": 1, "nullable": True},
+        truncate_prompt_tokens={"type": "integer", "minimum": -1, "nullable": True},
         user={"type": "string", "nullable": True},
     ),
     "/v1/rerank": _object(
@@ -142,7 +150,7 @@ REQUESTS = {
             "type": "array",
             "items": {"type": "string", "enum": ["float", "int8", "uint8", "binary", "ubinary"]},
         },
-        truncate={"type": "string", "enum": ["END", "NONE"], "default": "END"},
+        truncate={"type": "string", "enum": ["END", "START", "NONE"], "default": "END"},
         output_dimension={"type": "integer", "minimum": 1, "nullable": True},
     ),
 }

@@ -95,7 +95,7 @@ class RequestBook:
         try:
             inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
             encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
-            encoded = encode(inputs, request.truncate)
+            encoded = encode(inputs, request.truncate, request.cuts_left)
         except TooLongError as e:
             self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
             return

@@ -66,7 +66,7 @@ async def rerank_v2(app: App, request: Request) -> Response:
     if most is not None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
             raise ApiError(422, "max_tokens_per_doc must be an integer of at least 1")
-        documents = [_first_tokens(app, _model(app, body), d, most) for d in documents]
+        documents = [inputs.first_tokens(app, _model(app, body), d, most) for d in documents]
     results = await ranked(app, request, body, documents)
     return ok(
         {
@@ -85,7 +85,12 @@ INPUT_PROMPTS = {
     "classification": ("classification",),
     "clustering": ("clustering",),
 }
-TRUNCATE = {"END": True, "NONE": False}
+# Cohere's truncate -> the protocol's: END cuts a text's end, START its start, NONE refuses.
+TRUNCATE = {
+    "END": {"truncate": True, "truncation_direction": "right"},
+    "START": {"truncate": True, "truncation_direction": "left"},
+    "NONE": {"truncate": False},
+}
 
 
 async def embed_v2(app: App, request: Request) -> Response:
@@ -102,13 +107,13 @@ async def embed_v2(app: App, request: Request) -> Response:
         raise ApiError(422, f"embedding_types must be a list of {', '.join(EMBEDDING_TYPES)}")
     truncate = str(body.get("truncate") or "END").upper()
     if truncate not in TRUNCATE:
-        raise ApiError(422, "truncate must be END or NONE (numaserve keeps a text's start)")
+        raise ApiError(422, f"truncate must be one of {', '.join(TRUNCATE)}")
     input_type = body.get("input_type")
     if input_type is not None and input_type not in INPUT_PROMPTS:
         raise ApiError(422, f"input_type must be one of {', '.join(INPUT_PROMPTS)}")
     prompt = _prompt_for(model.model.path, input_type)
     results = await app.run(
-        request, model, "embed", texts, prompt_name=prompt, truncate=TRUNCATE[truncate]
+        request, model, "embed", texts, prompt_name=prompt, **TRUNCATE[truncate]
     )
     vectors = inputs.embeddings(results, inputs.dimensions_of(body, "output_dimension"), True)
     return ok(
@@ -140,14 +145,6 @@ def _prompt_for(path: str, input_type: str | None) -> str | None:
     """The model's own prompt for Cohere's input_type, where it has one; else its default."""
     table = _prompts(path).table
     return next((n for n in INPUT_PROMPTS.get(input_type, ()) if n in table), None)
-
-
-def _first_tokens(app: App, model, text: str, most: int) -> str:
-    """`text` cut to its first `most` tokens, as the model's tokenizer splits it."""
-    encoding = app.tokenizer(model).encode(text, add_special_tokens=False)
-    if len(encoding.ids) <= most:
-        return text
-    return text[: encoding.offsets[most - 1][1]]
 
 
 def _list(value: object) -> list:

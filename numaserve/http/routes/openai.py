@@ -1,5 +1,6 @@
 """OpenAI's embeddings API: POST /v1/embeddings and GET /v1/models, in its shapes and with its
-errors, as its SDK and the frameworks built on it (LangChain, LlamaIndex) call them."""
+errors, as its SDK and the frameworks built on it (LangChain, LlamaIndex) call them; and
+vLLM's `truncate_prompt_tokens` on it, for clients written against vLLM."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ async def embeddings(app: App, request: Request) -> Response:
         raise ApiError(422, f"encoding_format must be one of {', '.join(ENCODINGS)}")
     dimensions = inputs.dimensions_of(body)
     texts = inputs.texts(app, model, body.get("input"), "input")
-    results = await app.run(request, model, "embed", texts)
+    texts, cutting = _last_prompt_tokens(app, model, texts, body.get("truncate_prompt_tokens"))
+    results = await app.run(request, model, "embed", texts, **cutting)
     vectors = inputs.embeddings(results, dimensions, normalize=dimensions is not None)
     if encoding == "base64":  # the little-endian float32 bytes, as the SDK decodes them
         vectors = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
@@ -43,6 +45,29 @@ async def embeddings(app: App, request: Request) -> Response:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )
+
+
+def _last_prompt_tokens(app: App, model, texts: list[str], most: object) -> tuple[list, dict]:
+    """vLLM's `truncate_prompt_tokens`: each text's last `most` tokens, special tokens
+    counted (-1: as many as the model takes), cut on the left."""
+    if most is None:
+        return texts, {}
+    limit = model.model.max_length
+    special = app.tokenizer(model).num_special_tokens_to_add(False)
+    if (
+        isinstance(most, bool)
+        or not isinstance(most, int)
+        or not (most == -1 or special < most <= limit)
+    ):
+        raise ApiError(
+            422,
+            f"truncate_prompt_tokens must be -1 (the model's limit, {limit} tokens) or a number "
+            f"of tokens from {special + 1} to {limit} ({special} of them the model's special "
+            "tokens)",
+        )
+    if most != -1:
+        texts = [inputs.last_tokens(app, model, text, most - special) for text in texts]
+    return texts, {"truncate": True, "truncation_direction": "left"}
 
 
 async def models(app: App, request: Request) -> Response:

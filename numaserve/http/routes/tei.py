@@ -1,10 +1,9 @@
 """text-embeddings-inference's routes, with its request and response shapes (its
 docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests validate by).
 
-Where numaserve differs, it says so in an error rather than silently: `truncation_direction:
-Left` is refused (422). `truncate` is the request's choice over the server's `model.truncate`;
-`prompt_name` names one of an embedding model's own prompts; `raw_scores` answers the model's
-logits as the scores. A `models:` server takes the model's name in the body's `model` or the
+`truncate` is the request's choice over the server's `model.truncate`, and
+`truncation_direction` (Right or Left) which end a cut takes away; `prompt_name` names one of
+an embedding model's own prompts; `raw_scores` answers the model's logits as the scores. A `models:` server takes the model's name in the body's `model` or the
 query's `?model=`.
 """
 
@@ -21,6 +20,7 @@ from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
+from numaserve.protocol import TRUNCATION_DIRECTIONS
 from numaserve.specs import HttpModel
 
 if TYPE_CHECKING:
@@ -40,25 +40,25 @@ def check_task(model: HttpModel, route: str) -> None:
         )
 
 
-def refuse_unsupported(body: dict) -> None:
-    if str(body.get("truncation_direction") or "right").lower() != "right":
-        raise ApiError(422, "truncation_direction: numaserve truncates on the right only")
+def cutting(body: dict) -> dict:
+    """A request's `truncate` and `truncation_direction` (TEI spells it Right or Left), as
+    the protocol has them."""
+    direction = body.get("truncation_direction")
+    if direction is not None:
+        if not isinstance(direction, str) or direction.lower() not in TRUNCATION_DIRECTIONS:
+            raise ApiError(422, "truncation_direction must be Right or Left")
+        direction = direction.lower()
+    return {"truncate": body.get("truncate"), "truncation_direction": direction}
 
 
 async def embed(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/embed")
-    refuse_unsupported(body)
     dimensions = inputs.dimensions_of(body)
     texts = inputs.texts(app, model, body.get("inputs"), "inputs")
     results = await app.run(
-        request,
-        model,
-        "embed",
-        texts,
-        prompt_name=body.get("prompt_name"),
-        truncate=body.get("truncate"),
+        request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
     )
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
 
@@ -76,7 +76,6 @@ async def similarity(app: App, request: Request) -> Response:
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ApiError(422, "parameters must be an object")
-    refuse_unsupported(parameters)
     given = body.get("inputs")
     if not isinstance(given, dict):
         raise ApiError(422, 'inputs must be {"source_sentence": text, "sentences": [texts]}')
@@ -86,8 +85,10 @@ async def similarity(app: App, request: Request) -> Response:
     if not isinstance(sentences, list) or not sentences:
         raise ApiError(422, "inputs.sentences must be a non-empty list of texts", "Empty")
     texts = inputs.texts(app, model, [source, *sentences], "inputs.sentences")
-    prompt, truncate = parameters.get("prompt_name"), parameters.get("truncate")
-    results = await app.run(request, model, "embed", texts, prompt_name=prompt, truncate=truncate)
+    prompt = parameters.get("prompt_name")
+    results = await app.run(
+        request, model, "embed", texts, prompt_name=prompt, **cutting(parameters)
+    )
     first, *others = inputs.embeddings(results, None, True)
     return ok([float(first @ vector) for vector in others])
 
@@ -96,12 +97,9 @@ async def predict(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/predict")
-    refuse_unsupported(body)
     texts, single = predict_inputs(body.get("inputs"))
     raw = body.get("raw_scores")
-    results = await app.run(
-        request, model, "classify", texts, truncate=body.get("truncate"), raw_scores=raw
-    )
+    results = await app.run(request, model, "classify", texts, raw_scores=raw, **cutting(body))
     names = labels(model.model.path)
     scores = "logits" if raw else "probs"
     ranked = [
@@ -142,7 +140,6 @@ async def rerank(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/rerank")
-    refuse_unsupported(body)
     documents, raw = body.get("texts"), body.get("raw_scores")
     results = await app.run(
         request,
@@ -150,8 +147,8 @@ async def rerank(app: App, request: Request) -> Response:
         "rerank",
         documents,
         query=body.get("query"),
-        truncate=body.get("truncate"),
         raw_scores=raw,
+        **cutting(body),
     )
     with_text = flag(body, "return_text", False)
     ranks = sorted(results, key=lambda r: -r["score"])
@@ -170,7 +167,6 @@ async def rerank(app: App, request: Request) -> Response:
 async def tokenize(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
-    refuse_unsupported(body)
     value = body.get("inputs")
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
