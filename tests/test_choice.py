@@ -276,3 +276,21 @@ def test_model_paths_read_as_the_config_writes_them():
     assert str(ModelPath("onnxruntime", "int8", ("*.output.dense",))) == (
         "onnxruntime int8 keep_fp32 *.output.dense"
     )
+
+
+def test_the_time_left_goes_by_the_candidates_judged_not_one_skipped_at_once(caplog):
+    """A candidate that cannot be built is skipped in a moment: no estimate from its pace
+    (seen: "about 0 s left" after a skipped CTranslate2 before minutes of builds)."""
+    said_before_load = []
+
+    def load(config, isa):
+        said_before_load.append(caplog.text)
+        if config.quantize == "int8":
+            raise ModelLoadError("this path cannot be built here")
+        return load_model(config, isa)
+
+    caplog.set_level("INFO", logger="numaserve.backends")
+    choose(ModelConfig(backend="torch"), ISA, load, TEXTS[-6:])
+    second = said_before_load[2].splitlines()[-1]
+    assert "candidate 2 of 2, torch none: building and judging it" in second
+    assert "s left" not in second

@@ -394,7 +394,7 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
     """Each candidate's verdict (a trial each), and the models that pass, kept loaded."""
     trials, passed = [], {}
     paths = candidates(config.backend)
-    began = time.monotonic()
+    judging, judged = 0.0, 0  # seconds spent on the candidates built and judged, and how many
     for number, path in enumerate(paths, 1):
         trial = {"path": str(path)}
         trials.append(trial)
@@ -403,9 +403,10 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
             number,
             len(paths),
             path,
-            _time_left(time.monotonic() - began, number - 1, len(paths)),
+            _time_left(judging, judged, len(paths) - number + 1),
             extra={"event": "prepare"},
         )
+        began = time.monotonic()
         try:
             model = load(path.applied_to(config), isa)
         except ModelLoadError as e:
@@ -413,6 +414,7 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
             log.info("quantize: auto: %s skipped: %s", path, e, extra={"event": "prepare"})
             continue
         verdict = gate.judge(model)
+        judging, judged = judging + time.monotonic() - began, judged + 1
         trial |= {"passed": verdict.passed, "figure": verdict.figure}
         if verdict.passed:
             passed[str(path)] = model
@@ -428,11 +430,12 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
     return trials, passed
 
 
-def _time_left(spent: float, done: int, total: int) -> str:
-    """ "; about N s left", at the pace of the candidates done so far."""
-    if not done:
+def _time_left(spent: float, judged: int, left: int) -> str:
+    """ "; about N s left" for the `left` candidates, at the pace of those built and judged so
+    far (one that could not be built, skipped at once, says nothing of the others' pace)."""
+    if not judged:
         return ""
-    return f"; about {spent / done * (total - done):.0f} s left for the candidates"
+    return f"; about {spent / judged * left:.0f} s left for the candidates"
 
 
 def band_inputs(inputs: list, band: Band) -> list:
