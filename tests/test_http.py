@@ -21,7 +21,13 @@ import pytest
 from numaserve.client import Client, NumaserveError
 from numaserve.http.routes.tei import DTYPES
 from tests.harness import server as server_
-from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_model
+from tests.harness.checkpoints import (
+    save_tiny_cross_encoder,
+    save_tiny_model,
+    save_tiny_splade,
+    sparse_encoder_weights,
+)
+from tests.harness.console import numaserve
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +70,13 @@ server: {{endpoint: "@ENDPOINT@", max_batch: 1}}
 """
 
 
+SPLADE = """
+model: {{path: "{path}", task: sparse, max_length: 64, backend: onnxruntime, quantize: none}}
+server: {{endpoint: "@ENDPOINT@"}}
+placement: {{pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
+"""
+
+
 def tei_schema(name: str) -> dict:
     """One of TEI's component schemas, its references resolvable."""
     return {"$ref": f"#/components/schemas/{name}", "components": TEI["components"]}
@@ -91,6 +104,15 @@ def pair(tmp_path_factory):
     classifier = save_tiny_model(directory / "classifier", "bert", "classify")
     ranker = save_tiny_cross_encoder(directory / "ranker")
     s = server_.Server(directory, PAIR.format(classifier=classifier, ranker=ranker))
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("http-splade")
+    s = server_.Server(directory, SPLADE.format(path=save_tiny_splade(directory / "splade")))
     s.wait_ready()
     yield s
     s.stop()
@@ -383,6 +405,27 @@ def test_raw_scores_answer_the_models_logits_as_the_zeromq_path_has_them(pair):
     assert refused.status_code == 422 and "raw_scores must be true or false" in refused.text
 
 
+def test_embed_sparse_answers_teis_shape_with_the_sparse_encoders_weights(splade, tmp_path):
+    with httpx.Client(base_url=splade.url, timeout=30) as http:
+        answer = http.post("/embed_sparse", json={"inputs": TEXTS}).json()
+        one = http.post("/embed_sparse", json={"inputs": TEXTS[0]}).json()
+        elsewhere = http.post("/embed", json={"inputs": TEXTS[0]})
+    with Client(splade.endpoint, timeout=30) as client:
+        ours = client.sparse(TEXTS)
+    theirs = sparse_encoder_weights(save_tiny_splade(tmp_path / "same"), TEXTS)
+    valid(answer, "EmbedSparseResponse")
+    assert one == answer[:1]
+    for values, mine, row in zip(answer, ours, theirs, strict=True):
+        assert [v["index"] for v in values] == mine.indices.tolist()
+        np.testing.assert_allclose([v["value"] for v in values], mine.values, rtol=1e-6)
+        np.testing.assert_allclose(mine.dense(len(row)), row, atol=1e-4)
+    assert elsewhere.status_code == 422 and "/embed_sparse" in elsewhere.json()["error"]
+    out = numaserve("sparse", TEXTS[0], "--endpoint", splade.endpoint)
+    assert out.returncode == 0, out.stderr
+    (printed,) = json.loads(out.stdout)["results"]
+    assert printed["indices"] == ours[0].indices.tolist()
+
+
 def test_the_cohere_sdk_reranks_through_v2_as_the_zeromq_ranking(pair):
     import cohere
 
@@ -495,6 +538,8 @@ def test_openapi_json_describes_every_route(embedder):
         document = http.get("/openapi.json").json()  # open, like /health
     for path in (
         "/embed",
+        "/embed_sparse",
+        "/similarity",
         "/predict",
         "/rerank",
         "/tokenize",

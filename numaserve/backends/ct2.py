@@ -17,8 +17,9 @@ from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts
 from numaserve.backends.ct2_build import Converted, ensure_converted, refuse_unconverted
 from numaserve.config import ModelConfig
-from numaserve.modelpath import resolve_model_path
+from numaserve.modelpath import ModelLoadError, resolve_model_path
 from numaserve.tasks import TASKS
+from numaserve.tasks.base import Output
 
 # model.quantize -> CTranslate2's compute_type on a CPU.
 COMPUTE_TYPES = {"int8": "int8_float32", "int16": "int16", "none": "float32"}
@@ -36,6 +37,11 @@ def prepare_converted(
     if artifact is not None:
         return prepared_artifact(artifact), facts
     refuse_unconverted(directory, config.path)
+    if TASKS[config.task].output is Output.VOCAB_LOGITS:
+        raise ModelLoadError(
+            f"model.backend ctranslate2 cannot run {config.path} for task {config.task}: "
+            "numaserve converts no masked-LM head; use model.backend: onnxruntime or auto"
+        )
     TASKS[config.task].check_checkpoint(directory, config.path)
     return ensure_converted(directory, config, digest=digest), facts
 

@@ -93,6 +93,7 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
     import transformers
     from transformers import (
         AutoModel,
+        AutoModelForMaskedLM,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
     )
@@ -104,6 +105,7 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
         Output.HIDDEN_STATE: AutoModel,
         Output.SEQUENCE_LOGITS: AutoModelForSequenceClassification,
         Output.TOKEN_LOGITS: AutoModelForTokenClassification,
+        Output.VOCAB_LOGITS: AutoModelForMaskedLM,
     }[TASKS[config.task].output]
     try:
         with warnings.catch_warnings():
@@ -121,6 +123,7 @@ def load_transformers_model(config: ModelConfig) -> torch.nn.Module:
 HEADS = {
     Output.SEQUENCE_LOGITS: ("a sequence classification head", "ForSequenceClassification"),
     Output.TOKEN_LOGITS: ("a token classification head", "ForTokenClassification"),
+    Output.VOCAB_LOGITS: ("a masked-LM head", "ForMaskedLM"),
 }
 
 
@@ -153,11 +156,15 @@ def _architecture(directory: str) -> str:
 
 def checkpoint_kind(directory: str, architecture: str) -> str:
     """What a checkpoint is, said with the task that serves it."""
-    if (Path(directory) / "modules.json").is_file():
+    modules = Path(directory) / "modules.json"
+    if modules.is_file():
+        if "SpladePooling" in modules.read_text(errors="replace"):
+            return "a SPLADE sparse encoder: use task: sparse"
         return "a sentence-embedding model: use task: embed"
     for suffix, kind in (
         ("ForSequenceClassification", "a sequence classifier ({}): use task: classify"),
         ("ForTokenClassification", "a token classifier ({}): use task: ner"),
+        ("ForMaskedLM", "a masked language model ({}): use task: sparse, as a SparseEncoder"),
         ("Model", "an encoder without a task head ({}): use task: embed"),
     ):
         if architecture.endswith(suffix):
@@ -185,7 +192,7 @@ class TorchModel(Model):
                 problem_type=hf.problem_type,
                 type_vocab_size=getattr(hf, "type_vocab_size", 0) or 0,
             ),
-            width=hf.num_labels if TASKS[config.task].output.logits else hf.hidden_size,
+            width=TASKS[config.task].output.width(hf),
         )
         if config.quantize == "int8":
             model = quantize_int8(model, full_range_int8(isa), config.keep_fp32)

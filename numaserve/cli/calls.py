@@ -28,7 +28,7 @@ from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
 def _result_json(result) -> dict:
-    from numaserve.client import Embedding, Entities, Ranked
+    from numaserve.client import Embedding, Entities, Ranked, SparseEmbedding
 
     if isinstance(result, Entities):
         fields = {
@@ -38,6 +38,11 @@ def _result_json(result) -> dict:
         }
     elif isinstance(result, Embedding):
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
+    elif isinstance(result, SparseEmbedding):
+        fields = {
+            "indices": result.indices.tolist(),
+            "values": [round(float(x), 7) for x in result.values],
+        }
     elif isinstance(result, Ranked):
         fields = {"index": result.index, "score": result.score}
         fields |= {"logit": result.logit} if result.logit is not None else {}
@@ -68,6 +73,21 @@ def embed(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) ->
     input)."""
     batch = read_texts(texts, file)
     results = call_server(endpoints, timeout, "embed", batch, prompt_name=prompt_name)
+    print_results([_result_json(r) for r in results])
+
+
+@main.command()
+@click.argument("texts", nargs=-1)
+@file_option
+@model_option
+@endpoint_option
+@timeout_option
+@json_option
+def sparse(texts, file, endpoints, timeout: float, as_json: bool) -> None:
+    """Print the sparse embeddings of TEXTS as JSON, a line per text: a SPLADE model's
+    non-zero weights by vocabulary index (a server with model.task: sparse; '-': one text
+    from standard input)."""
+    results = call_server(endpoints, timeout, "sparse", read_texts(texts, file))
     print_results([_result_json(r) for r in results])
 
 

@@ -16,7 +16,8 @@ in other languages: docs/protocol.md#many-servers.
 A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("premise",
 "hypothesis"))` is one Classification, `classify([("a", "b"), ("c", "d")])` a list. A
 cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
-token classifier finds entities: `ner("Ada Lovelace lived in London")`.
+token classifier finds entities: `ner("Ada Lovelace lived in London")`. A SPLADE model gives
+sparse embeddings: `sparse("a text")` is a SparseEmbedding, its vocabulary indices and weights.
 
 A server with `server.curve` admits only clients holding an authorised key pair:
 
@@ -59,6 +60,7 @@ from numaserve.tasks.classify import Classification
 from numaserve.tasks.embed import Embedding
 from numaserve.tasks.ner import Entities, Entity
 from numaserve.tasks.rerank import Ranked
+from numaserve.tasks.sparse import SparseEmbedding
 
 __all__ = [
     "AsyncClient",
@@ -76,6 +78,7 @@ __all__ = [
     "NumaserveError",
     "Overloaded",
     "Ranked",
+    "SparseEmbedding",
     "Timeout",
     "TooLarge",
     "TooLong",

@@ -44,6 +44,12 @@ class AsyncClient(Calls):
         body = await self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
+    async def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
+        index), a list of them for a list."""
+        batch, single = as_batch(texts, pairs=False)
+        return results("sparse", await self.call("sparse", batch, deadline_ms), single)
+
     async def classify(
         self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False
     ):

@@ -45,6 +45,12 @@ class Client(Calls):
         body = self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
+    def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
+        """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
+        index), a list of them for a list."""
+        batch, single = as_batch(texts, pairs=False)
+        return results("sparse", self.call("sparse", batch, deadline_ms), single)
+
     def classify(self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False):
         """One Classification for a string or a pair (a tuple of two strings), a list of them
         for a list. `raw_scores`: each with the model's logits too, before the softmax (or

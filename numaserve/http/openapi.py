@@ -76,6 +76,13 @@ REQUESTS = {
         truncation_direction=DIRECTION,
         model=MODEL,
     ),
+    "/embed_sparse": _object(
+        ["inputs"],
+        inputs=INPUT,
+        truncate={"type": "boolean", "nullable": True},
+        truncation_direction=DIRECTION,
+        model=MODEL,
+    ),
     "/similarity": _object(
         ["inputs"],
         inputs=_object(
@@ -157,6 +164,15 @@ REQUESTS = {
 ANSWERS = {
     "/embed": {"type": "array", "items": VECTOR},
     "/similarity": {"type": "array", "items": {"type": "number"}},
+    "/embed_sparse": {
+        "type": "array",
+        "items": {
+            "type": "array",
+            "items": _object(
+                ["index", "value"], index={"type": "integer"}, value={"type": "number"}
+            ),
+        },
+    },
     "/predict": {
         "oneOf": [
             {"type": "array", "items": PREDICTION},

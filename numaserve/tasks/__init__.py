@@ -11,6 +11,7 @@ from numaserve.tasks.classify import CLASSIFY
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.ner import NER
 from numaserve.tasks.rerank import RERANK
+from numaserve.tasks.sparse import SPARSE
 
-TASKS: dict[str, Task] = {task.name: task for task in (EMBED, CLASSIFY, RERANK, NER)}
+TASKS: dict[str, Task] = {task.name: task for task in (EMBED, CLASSIFY, RERANK, NER, SPARSE)}
 NAMES = tuple(TASKS)

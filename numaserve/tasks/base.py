@@ -31,10 +31,17 @@ class Output(str, Enum):
     HIDDEN_STATE = "last_hidden_state"  # AutoModel
     SEQUENCE_LOGITS = "sequence_logits"  # AutoModelForSequenceClassification
     TOKEN_LOGITS = "token_logits"  # AutoModelForTokenClassification
+    VOCAB_LOGITS = "vocab_logits"  # AutoModelForMaskedLM: each token's over the vocabulary
 
     @property
     def logits(self) -> bool:
         return self is not Output.HIDDEN_STATE
+
+    def width(self, config) -> int:
+        """The output's last dimension, from a transformers config."""
+        if self is Output.HIDDEN_STATE:
+            return config.hidden_size
+        return config.vocab_size if self is Output.VOCAB_LOGITS else config.num_labels
 
 
 class Head:

@@ -192,3 +192,42 @@ def save_byte_level_bpe_tokenizer(path: Path) -> Path:
             tokenizer_object=raw, **dict(zip(names, specials, strict=True))
         ).save_pretrained(path)
     return path
+
+
+def save_tiny_splade(path: Path, strategy: str = "max", activation: str = "relu") -> Path:
+    """A 2-layer BertForMaskedLM (random weights, fixed seed) over bert-base-uncased's
+    vocabulary, saved as sentence-transformers' SparseEncoder saves a SPLADE model
+    (MLMTransformer, then SpladePooling with this strategy and activation)."""
+    import warnings
+
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from numaserve.modelpath import resolve_model_path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import SparseEncoder
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+    )
+    BertForMaskedLM(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+    pooling = SpladePooling(pooling_strategy=strategy, activation_function=activation)
+    SparseEncoder(modules=[MLMTransformer(str(path)), pooling], device="cpu").save(str(path))
+    return path
+
+
+def sparse_encoder_weights(path: Path, texts: list[str]):
+    """sentence-transformers' SparseEncoder on `texts`: each text's whole vector (numpy)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import SparseEncoder
+
+        encoder = SparseEncoder(str(path), device="cpu")
+        return encoder.encode(texts, convert_to_tensor=True).to_dense().numpy()

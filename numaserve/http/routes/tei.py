@@ -22,21 +22,28 @@ from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.protocol import TRUNCATION_DIRECTIONS
 from numaserve.specs import HttpModel
+from numaserve.tasks.sparse import weights
 
 if TYPE_CHECKING:
     from numaserve.http.app import App
 
 # Which of the routes below serves each task, for POST / and /invocations.
-BY_TASK = {"embed": "/embed", "classify": "/predict", "rerank": "/rerank", "ner": "/ner"}
+BY_TASK = {
+    "embed": "/embed",
+    "classify": "/predict",
+    "rerank": "/rerank",
+    "ner": "/ner",
+    "sparse": "/embed_sparse",
+}
 
 
 def check_task(model: HttpModel, route: str) -> None:
     if BY_TASK.get(model.model.task) != route:
         raise ApiError(
             422,
-            f"model {model.name!r} serves {model.model.task}; {route} is for "
-            f"{next(t for t, r in BY_TASK.items() if r == route)} models (POST / and "
-            "/invocations go to each model's own route)",
+            f"model {model.name!r} serves {model.model.task}, at {BY_TASK[model.model.task]}; "
+            f"{route} is for {next(t for t, r in BY_TASK.items() if r == route)} models (POST / "
+            "and /invocations go to each model's own route)",
         )
 
 
@@ -61,6 +68,23 @@ async def embed(app: App, request: Request) -> Response:
         request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
     )
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
+
+
+async def embed_sparse(app: App, request: Request) -> Response:
+    """A SPLADE model's non-zero weights of each text, by vocabulary index (TEI)."""
+    body = json_body(request)
+    model = app.model_of(request, body)
+    check_task(model, "/embed_sparse")
+    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
+    results = await app.run(request, model, "sparse", texts, **cutting(body))
+    return ok([_sparse_values(*weights(r)) for r in results])
+
+
+def _sparse_values(indices, values) -> list[dict]:
+    """TEI's SparseValue list."""
+    return [
+        {"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
 
 
 async def similarity(app: App, request: Request) -> Response:
@@ -307,6 +331,7 @@ ROUTES = (
     _post("/embed", embed, "Embeddings of texts (TEI)"),
     _post("/predict", predict, "A classifier's labels and scores for texts or pairs (TEI)"),
     _post("/rerank", rerank, "A cross-encoder's scores for a query and texts, best first (TEI)"),
+    _post("/embed_sparse", embed_sparse, "A SPLADE model's sparse embeddings of texts (TEI)"),
     _post("/similarity", similarity, "Each sentence's cosine to a source sentence (TEI)"),
     _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),
     _post("/decode", decode, "Token ids back to text (TEI)"),
