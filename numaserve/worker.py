@@ -102,9 +102,17 @@ class Engine:
         ):
             message = "segments must be a list with one index into each input"
             return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
+        whole = body.get("token_vectors") or []
+        if whole and not (
+            not self.task.output.logits  # the hidden state: an embedding model
+            and isinstance(whole, list)
+            and all(type(i) is int and 0 <= i < len(inputs) for i in whole)
+        ):
+            message = "token_vectors must list inputs of an embedding model's job by index"
+            return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
         try:
             started = time.perf_counter()
-            outputs = self.model.run(inputs, segments)
+            outputs = self.model.run(inputs, segments, whole)
             pass_s = time.perf_counter() - started
         except Exception as e:
             log.exception("forward pass failed")

@@ -193,6 +193,27 @@ def test_a_request_may_refuse_a_text_over_the_limit_where_the_server_cuts_it(emb
         client.embed(long)
 
 
+def test_embed_all_answers_the_token_vectors_whose_mean_is_the_embedding(embedder):
+    with authed(embedder) as http:
+        answer = http.post("/embed_all", json={"inputs": TEXTS}).json()
+        pooled = http.post("/embed", json={"inputs": TEXTS}).json()
+    valid(answer, "EmbedAllResponse")
+    with Client(embedder.endpoint, timeout=30) as client:
+        ours = client.embed_tokens(TEXTS)
+        again = client.embed_tokens(TEXTS[0])
+        still_pooled = client.embed(TEXTS[0])  # the token vectors went to no cache
+    for rows, mine, vector in zip(answer, ours, pooled, strict=True):
+        assert len(rows) == mine.tokens and np.array_equal(np.float32(rows), mine.vectors)
+        mean = mine.vectors.mean(axis=0)  # MiniLM's own pooling: the mean, unit length
+        np.testing.assert_allclose(mean / np.linalg.norm(mean), vector, atol=1e-5)
+    assert np.array_equal(again.vectors, ours[0].vectors)
+    assert still_pooled.vector.shape == (384,)
+    out = numaserve("embed", "--token-vectors", TEXTS[1], "--endpoint", embedder.endpoint)
+    assert out.returncode == 0, out.stderr
+    (printed,) = json.loads(out.stdout)["results"]
+    assert len(printed["token_vectors"]) == printed["tokens"] == ours[1].tokens
+
+
 def test_a_cut_on_the_left_keeps_a_texts_end_on_every_route(embedder):
     long = "start " + "word " * 300 + "the end"  # max_length 128: 126 tokens and 2 special
     tail, last_eight = "word " * 124 + "the end", "word " * 6 + "the end"
@@ -539,6 +560,7 @@ def test_openapi_json_describes_every_route(embedder):
     for path in (
         "/embed",
         "/embed_sparse",
+        "/embed_all",
         "/similarity",
         "/predict",
         "/rerank",

@@ -7,7 +7,7 @@ input checks and padding are here, and what follows the pass is the task's head 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,8 +155,17 @@ class Model:
         else None."""
         raise NotImplementedError
 
-    def run(self, batch: list[list[int]], segments: list[int] | None = None) -> list:
+    def run(
+        self, batch: list[list[int]], segments: list[int] | None = None, whole: Sequence[int] = ()
+    ) -> list:
         """One forward pass: a result per input, as the task's head makes it (tasks/).
-        `segments`: for each input, where the second text of a pair begins (0: a single text)."""
+        `segments`: for each input, where the second text of a pair begins (0: a single text);
+        `whole`: the inputs whose result is the output's own rows, one per token (embed's
+        token vectors), not the head's."""
         ids, mask, types = self._arrays(batch, segments)
-        return self.head(self.forward(ids, mask, types), mask, batch)
+        out = self.forward(ids, mask, types)
+        rows = {i: out[i, : len(batch[i])].copy() for i in whole}  # before a head works in place
+        results = self.head(out, mask, batch)
+        for i, matrix in rows.items():
+            results[i] = matrix
+        return results

@@ -28,7 +28,7 @@ from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
 def _result_json(result) -> dict:
-    from numaserve.client import Embedding, Entities, Ranked, SparseEmbedding
+    from numaserve.client import Embedding, Entities, Ranked, SparseEmbedding, TokenEmbedding
 
     if isinstance(result, Entities):
         fields = {
@@ -38,6 +38,8 @@ def _result_json(result) -> dict:
         }
     elif isinstance(result, Embedding):
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
+    elif isinstance(result, TokenEmbedding):
+        fields = {"token_vectors": [[round(float(x), 7) for x in row] for row in result.vectors]}
     elif isinstance(result, SparseEmbedding):
         fields = {
             "indices": result.indices.tolist(),
@@ -68,11 +70,19 @@ raw_scores_option = click.option(
     "--prompt-name",
     help="One of the model's own prompts, put before each text (default: the model's default).",
 )
-def embed(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) -> None:
+@click.option(
+    "--token-vectors",
+    is_flag=True,
+    help="Each token's vector, unpooled (TEI's /embed_all), not the text's one vector.",
+)
+def embed(
+    texts, file, endpoints, timeout: float, as_json: bool, prompt_name, token_vectors: bool
+) -> None:
     """Print the embeddings of TEXTS as JSON, a line per text ('-': one text from standard
     input)."""
     batch = read_texts(texts, file)
-    results = call_server(endpoints, timeout, "embed", batch, prompt_name=prompt_name)
+    method = "embed_tokens" if token_vectors else "embed"
+    results = call_server(endpoints, timeout, method, batch, prompt_name=prompt_name)
     print_results([_result_json(r) for r in results])
 
 

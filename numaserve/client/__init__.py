@@ -18,6 +18,7 @@ A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("
 cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
 token classifier finds entities: `ner("Ada Lovelace lived in London")`. A SPLADE model gives
 sparse embeddings: `sparse("a text")` is a SparseEmbedding, its vocabulary indices and weights.
+An embedding model's token vectors, unpooled: `embed_tokens("a text").vectors`.
 
 A server with `server.curve` admits only clients holding an authorised key pair:
 
@@ -57,7 +58,7 @@ from numaserve.curve import ClientKeys
 
 # The results each task returns, importable from here: `from numaserve.client import Embedding`.
 from numaserve.tasks.classify import Classification
-from numaserve.tasks.embed import Embedding
+from numaserve.tasks.embed import Embedding, TokenEmbedding
 from numaserve.tasks.ner import Entities, Entity
 from numaserve.tasks.rerank import Ranked
 from numaserve.tasks.sparse import SparseEmbedding
@@ -80,6 +81,7 @@ __all__ = [
     "Ranked",
     "SparseEmbedding",
     "Timeout",
+    "TokenEmbedding",
     "TooLarge",
     "TooLong",
     "Unreachable",

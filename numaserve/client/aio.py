@@ -44,6 +44,18 @@ class AsyncClient(Calls):
         body = await self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
+    async def embed_tokens(
+        self,
+        texts: str | Sequence[str],
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        """One TokenEmbedding for a string (the model's vector of each of its tokens, as
+        TEI's /embed_all answers), a list of them for a list. Never from the cache."""
+        batch, single = as_batch(texts, pairs=False)
+        fields = {"token_vectors": True, **prompt_field(prompt_name)}
+        return results("embed", await self.call("embed", batch, deadline_ms, **fields), single)
+
     async def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
         index), a list of them for a list."""

@@ -76,6 +76,14 @@ REQUESTS = {
         truncation_direction=DIRECTION,
         model=MODEL,
     ),
+    "/embed_all": _object(
+        ["inputs"],
+        inputs=INPUT,
+        prompt_name={"type": "string", "nullable": True},
+        truncate={"type": "boolean", "nullable": True},
+        truncation_direction=DIRECTION,
+        model=MODEL,
+    ),
     "/embed_sparse": _object(
         ["inputs"],
         inputs=INPUT,
@@ -164,6 +172,7 @@ REQUESTS = {
 ANSWERS = {
     "/embed": {"type": "array", "items": VECTOR},
     "/similarity": {"type": "array", "items": {"type": "number"}},
+    "/embed_all": {"type": "array", "items": {"type": "array", "items": VECTOR}},
     "/embed_sparse": {
         "type": "array",
         "items": {

@@ -131,11 +131,14 @@ class RequestBook:
                 return
 
     def _from_cache(self, pending: Pending) -> list[Item]:
-        """Fills in the results the cache holds; returns the texts still to compute."""
+        """Fills in the results the cache holds; returns the texts still to compute. Token
+        vectors are never cached: a text's are a hundred times its pooled vector's size, and
+        the cache is bounded in entries."""
         misses = []
+        whole = bool(pending.request.options.get("token_vectors"))
         for i, enc in enumerate(pending.encoded):
             hit = None
-            for key in self.live_keys:
+            for key in () if whole else self.live_keys:
                 hit = self.cache.get((key, enc.ids, enc.second))
                 if hit is not None:
                     break
@@ -143,7 +146,7 @@ class RequestBook:
                 pending.results[i] = hit
             else:
                 pool = self.dispatch.pool_for(len(enc.ids))
-                misses.append(Item(pending, i, enc.ids, pool, enc.second))
+                misses.append(Item(pending, i, enc.ids, pool, enc.second, whole))
         return misses
 
     def _surely_refused(self, request: Request) -> bool:
@@ -192,7 +195,8 @@ class RequestBook:
 
     def _job_done(self, job: Job, results: list, computed_by: str) -> None:
         for item, result in zip(job.items, results, strict=True):
-            self.cache.put((computed_by, item.ids, item.second), result)
+            if not item.whole:
+                self.cache.put((computed_by, item.ids, item.second), result)
             pending = item.owner
             if pending.done:
                 continue

@@ -45,6 +45,7 @@ class Item:
     ids: tuple[int, ...]
     pool: int  # its own pool: the smallest that fits
     second: int = 0  # a pair's: where its second text's tokens begin (tokenizer.Encoded)
+    whole: bool = False  # each token's vector asked for (embed's token_vectors), not the pooled
     queued_at: float = 0.0
     attempts: int = 0
 

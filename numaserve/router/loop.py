@@ -406,6 +406,8 @@ class Router:
             body = {"type": protocol.RUN, "job": job.id, "inputs": inputs}
             if any(item.second for item in items):
                 body["segments"] = [item.second for item in items]
+            if any(item.whole for item in items):
+                body["token_vectors"] = [i for i, item in enumerate(items) if item.whole]
             send(self.workers, [job.worker], body)
             waited = [now - item.queued_at for item in items]
             self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))

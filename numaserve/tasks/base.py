@@ -84,11 +84,12 @@ class RawScores(Answers):
         return results
 
 
-def raw_scores_option(body: dict, bad: Bad) -> bool | None:
-    raw = body.get("raw_scores")
-    if raw is not None and not isinstance(raw, bool):
-        raise bad("raw_scores must be true or false (true: the model's logits too)")
-    return raw
+def flag_option(body: dict, key: str, bad: Bad) -> bool | None:
+    """A task's yes-or-no request key (raw_scores, token_vectors); None where left out."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"{key} must be true or false")
+    return value
 
 
 class Task:

@@ -12,8 +12,8 @@ from numaserve.tasks.base import (
     Output,
     RawScores,
     Task,
+    flag_option,
     labels_of,
-    raw_scores_option,
     softmax,
 )
 
@@ -72,7 +72,7 @@ class Classify(Task):
     option_keys = ("raw_scores",)
 
     def options(self, body: dict, bad: Bad) -> dict:
-        return {"raw_scores": raw_scores_option(body, bad)}
+        return {"raw_scores": flag_option(body, "raw_scores", bad)}
 
     def head(self, facts, width: int, directory: Path, path: str) -> Head:
         return Classifier(labels_of(facts, width), facts.problem_type == MULTI_LABEL)

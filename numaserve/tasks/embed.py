@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from numaserve import protocol
 from numaserve.modelpath import ModelLoadError
-from numaserve.tasks.base import Bad, Head, Output, Task
+from numaserve.tasks.base import Bad, Head, Output, Task, flag_option
 from numaserve.tasks.prompts import Prompts
 
 MAX_PROMPT_NAME = 128
@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Embedding:
     vector: np.ndarray  # float32; unit length where the model normalises (bundled:minilm does)
+    tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class TokenEmbedding:
+    """A text's token vectors (`token_vectors`; TEI's /embed_all): the model's last hidden
+    state, one row per token, special tokens included, neither pooled nor normalised."""
+
+    vectors: np.ndarray  # float32, (tokens, hidden size)
     tokens: int
     truncated: bool
 
@@ -41,7 +51,7 @@ class Pooled(Head):
 class Embed(Task):
     name = "embed"
     output = Output.HIDDEN_STATE
-    option_keys = ("prompt_name",)
+    option_keys = ("prompt_name", "token_vectors")
 
     def options(self, body: dict, bad: Bad) -> dict:
         name = body.get("prompt_name")
@@ -49,7 +59,7 @@ class Embed(Task):
             raise bad(
                 f"prompt_name must be a prompt's name: a string of 1-{MAX_PROMPT_NAME} characters"
             )
-        return {"prompt_name": name}
+        return {"prompt_name": name, "token_vectors": flag_option(body, "token_vectors", bad)}
 
     def prompts(self, directory: Path) -> Prompts:
         return Prompts.read(directory)
@@ -66,9 +76,15 @@ class Embed(Task):
         return Pooled(_pooling(directory), width)
 
     def to_wire(self, result) -> dict:
-        return {"embedding": protocol.embedding_to_wire(result)}
+        """A pooled vector, or a text's token vectors (a matrix: Model.run's `whole`)."""
+        key = "token_vectors" if result.ndim == 2 else "embedding"
+        return {key: protocol.embedding_to_wire(result)}
 
-    def from_wire(self, result: dict) -> Embedding:
+    def from_wire(self, result: dict) -> Embedding | TokenEmbedding:
+        if "token_vectors" in result:
+            vectors = protocol.embedding_from_wire(result["token_vectors"])
+            rows = vectors.reshape(result["tokens"], -1)
+            return TokenEmbedding(rows, result["tokens"], result["truncated"])
         vector = protocol.embedding_from_wire(result["embedding"])
         return Embedding(vector, result["tokens"], result["truncated"])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from numaserve.modelpath import ModelLoadError, read_json
 from numaserve.protocol import check_text
 from numaserve.tasks.agreement import Verdict, agreement_verdict
-from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, raw_scores_option
+from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 
@@ -95,7 +95,7 @@ class Rerank(Task):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise bad("top_k must be an integer of at least 1")
-        return {"query": query, "top_k": top_k, "raw_scores": raw_scores_option(body, bad)}
+        return {"query": query, "top_k": top_k, "raw_scores": flag_option(body, "raw_scores", bad)}
 
     def inputs(self, request) -> list:
         return [(request.options["query"], document) for document in request.texts]

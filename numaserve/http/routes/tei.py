@@ -22,6 +22,7 @@ from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.protocol import TRUNCATION_DIRECTIONS
 from numaserve.specs import HttpModel
+from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
 
 if TYPE_CHECKING:
@@ -68,6 +69,24 @@ async def embed(app: App, request: Request) -> Response:
         request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
     )
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
+
+
+async def embed_all(app: App, request: Request) -> Response:
+    """Each text's token vectors, unpooled (TEI)."""
+    body = json_body(request)
+    model = app.model_of(request, body)
+    check_task(model, "/embed")
+    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
+    results = await app.run(
+        request,
+        model,
+        "embed",
+        texts,
+        prompt_name=body.get("prompt_name"),
+        token_vectors=True,
+        **cutting(body),
+    )
+    return ok([EMBED.from_wire(r).vectors.tolist() for r in results])
 
 
 async def embed_sparse(app: App, request: Request) -> Response:
@@ -331,6 +350,7 @@ ROUTES = (
     _post("/embed", embed, "Embeddings of texts (TEI)"),
     _post("/predict", predict, "A classifier's labels and scores for texts or pairs (TEI)"),
     _post("/rerank", rerank, "A cross-encoder's scores for a query and texts, best first (TEI)"),
+    _post("/embed_all", embed_all, "Each text's token vectors, unpooled (TEI)"),
     _post("/embed_sparse", embed_sparse, "A SPLADE model's sparse embeddings of texts (TEI)"),
     _post("/similarity", similarity, "Each sentence's cosine to a source sentence (TEI)"),
     _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),
