@@ -45,8 +45,9 @@ def test_the_weights_are_the_sparse_encoders(tmp_path, strategy, activation):
         assert (np.diff(indices.astype(np.int64)) > 0).all() and (values > 0).all()
 
 
-def test_onnx_runtime_gives_the_same_weights(tmp_path):
-    path = save_tiny_splade(tmp_path / "splade")
+@pytest.mark.parametrize("v6_modules", [False, True])
+def test_onnx_runtime_gives_the_same_weights(tmp_path, v6_modules):
+    path = save_tiny_splade(tmp_path / "splade", v6_modules=v6_modules)
     theirs = sparse_encoder_weights(path, TEXTS)
     np.testing.assert_allclose(
         dense(served(path, "onnxruntime"), theirs.shape[1]), theirs, atol=1e-4

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 # The module types a SPLADE SparseEncoder has, by class name (the module path moved between
-# versions: sentence_transformers.sparse_encoder.models, ...modules).
-MLM, SPLADE = "MLMTransformer", "SpladePooling"
+# versions: sentence_transformers.sparse_encoder.models, ...modules). Since v6 it saves a
+# Transformer whose sentence_bert_config.json says transformer_task: fill-mask instead.
+MLM, SPLADE, TRANSFORMER = "MLMTransformer", "SpladePooling", "Transformer"
 STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
 
@@ -59,10 +60,12 @@ class Splade:
             )
         modules = read_json(modules_file)
         kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        if kinds == [TRANSFORMER, SPLADE] and _fills_masks(directory / modules[0].get("path", "")):
+            kinds[0] = MLM
         if kinds != [MLM, SPLADE]:
             raise ModelLoadError(
                 f"{modules_file}: its modules are {', '.join(kinds) or 'none'}; numaserve "
-                f"serves a SparseEncoder of {MLM} then {SPLADE}"
+                f"serves a SparseEncoder of {MLM} (or a fill-mask {TRANSFORMER}) then {SPLADE}"
             )
         config_file = directory / modules[1].get("path", "") / "config.json"
         config = read_json(config_file) if config_file.is_file() else {}
@@ -77,6 +80,12 @@ class Splade:
                 f"{' and '.join(ACTIVATIONS)}"
             )
         return splade
+
+
+def _fills_masks(module: Path) -> bool:
+    """A v6 Transformer module run for its masked-LM logits."""
+    config = module / "sentence_bert_config.json"
+    return config.is_file() and read_json(config).get("transformer_task") == "fill-mask"
 
 
 class Pooled(Head):

@@ -194,10 +194,13 @@ def save_byte_level_bpe_tokenizer(path: Path) -> Path:
     return path
 
 
-def save_tiny_splade(path: Path, strategy: str = "max", activation: str = "relu") -> Path:
+def save_tiny_splade(
+    path: Path, strategy: str = "max", activation: str = "relu", v6_modules: bool = False
+) -> Path:
     """A 2-layer BertForMaskedLM (random weights, fixed seed) over bert-base-uncased's
     vocabulary, saved as sentence-transformers' SparseEncoder saves a SPLADE model
-    (MLMTransformer, then SpladePooling with this strategy and activation)."""
+    (MLMTransformer, or with `v6_modules` a fill-mask Transformer, then SpladePooling with
+    this strategy and activation)."""
     import warnings
 
     import torch
@@ -217,7 +220,13 @@ def save_tiny_splade(path: Path, strategy: str = "max", activation: str = "relu"
     BertForMaskedLM(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
     pooling = SpladePooling(pooling_strategy=strategy, activation_function=activation)
-    SparseEncoder(modules=[MLMTransformer(str(path)), pooling], device="cpu").save(str(path))
+    if v6_modules:
+        from sentence_transformers.sentence_transformer.modules import Transformer
+
+        mlm = Transformer(str(path), transformer_task="fill-mask")
+    else:
+        mlm = MLMTransformer(str(path))
+    SparseEncoder(modules=[mlm, pooling], device="cpu").save(str(path))
     return path
 
 
