@@ -1,7 +1,7 @@
 """Which HTTP server library the HTTP front should run on: each candidate serving the same
 minimal JSON route, pinned to one CPU, driven by wrk from the other; requests a second and the
-server's CPU time a request, read from /proc (issue 33 asks for at most 60 us a request for the
-whole front, so the library's own share must be well under that).
+server's CPU time a request, read from /proc (the whole front is to spend at most 60 us a
+request, so the library's own share must be well under that).
 
 The candidates run in their own virtual environment, so that numaserve's stays as it is:
 

@@ -1,6 +1,6 @@
 """Every model path numaserve can run, and two it does not offer, on one pinned core: each
 one's accuracy through the gate (backends/gate.py) and its speed against today's default
-(onnxruntime int8), on short texts and on mixed ones (issue 36).
+(onnxruntime int8), on short texts and on mixed ones.
 
 bundled:minilm, batch 1, no padding, 1 thread. Accuracy: the gate's 320 docstring passages
 (2-300 words) against torch fp32. Speed: the peers corpus (benchmarks/peers.py): stdlib first

@@ -227,7 +227,8 @@ def test_a_planner_whose_cpuset_allows_node_1s_memory_only_places_on_node_1(tmp_
 
 
 def test_a_reload_adds_a_third_model_and_changes_one_while_the_other_serves(tmp_path):
-    """Issue 18's reload on 4 physical cores: one reserved for the shards, one per model."""
+    """A models: server's reload on 4 physical cores: one reserved for the shards, one per
+    model."""
     model = os.environ["NUMASERVE_VM_MODEL"]
     s = Server(tmp_path, MODELS.format(model=model))
     try:
