@@ -59,13 +59,15 @@ raw_scores_option = click.option(
 )
 
 
+def sends_texts(command):
+    """The arguments and options of a command that sends TEXTS to a running server."""
+    for option in (json_option, timeout_option, endpoint_option, model_option, file_option):
+        command = option(command)
+    return click.argument("texts", nargs=-1)(command)
+
+
 @main.command()
-@click.argument("texts", nargs=-1)
-@file_option
-@model_option
-@endpoint_option
-@timeout_option
-@json_option
+@sends_texts
 @click.option(
     "--prompt-name",
     help="One of the model's own prompts, put before each text (default: the model's default).",
@@ -87,12 +89,7 @@ def embed(
 
 
 @main.command()
-@click.argument("texts", nargs=-1)
-@file_option
-@model_option
-@endpoint_option
-@timeout_option
-@json_option
+@sends_texts
 def sparse(texts, file, endpoints, timeout: float, as_json: bool) -> None:
     """Print the sparse embeddings of TEXTS as JSON, a line per text: a SPLADE model's
     non-zero weights by vocabulary index (a server with model.task: sparse; '-': one text

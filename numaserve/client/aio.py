@@ -50,15 +50,11 @@ class AsyncClient(Calls):
         deadline_ms: float | None = None,
         prompt_name: str | None = None,
     ):
-        """One TokenEmbedding for a string (the model's vector of each of its tokens, as
-        TEI's /embed_all answers), a list of them for a list. Never from the cache."""
         batch, single = as_batch(texts, pairs=False)
         fields = {"token_vectors": True, **prompt_field(prompt_name)}
         return results("embed", await self.call("embed", batch, deadline_ms, **fields), single)
 
     async def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
-        """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
-        index), a list of them for a list."""
         batch, single = as_batch(texts, pairs=False)
         return results("sparse", await self.call("sparse", batch, deadline_ms), single)
 

@@ -37,6 +37,9 @@ ENTITY = {
 DIRECTION = {"type": "string", "enum": ["Left", "Right"], "default": "Right"}  # TEI's
 
 
+CUTTING = {"truncate": {"type": "boolean", "nullable": True}, "truncation_direction": DIRECTION}
+
+
 def _object(required: list[str], **properties) -> dict:
     return {"type": "object", "required": required, "properties": properties}
 
@@ -48,8 +51,7 @@ REQUESTS = {
         prompt_name={"type": "string", "nullable": True},
         normalize={"type": "boolean", "default": True},
         dimensions={"type": "integer", "minimum": 1, "nullable": True},
-        truncate={"type": "boolean", "nullable": True},
-        truncation_direction=DIRECTION,
+        **CUTTING,
         model=MODEL,
     ),
     "/predict": _object(
@@ -62,8 +64,7 @@ REQUESTS = {
             ]
         },
         raw_scores={"type": "boolean", "default": False},
-        truncate={"type": "boolean", "nullable": True},
-        truncation_direction=DIRECTION,
+        **CUTTING,
         model=MODEL,
     ),
     "/rerank": _object(
@@ -72,23 +73,20 @@ REQUESTS = {
         texts=STRINGS,
         return_text={"type": "boolean", "default": False},
         raw_scores={"type": "boolean", "default": False},
-        truncate={"type": "boolean", "nullable": True},
-        truncation_direction=DIRECTION,
+        **CUTTING,
         model=MODEL,
     ),
     "/embed_all": _object(
         ["inputs"],
         inputs=INPUT,
         prompt_name={"type": "string", "nullable": True},
-        truncate={"type": "boolean", "nullable": True},
-        truncation_direction=DIRECTION,
+        **CUTTING,
         model=MODEL,
     ),
     "/embed_sparse": _object(
         ["inputs"],
         inputs=INPUT,
-        truncate={"type": "boolean", "nullable": True},
-        truncation_direction=DIRECTION,
+        **CUTTING,
         model=MODEL,
     ),
     "/similarity": _object(
