@@ -4,12 +4,14 @@ CONFIG, which both suites run: on each node, one core reserved for its router sh
 (routers: auto), one single-core instance on the other, SMT siblings left idle. Emulation is
 slow: torch takes minutes to import (an ONNX export or a CTranslate2 conversion imports it),
 hence the generous start timeout and heartbeat, and named precisions: `quantize: auto` would
-run every candidate over the accuracy gate's 320 passages first.
+run every candidate over the accuracy gate's 320 passages first. No HTTP front (`http: ""`):
+no test here asks one, and each process spends minutes importing under emulation.
 """
 
 CONFIG = """
 model: {{path: "{model}", task: classify, max_length: 64, backend: onnxruntime, quantize: int8}}
-server: {{endpoint: "{endpoint}", heartbeat_ms: 2000, heartbeat_liveness: 10, routers: auto}}
+server: {{endpoint: "{endpoint}", http: "", heartbeat_ms: 2000, heartbeat_liveness: 10,
+          routers: auto}}
 supervisor: {{start_timeout_s: 900}}
 placement:
   reserved_cores: 2
@@ -24,7 +26,7 @@ models:
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
   - {{name: changed, path: "{model}", task: classify, max_length: 64, quantize: int8,
       pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 2000, heartbeat_liveness: 10}}
+server: {{endpoint: "@ENDPOINT@", http: "", heartbeat_ms: 2000, heartbeat_liveness: 10}}
 supervisor: {{start_timeout_s: 900}}
 placement: {{reserved_cores: 1, smt: false}}
 """
