@@ -250,7 +250,7 @@ def test_unknown_task_exits_with_the_model_code(router, tmp_path):
     ).returncode
     assert code == exitcodes.MODEL
     assert (
-        "model.task: must be one of embed, classify, rerank, ner; got 'summarize'"
+        "model.task: must be one of embed, classify, rerank, ner, sparse; got 'summarize'"
         in log.read_text()
     )
 
