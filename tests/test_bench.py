@@ -233,3 +233,11 @@ def test_a_bench_over_two_servers_spreads_and_counts_the_replies_of_each(router,
         assert min(servers.values()) >= 8, servers
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("path", ["/embed", "/embed_sparse", "/embed_all", "/predict", "/ner"])
+def test_bench_over_http_sends_teis_body_to_each_of_its_text_routes(path):
+    from numaserve.loadgen.bench import body_for
+
+    assert body_for(path)("a text") == {"inputs": "a text"}
+    assert body_for(path, "m")("a text") == {"inputs": "a text", "model": "m"}

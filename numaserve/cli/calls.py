@@ -201,8 +201,9 @@ def rerank(
     "--http",
     "url",
     metavar="URL",
-    help="Closed loop over HTTP instead: numaserve's own routes (/embed, /predict, /ner, "
-    "/v1/embeddings: their API's body), or a peer's (any other path: {\"text\": ...}).",
+    help="Closed loop over HTTP instead: numaserve's own routes (/embed, /embed_sparse, "
+    "/embed_all, /predict, /ner, /v1/embeddings: their API's body), or a peer's (any other "
+    'path: {"text": ...}).',
 )
 @click.option(
     "--api-key",

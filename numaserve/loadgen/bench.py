@@ -220,7 +220,7 @@ def text_body(text: str) -> dict:
 
 # numaserve's own routes (docs/http.md), by path: the body each API takes for one text. Any
 # other path gets `{"text": ...}`, as the peers' apps in benchmarks/ take.
-TEI_TEXT_ROUTES = ("/embed", "/predict", "/ner", "/", "/invocations")
+TEI_TEXT_ROUTES = ("/embed", "/embed_sparse", "/embed_all", "/predict", "/ner", "/", "/invocations")
 
 
 def body_for(path: str, model: str | None = None) -> Callable[[str], object]:
