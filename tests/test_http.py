@@ -531,11 +531,18 @@ def test_ner_answers_each_texts_entities_as_the_zeromq_path_and_root_goes_there(
             both = http.post("/ner", json={"inputs": texts, "aggregation": "none"}).json()
             one = http.post("/ner", json={"inputs": texts[0], "aggregation": "none"}).json()
             root = http.post("/", json={"inputs": texts[0], "aggregation": "none"}).json()
+            long = "filler " * 100 + texts[0]
+            cut = {"inputs": long, "aggregation": "none", "truncation_direction": "Left"}
+            left = http.post("/ner", json=cut).json()
         with Client(s.endpoint, timeout=30) as zmq:
             expected = zmq.ner(texts, aggregation="none")
     finally:
         s.stop()
     assert one == both[0] == root
+    # A cut on the left keeps the text's end (30 of its 107 words fit), and the spans stay
+    # in the whole text.
+    assert left and min(e["start"] for e in left) > len(long) - 30 * len("filler ")
+    assert all(long[e["start"] : e["end"]] == e["text"] for e in left)
     for got, want in zip(both, expected, strict=True):
         assert [(e["label"], e["start"], e["end"], e["text"], e["index"]) for e in got] == [
             (e.label, e.start, e.end, e.text, e.index) for e in want.entities

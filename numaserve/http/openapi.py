@@ -121,6 +121,7 @@ REQUESTS = {
         ["inputs"],
         inputs={"oneOf": [{"type": "string"}, STRINGS]},
         aggregation={"type": "string", "enum": ["none", "simple", "first", "average", "max"]},
+        **CUTTING,
         model=MODEL,
     ),
     "/v1/embeddings": _object(

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 async def ner(app: App, request: Request) -> Response:
-    """{"inputs": text or [texts], "aggregation"?} -> each text's entities, in the protocol's
-    shape (label, score, start, end, text; with aggregation "none", index)."""
+    """{"inputs": text or [texts], "aggregation"?, "truncate"?, "truncation_direction"?} ->
+    each text's entities, in the protocol's shape (label, score, start, end, text; with
+    aggregation "none", index)."""
     body = json_body(request)
     model = app.model_of(request, body)
     tei.check_task(model, "/ner")
@@ -26,7 +27,10 @@ async def ner(app: App, request: Request) -> Response:
     texts = [value] if single else value
     if not isinstance(texts, list) or not texts:
         raise ApiError(422, "inputs must be a text or a non-empty list of texts", "Empty")
-    results = await app.run(request, model, "ner", texts, aggregation=body.get("aggregation"))
+    aggregation = body.get("aggregation")
+    results = await app.run(
+        request, model, "ner", texts, aggregation=aggregation, **tei.cutting(body)
+    )
     found = [r["entities"] for r in results]
     return ok(found[0] if single else found)
 
