@@ -21,10 +21,12 @@ from numaserve.tasks import TASKS, Task
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")
 COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate", "truncation_direction")
-OWNERS: dict[str, tuple[str, ...]] = {}  # a task's own key -> the tasks that take it
-for _task in TASKS.values():
-    for _key in _task.option_keys:
-        OWNERS[_key] = (*OWNERS.get(_key, ()), _task.name)
+# A task's own key -> the tasks that take it.
+OWNERS = {
+    key: tuple(name for name, task in TASKS.items() if key in task.option_keys)
+    for task in TASKS.values()
+    for key in task.option_keys
+}
 REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000

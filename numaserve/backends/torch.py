@@ -21,6 +21,7 @@ from numaserve.config import ModelConfig
 from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output
+from numaserve.tasks.sparse import SPLADE
 
 
 def configure_threads(threads: int) -> None:
@@ -158,7 +159,7 @@ def checkpoint_kind(directory: str, architecture: str) -> str:
     """What a checkpoint is, said with the task that serves it."""
     modules = Path(directory) / "modules.json"
     if modules.is_file():
-        if "SpladePooling" in modules.read_text(errors="replace"):
+        if SPLADE in modules.read_text(errors="replace"):
             return "a SPLADE sparse encoder: use task: sparse"
         return "a sentence-embedding model: use task: embed"
     for suffix, kind in (

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.modelpath import ModelLoadError, read_json
+from numaserve.protocol import embedding_from_wire, embedding_to_wire
 from numaserve.tasks.agreement import Verdict, cosine_verdict
 from numaserve.tasks.base import Head, Output, Task
 
@@ -117,7 +118,7 @@ def weights(result: dict) -> tuple[np.ndarray, np.ndarray]:
     """A result's vocabulary indices and their weights, as its worker sent them."""
     import numpy as np
 
-    return np.frombuffer(result["indices"], dtype="<u4"), np.frombuffer(result["values"], "<f4")
+    return np.frombuffer(result["indices"], dtype="<u4"), embedding_from_wire(result["values"])
 
 
 class Sparse(Task):
@@ -136,7 +137,7 @@ class Sparse(Task):
         indices, values = result
         return {
             "indices": np.asarray(indices, dtype="<u4").tobytes(),
-            "values": np.asarray(values, dtype="<f4").tobytes(),
+            "values": embedding_to_wire(values),
         }
 
     def from_wire(self, result: dict) -> SparseEmbedding:

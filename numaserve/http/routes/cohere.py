@@ -66,7 +66,7 @@ async def rerank_v2(app: App, request: Request) -> Response:
     if most is not None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
             raise ApiError(422, "max_tokens_per_doc must be an integer of at least 1")
-        documents = [inputs.first_tokens(app, _model(app, body), d, most) for d in documents]
+        documents = [inputs.kept_tokens(app, _model(app, body), d, most) for d in documents]
     results = await ranked(app, request, body, documents)
     return ok(
         {

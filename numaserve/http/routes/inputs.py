@@ -57,20 +57,15 @@ def decode(app: App, model: HttpModel, ids: object, key: str, skip_special: bool
     return tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
-def first_tokens(app: App, model: HttpModel, text: str, most: int) -> str:
-    """`text` cut to its first `most` tokens, as the model's tokenizer splits it."""
+def kept_tokens(app: App, model: HttpModel, text: str, most: int, left: bool = False) -> str:
+    """`text` cut to its first `most` tokens (with `left`, its last), as the model's
+    tokenizer splits it."""
     encoding = app.tokenizer(model).encode(text, add_special_tokens=False)
     if len(encoding.ids) <= most:
         return text
+    if left:
+        return text[encoding.offsets[-most][0] :]
     return text[: encoding.offsets[most - 1][1]]
-
-
-def last_tokens(app: App, model: HttpModel, text: str, most: int) -> str:
-    """`text` cut to its last `most` tokens, as the model's tokenizer splits it."""
-    encoding = app.tokenizer(model).encode(text, add_special_tokens=False)
-    if len(encoding.ids) <= most:
-        return text
-    return text[encoding.offsets[-most][0] :]
 
 
 def dimensions_of(body: dict, key: str = "dimensions") -> int | None:

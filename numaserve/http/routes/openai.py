@@ -66,7 +66,7 @@ def _last_prompt_tokens(app: App, model, texts: list[str], most: object) -> tupl
             "tokens)",
         )
     if most != -1:
-        texts = [inputs.last_tokens(app, model, text, most - special) for text in texts]
+        texts = [inputs.kept_tokens(app, model, text, most - special, left=True) for text in texts]
     return texts, {"truncate": True, "truncation_direction": "left"}
 
 

@@ -3,8 +3,8 @@ docs/openapi.json is the contract; tests/fixtures/tei/ holds the copy the tests 
 
 `truncate` is the request's choice over the server's `model.truncate`, and
 `truncation_direction` (Right or Left) which end a cut takes away; `prompt_name` names one of
-an embedding model's own prompts; `raw_scores` answers the model's logits as the scores. A `models:` server takes the model's name in the body's `model` or the
-query's `?model=`.
+an embedding model's own prompts; `raw_scores` answers the model's logits as the scores. A
+`models:` server takes the model's name in the body's `model` or the query's `?model=`.
 """
 
 from __future__ import annotations
