@@ -3,8 +3,14 @@
 After gunicorn's arbiter: signal handlers only enqueue (processes.py), and the loop dispatches
 to `handle_<signal>`; exited children are reaped in a loop. Each slot moves through the states
 of children.py (`Child.change_state`, guarded), on events (spawned, heard by the router,
-exited, a signal) and the clock; the server as a whole has one Mood (reporting.py). A reload's
-phases are reload.py's.
+exited, a signal) and the clock; the server as a whole has one Mood (reporting.py).
+
+The arbiter alone holds and writes the server's state (which children run, the mood, the
+config and plan that run, the reload or stop under way). The other modules decide and return
+actions: each child of its own timers (children.py), liveness who is ready or silent, a
+Reconcile the next step to a wanted deployment (the start's, a reload's), a Stop what to stop
+next; `carry_out` here is the one place they take effect. No function outside this module
+takes the Supervisor (tests/test_supervisor_ownership.py).
 
 All of its effects go through a System (processes, signals, files, the clock), a RouterLink
 per router shard and a Notifier, so that the tests drive the whole state machine with fakes.
@@ -16,7 +22,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from numaserve import exitcodes, protocol
@@ -24,18 +30,40 @@ from numaserve.config import Config
 from numaserve.config_ports import AS_WRITTEN, Ports
 from numaserve.config_precision import needs_prepare
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.ledger import Ledger
+from numaserve.host.ledger import Ledger, held_cpus
 from numaserve.host.placement import Plan
 from numaserve.host.topology import CPUTopology
 from numaserve.lifecycle import PARENT_ENV
 from numaserve.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.monitoring.endpoint import MonitoringEndpoint
-from numaserve.specs import Deployment, RouterSpec, deployment
+from numaserve.specs import HttpSpec
 from numaserve.supervisor import liveness, reporting
-from numaserve.supervisor.children import Child, State, after_crash, describe_exit
+from numaserve.supervisor.children import (
+    Announce,
+    Child,
+    Signal,
+    Spawn,
+    State,
+    Terminate,
+    describe_exit,
+)
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reconcile import Reconcile
-from numaserve.supervisor.reload import begin_reload
+from numaserve.supervisor.reconcile import (
+    Abort,
+    Action,
+    Adopt,
+    Hold,
+    Leave,
+    Reconcile,
+    Renewed,
+    RenewHttp,
+    Replace,
+    Reroute,
+    Reshaped,
+    Running,
+    Started,
+)
+from numaserve.supervisor.reload import Site, needs_new_artifacts, plan_reload
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
@@ -70,19 +98,17 @@ class Supervisor:
         `monitor`: where each turn's Snapshot goes (server.metrics); none when it is off.
         `ledger`: the host's core ledger, where our entry is (updated when a reload adds
         models)."""
-        self.config_path, self.config, self.topo, self.ports = config_path, config, topo, ports
-        self.runtime_dir = runtime_dir
+        self.site = Site(config_path, topo, runtime_dir, ports, ledger)
+        self.config, self.plan = config, plan
         self.system = system
         self.connect = connect
-        self.ledger = ledger
-        self.plan = plan
-        self.deployment = self.deploy(config, plan)
+        self.deployment = self.site.deploy(config, plan)
         self.notifier = notifier or Notifier()
         self.announcer = reporting.Announcer(self.notifier)
         self.monitor = monitor
         self.shards = ShardLinks(POLL_ROUTER_S)
         for spec in self.deployment.routers:
-            self.add_shard(spec)
+            self.add_shard(Child.for_shard(spec))
         frontend = self.deployment.frontend
         self.frontend = Child.for_frontend(frontend) if frontend else None
         self.http = [Child.for_http(spec) for spec in self.deployment.http]
@@ -92,6 +118,7 @@ class Supervisor:
         self.mood = Mood.STARTING
         self.exit_code: int | None = None
         self.reconcile: Reconcile | None = None  # the start's, or a reload's
+        self.final_table: int | None = None  # the slot table sent once a reload renewed all
         self.stop: Stop | None = None
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings: the children log as the supervisor does.
@@ -100,15 +127,12 @@ class Supervisor:
             FORMAT_ENV: config.logging.format,
         }
 
-    def deploy(
-        self, config: Config, plan: Plan, numbers: dict[str, tuple[int, ...]] | None = None
-    ) -> Deployment:
-        return deployment(config, plan, self.topo, self.runtime_dir, numbers)
+    @property
+    def topo(self) -> CPUTopology:
+        return self.site.topo
 
-    def add_shard(self, spec: RouterSpec) -> ShardView:
-        view = ShardView(Child.for_shard(spec), self.connect(spec.workers_endpoint))
-        self.shards.views.append(view)
-        return view
+    def add_shard(self, child: Child) -> None:
+        self.shards.views.append(ShardView(child, self.connect(child.spec.workers_endpoint)))
 
     @property
     def routers(self) -> list[Child]:
@@ -132,9 +156,26 @@ class Supervisor:
         current = [*self.front(), *self.workers.values(), *self.retired]
         if self.prepare:
             current.append(self.prepare)
-        if self.reconcile and self.reconcile.replacement:
-            current.append(self.reconcile.replacement)
+        if self.replacement:
+            current.append(self.replacement)
         return current
+
+    @property
+    def replacement(self) -> Child | None:
+        """A reload's new instance of the slot it renews, while it starts."""
+        return self.reconcile.replacement if self.reconcile else None
+
+    def running(self) -> Running:
+        return Running(
+            self.config,
+            self.plan,
+            self.deployment,
+            self.workers,
+            tuple(self.routers),
+            self.frontend,
+            tuple(self.http),
+            preparing=self.prepare is not None,
+        )
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -153,15 +194,15 @@ class Supervisor:
             len(self.workers),
             len(self.shards),
             self.config.server.endpoint,
-            self.config_path,
+            self.site.config_path,
             extra={"event": "start"},
         )
-        self.reconcile = Reconcile.start(self)
+        self.reconcile = Reconcile.start(self.config, self.plan, self.deployment)
         if any(needs_prepare(m.backend, m.quantize) for m in self.config.models):
             self.mood = Mood.PREPARING
             self.start_prepare()
         else:
-            self.reconcile.advance(self, self.system.now())
+            self.carry_out(self.reconcile.advance(self.running(), self.system.now()))
 
     def step(self, signals: list[int]) -> None:
         """One turn of the loop: the signals caught since the last, then children that exited,
@@ -187,14 +228,14 @@ class Supervisor:
 
     def handle_sigint(self) -> None:
         if self.stop is not None:
-            self.stop.kill(self)
+            self.carry_out(self.stop.kill(self.all_children()))
         else:
             self.begin_stop("SIGINT (again for a fast stop)")
 
     def handle_sighup(self) -> None:
         for front in self.http:  # they read the API keys file again at once
             self.signal(front, signal.SIGHUP)
-        begin_reload(self)
+        self.begin_reload()
 
     def handle_sigchld(self) -> None:
         pass  # every turn of the loop reaps
@@ -206,7 +247,7 @@ class Supervisor:
         try:
             # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which
             # then stops the children in order (router drains first).
-            child.pid = self.system.spawn(child.argv, env, new_session=True)
+            pid = self.system.spawn(child.argv, env, new_session=True)
         except OSError as e:
             self.set_state(
                 child, State.FATAL, f"fatal: {child.name} cannot be started: {e}", "fatal"
@@ -214,9 +255,7 @@ class Supervisor:
             if child is self.prepare:
                 self._prepared(exitcodes.MODEL)
             return
-        child.started_at = self.system.now()
-        child.term_sent_at = child.unrouted_since = child.ready_at = None
-        child.killed = False
+        child.spawned(pid, self.system.now())
         view = self.shards.of(child)
         if view is not None:
             self.shards.restarted(view)
@@ -227,24 +266,17 @@ class Supervisor:
         )
 
     def terminate(self, child: Child, state: State = State.DRAINING) -> None:
-        now = self.system.now()
-        if child.pid is None:
-            child.change_state(State.STOPPED, now)
-            return
-        child.change_state(state, now)
-        child.term_sent_at = now
+        child.terminating(state, self.system.now())
         self.signal(child, signal.SIGTERM)
 
     def signal(self, child: Child, sig: int) -> None:
         if child.pid is not None:
-            child.killed = child.killed or sig == signal.SIGKILL
+            child.signalled(sig)
             self.system.kill(child.pid, sig)
 
     def on_exit(self, child: Child, code: int) -> None:
         """`code` is negative for a signal."""
-        child.pid = None
-        child.exit_code = code
-        child.last_exit = describe_exit(code, child.killed)
+        child.exited(code)
         if child is self.prepare:
             self._prepared(code)
             return
@@ -252,10 +284,8 @@ class Supervisor:
             self.retired.remove(child)
             log.info("exit %s (retired): %s", child.name, child.last_exit, extra={"event": "exit"})
             return
-        if self.reconcile and child is self.reconcile.replacement:
-            self.reconcile.abort(
-                self, f"the new {child.name} {child.last_exit} before it was ready"
-            )
+        if child is self.replacement:
+            self.abort_reload(f"the new {child.name} {child.last_exit} before it was ready")
             return
         expected = child.state in (State.DRAINING, State.STOPPED) or bool(
             self.stop and self.stop.fast
@@ -272,12 +302,7 @@ class Supervisor:
         if expected or self.stopping:
             child.change_state(State.STOPPED, now)
             return
-        verdict = after_crash(child, code, now, self.config.supervisor)
-        if verdict.state == State.FATAL:
-            self.set_state(child, State.FATAL, f"fatal: {child.name} {verdict.why}", "fatal")
-        else:
-            child.retry_at = now + verdict.delay
-            self.set_state(child, State.BACKOFF, f"backoff {child.name}: {verdict.why}", "backoff")
+        self.carry_out([child.crashed(code, now, self.config.supervisor)])
 
     def set_state(self, child: Child, state: State, message: str, event: str) -> None:
         """A state change the shards and the log hear of at once."""
@@ -293,7 +318,13 @@ class Supervisor:
         written where the instances' specs name it): by `numaserve prepare`, in a process of
         its own, which leaves the supervisor small (the build imports torch) and, during a
         reload, the running instances serving; so no build runs in a start timeout."""
-        argv = [*PREPARE, "--config", self.config_path, "--record-dir", str(self.runtime_dir)]
+        argv = [
+            *PREPARE,
+            "--config",
+            self.site.config_path,
+            "--record-dir",
+            str(self.site.runtime_dir),
+        ]
         self.prepare = Child("prepare", argv)
         self.spawn(self.prepare)
         if self.reloading and self.prepare is not None:
@@ -303,9 +334,26 @@ class Supervisor:
             )
 
     def _prepared(self, code: int) -> None:
+        """`numaserve prepare` exited with `code`: the start goes on, or the server cannot
+        start; a reload goes on, or is aborted."""
         self.prepare = None
-        if self.reconcile and not self.stopping:
-            self.reconcile.prepared(self, code)
+        if not self.reconcile or self.stopping:
+            return
+        if self.reconcile.reloading and code != 0:
+            self.abort_reload(f"the changed model could not be prepared (exit {code})")
+        elif self.reconcile.reloading:
+            log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
+        elif code != 0:
+            log.error(
+                "fatal: the model could not be prepared (%s; its log lines above say why)",
+                describe_exit(code, killed_by_us=False),
+                extra={"event": "fatal"},
+            )
+            self.exit_code = exitcodes.MODEL
+            self.reconcile = None  # nothing starts
+        else:
+            self.mood = Mood.STARTING
+            self.carry_out(self.reconcile.advance(self.running(), self.system.now()))
 
     # -- what the shards, systemd and /metrics hear ------------------------------------------
 
@@ -369,17 +417,182 @@ class Supervisor:
     # -- timers ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        liveness.check(self, now)
-        code = liveness.cannot_serve(self)
-        if code is not None:
-            self.begin_stop(
-                "no instance can serve", code
-            )  # after any exit, and a spawn that failed
+        self.check_liveness(now)
+        if not self.stopping:  # after any exit, and a spawn that failed
+            code = liveness.cannot_serve(self.front(), list(self.workers.values()))
+            if code is not None:
+                self.begin_stop("no instance can serve", code)
         if self.reconcile:
-            self.reconcile.advance(self, now)
+            self.carry_out(self.reconcile.advance(self.running(), now))
         if self.stop is not None:
-            self.exit_code = self.stop.advance(self)
+            actions, self.exit_code = self.stop.advance(
+                self.http, self.routers, self.all_children(), now
+            )
+            self.carry_out(actions)
         self._notify(now)
+
+    def check_liveness(self, now: float) -> None:
+        """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
+        routed = self.shards.routed_pids(now)
+        server = self.config.server
+        fronts = [(self.frontend, server.endpoint)] if self.frontend else []
+        fronts += [(front, f"http://{server.http}") for front in self.http]
+        self.carry_out(liveness.fronts_ready(self.routers, fronts, routed, server.endpoint))
+        instances = [*self.workers.values(), *([self.replacement] if self.replacement else [])]
+        rules = liveness.limits(self.config, draining=False)
+        self.carry_out(liveness.instances_heard(instances, routed, now, rules, self.stopping))
+        for child in self.all_children():
+            rules = liveness.limits(self.config, draining=self.drains(child))
+            action = child.timers(now, rules, may_restart=not self.stopping)
+            if action is not None:
+                self.carry_out([action])
+
+    def drains(self, child: Child) -> bool:
+        """A router shard or HTTP front finishes what it holds before its kill timeout."""
+        return (
+            child in self.routers
+            or isinstance(child.spec, HttpSpec)
+            or bool(self.reconcile and self.reconcile.waits_for(child))
+        )
+
+    # -- carrying out what the parts decided -------------------------------------------------
+
+    def carry_out(self, actions: Iterable[Action]) -> None:
+        """The one place the decisions of the children, liveness, a Reconcile and a Stop
+        change the server."""
+        for action in actions:
+            match action:
+                case Spawn(child):
+                    self.spawn(child)
+                case Signal(child, sig):
+                    self.signal(child, sig)
+                case Terminate(child, state):
+                    self.terminate(child, state)
+                case Announce(child, state, message, event):
+                    self.set_state(child, state, message, event)
+                case _:
+                    self.reshape(action)
+
+    def reshape(self, action: Action) -> None:
+        """A Reconcile's step that changes which children run, or what runs."""
+        match action:
+            case Adopt(child) if child.pool:
+                self.workers[child.name] = child
+            case Adopt(child):
+                self.add_shard(child)
+            case Leave(child, drain):
+                self.leave(child, drain)
+            case Replace(new):
+                old = self.workers[new.name]
+                self.workers[new.name] = new
+                self.retired.append(old)
+                self.terminate(old)
+            case Reroute(spec):
+                self.system.write_file(spec.routes_file, spec.to_json())
+                self.frontend.respec(spec)  # a restart reads the new routes too
+                self.signal(self.frontend, signal.SIGHUP)
+            case RenewHttp(fronts):
+                self.renew_http(fronts)
+            case Hold(plan):
+                self.hold(plan)
+            case Reshaped(plan, config, deployment):
+                # a retry compares with what runs now
+                self.plan, self.config, self.deployment = plan, config, deployment
+            case Started():
+                self.reconcile = None  # liveness looks after them from here
+            case Renewed():
+                self.finish_reload()
+            case Abort(why):
+                self.abort_reload(why)
+            case _:
+                raise TypeError(f"no such action: {action!r}")
+
+    def leave(self, child: Child, drain: bool) -> None:
+        """A removed model's child out of the running set, reaped as retired."""
+        self.retired.append(child)
+        if not drain:
+            del self.workers[child.name]
+            return
+        view = self.shards.of(child)
+        self.shards.views.remove(view)
+        view.link.close()
+        self.terminate(child)
+
+    def renew_http(self, fronts: tuple[Child, ...]) -> None:
+        """The HTTP fronts for the new models: each new one starts beside the old, on the same
+        port (SO_REUSEPORT), and the old one drains; no connection is refused meanwhile."""
+        old, self.http = self.http, list(fronts)
+        for child in self.http:
+            self.spawn(child)
+        for child in old:
+            self.retired.append(child)
+            self.terminate(child)
+
+    def hold(self, plan: Plan) -> None:
+        """Our ledger entry, holding what `plan` holds."""
+        ledger = self.site.ledger
+        if not ledger:
+            return
+        try:
+            with ledger.locked():
+                ledger.update(held_cpus(plan, self.topo))
+        except OSError as e:
+            log.error(
+                "the core ledger entry could not be updated: %s", e, extra={"event": "ledger"}
+            )
+
+    # -- reloading ---------------------------------------------------------------------------
+
+    def begin_reload(self) -> None:
+        """SIGHUP: the config file read again and its reload begun, unless one is under way."""
+        if self.stopping:
+            return
+        if self.reconcile or self.prepare:
+            what = "reload" if self.reconcile else "preparing the model"
+            log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
+            return
+        self.reconcile = plan_reload(self.site, self.running(), self.mood)
+        if self.reconcile is None:
+            return
+        self.final_table = None
+        self.mood = Mood.RELOADING
+        self.notifier.reloading("reloading")
+        if needs_new_artifacts(self.config, self.reconcile.config):
+            self.start_prepare()
+
+    def finish_reload(self) -> None:
+        """Every slot renewed: done once every serving shard has answered the slot table that
+        shows it, so that `numaserve status` asked after `reload: done` shows the new
+        instances."""
+        if self.final_table is None:
+            self.send_slots()
+            self.final_table = self.shards.sent
+        serving = [v for v in self.shards if v.child.state == State.READY]
+        if not self.shards.all_acked(self.final_table, serving):
+            return
+        self.config = self.reconcile.config
+        self.reconcile = None
+        log.info("reload: done", extra={"event": "reload"})
+        self.mood = Mood.STARTING  # READY=1 again for systemd, once it serves
+
+    def abort_reload(self, why: str) -> None:
+        """Back to what runs: the replacement starting and the model being prepared stop."""
+        reconcile, self.reconcile = self.reconcile, None
+        self.mood = reconcile.resume
+        if not reconcile.reshaped and reconcile.plan != self.plan:
+            self.hold(self.plan)  # the cores it would have added are not ours
+        if self.prepare is not None:
+            self.retired.append(self.prepare)  # reaped as a replaced process
+            self.terminate(self.prepare)
+            self.prepare = None
+        if reconcile.replacement and reconcile.replacement.pid is not None:
+            self.retired.append(reconcile.replacement)
+            self.terminate(reconcile.replacement)
+        log.error(
+            "reload aborted (%s); the running instances keep serving",
+            why,
+            extra={"event": "reload"},
+        )
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -388,11 +601,15 @@ class Supervisor:
         if self.stopping:
             return
         if self.reloading:
-            self.reconcile.abort(self, "stopping")
+            self.abort_reload("stopping")
         self.reconcile = None
         self.mood = Mood.STOPPING
         self.stop = Stop(code)
-        self.stop.begin(self, why)
+        if self.prepare:
+            self.terminate(self.prepare)
+        self.notifier.stopping("draining")
+        drain_s = self.config.supervisor.drain_timeout_s
+        self.carry_out(self.stop.begin(why, drain_s, self.http, self.system.now()))
 
     def close(self) -> None:
         self.shards.close()

@@ -1,13 +1,18 @@
-"""One supervised process per slot: its states, and what happens when it exits.
+"""One supervised process per slot: its states, its timers, and what happens when it exits.
 
 After supervisord: a process counts as up only once it has been READY for `stable_s`
 (`startsecs`); one that keeps exiting before that backs off, exponentially, and after
 `max_quick_exits` in a row goes FATAL instead of looping. After circus: a restarted worker keeps
 its slot, so it comes back on the same CPUs and node.
+
+A `Child` is the only writer of its own fields. What its judgements imply for the OS (spawn
+it, signal it, tell the shards of its new state) it returns as actions, which the arbiter alone
+carries out: so every rule here is tested on plain objects and a clock.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 from dataclasses import dataclass
 from enum import Enum
@@ -15,6 +20,8 @@ from enum import Enum
 from numaserve import exitcodes
 from numaserve.config import DEFAULT_MODEL, SupervisorConfig
 from numaserve.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
+
+log = logging.getLogger("numaserve.supervisor")
 
 
 class State(str, Enum):
@@ -45,6 +52,51 @@ class TransitionError(AssertionError):
     """A state change the table above does not allow: a bug in the supervisor."""
 
 
+# -- what a child's judgements ask the arbiter to do -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawn:
+    child: Child
+
+
+@dataclass(frozen=True)
+class Signal:
+    child: Child
+    sig: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """SIGTERM, the child entering `state` (DRAINING: it finishes what it holds)."""
+
+    child: Child
+    state: State = State.DRAINING
+
+
+@dataclass(frozen=True)
+class Announce:
+    """A state change the shards (a fresh slot table) and the log hear of at once."""
+
+    child: Child
+    state: State
+    message: str
+    event: str
+
+
+ChildAction = Spawn | Signal | Terminate | Announce
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The clock's rules for one child, from the config: how long it may take to start, to be
+    silent while READY, and to stop after SIGTERM."""
+
+    start_timeout_s: float
+    silence_s: float
+    kill_after_s: float
+
+
 @dataclass(eq=False)
 class Child:
     """One supervised process: a router shard, the frontend, an HTTP front, or one slot's
@@ -69,8 +121,9 @@ class Child:
     last_exit: str = ""
 
     @classmethod
-    def for_worker(cls, spec: WorkerSpec) -> Child:
-        return cls(spec.slot.name, spec.argv(), spec)
+    def for_worker(cls, spec: WorkerSpec, restarts: int = 0) -> Child:
+        """`restarts`: the slot's count so far, where this replaces its instance."""
+        return cls(spec.slot.name, spec.argv(), spec, restarts=restarts)
 
     @classmethod
     def for_shard(cls, spec: RouterSpec) -> Child:
@@ -119,6 +172,124 @@ class Child:
         if new is State.READY:
             self.ready_at = now
 
+    def respec(self, spec: FrontendSpec) -> None:
+        """The frontend's new routes: they apply now (SIGHUP) and at any restart."""
+        self.spec, self.argv = spec, spec.argv()
+
+    # -- what happened to it -----------------------------------------------------------------
+
+    def spawned(self, pid: int, now: float) -> None:
+        """A new process runs it: every timer of the last one is over."""
+        self.pid, self.started_at = pid, now
+        self.term_sent_at = self.unrouted_since = self.ready_at = None
+        self.killed = False
+
+    def signalled(self, sig: int) -> None:
+        self.killed = self.killed or sig == signal.SIGKILL
+
+    def terminating(self, state: State, now: float) -> None:
+        """SIGTERM sent now (or, with no process, nothing left to stop)."""
+        if self.pid is None:
+            self.change_state(State.STOPPED, now)
+            return
+        self.change_state(state, now)
+        self.term_sent_at = now
+
+    def exited(self, code: int) -> None:
+        """`code` is negative for a signal."""
+        self.pid = None
+        self.exit_code = code
+        self.last_exit = describe_exit(code, self.killed)
+
+    def crashed(self, code: int, now: float, policy: SupervisorConfig) -> Announce:
+        """An exit it should not have made, counted in `quick_exits`: BACKOFF, with its retry
+        time, or FATAL."""
+        if code in exitcodes.NEVER_RESTART:
+            why = f"{exitcodes.DESCRIPTION[code]}; not restarting it (see its log lines above)"
+            return self._fatal(why)
+        was_up = self.ready_at is not None and now - self.ready_at >= policy.stable_s
+        self.quick_exits = 0 if was_up else self.quick_exits + 1
+        if self.quick_exits >= policy.max_quick_exits:
+            return self._fatal(
+                f"exited {policy.max_quick_exits} times in a row before it had been ready for "
+                f"{policy.stable_s:g} s (supervisor.stable_s); not restarting it"
+            )
+        delay = backoff_delay(self.quick_exits, policy)
+        self.retry_at = now + delay
+        why = f"restarting in {delay:.1f} s"
+        return Announce(self, State.BACKOFF, f"backoff {self.name}: {why}", "backoff")
+
+    def _fatal(self, why: str) -> Announce:
+        return Announce(self, State.FATAL, f"fatal: {self.name} {why}", "fatal")
+
+    # -- its timers, each turn ---------------------------------------------------------------
+
+    def judge_start(
+        self, now: float, routed: set[int] | None, limits: Limits
+    ) -> ChildAction | None:
+        """STARTING -> READY once its shard hears it; SIGKILL after start_timeout_s."""
+        if routed is not None and self.pid in routed:
+            message = f"ready {self.name} pid {self.pid} in {now - self.started_at:.1f} s"
+            return Announce(self, State.READY, message, "ready")
+        if now - self.started_at > limits.start_timeout_s and self.term_sent_at is None:
+            log.warning(
+                "%s not ready after %.0f s: killing it",
+                self.name,
+                limits.start_timeout_s,
+                extra={"event": "timeout"},
+            )
+            self.term_sent_at = now
+            return Signal(self, signal.SIGKILL)
+        return None
+
+    def judge_heard(self, now: float, routed: set[int], limits: Limits) -> ChildAction | None:
+        """A READY instance its shard stops hearing (hung, or stopped) gets SIGTERM, then
+        SIGKILL (`timers`); its exit then restarts it."""
+        if self.pid in routed:
+            self.unrouted_since = None
+        elif self.unrouted_since is None:
+            self.unrouted_since = now
+        elif now - self.unrouted_since > limits.silence_s and self.term_sent_at is None:
+            log.warning(
+                "%s stopped heartbeating: SIGTERM, then SIGKILL",
+                self.name,
+                extra={"event": "hung"},
+            )
+            self.term_sent_at = now
+            return Signal(self, signal.SIGTERM)
+        return None
+
+    def timers(self, now: float, limits: Limits, may_restart: bool) -> ChildAction | None:
+        """SIGKILL once when it outlasts its SIGTERM; its restart when its backoff is over."""
+        if (
+            self.term_sent_at is not None
+            and self.pid is not None
+            and now - self.term_sent_at > limits.kill_after_s
+        ):
+            log.warning("%s did not stop in time: SIGKILL", self.name, extra={"event": "kill"})
+            return self.kill_now()
+        if self.state == State.BACKOFF and now >= self.retry_at and may_restart:
+            self.restarts += 1
+            log.info(
+                "restart %s (restart %d)", self.name, self.restarts, extra={"event": "restart"}
+            )
+            return Spawn(self)
+        return None
+
+    def kill_now(self) -> Signal:
+        """SIGKILL, once: no timer sends it again."""
+        self.term_sent_at = float("inf")
+        return Signal(self, signal.SIGKILL)
+
+    def stop_now(self, now: float) -> Terminate | None:
+        """Part of a stop: SIGTERM for a process not yet told; a slot with none, STOPPED
+        (FATAL stays FATAL, so the stop's log and status say why it gave up)."""
+        if self.pid is not None:
+            return Terminate(self) if self.term_sent_at is None else None
+        if self.state != State.FATAL:
+            self.change_state(State.STOPPED, now)
+        return None
+
     def describe(self) -> dict:
         return {
             "name": self.name,
@@ -144,32 +315,6 @@ def describe_exit(code: int, killed_by_us: bool) -> str:
             " (not by numaserve: possibly the out-of-memory killer, see dmesg, or another process)"
         )
     return text
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What becomes of a process that exited when it should not have."""
-
-    state: State  # BACKOFF or FATAL
-    delay: float  # BACKOFF: seconds before the restart
-    why: str
-
-
-def after_crash(child: Child, code: int, now: float, policy: SupervisorConfig) -> Verdict:
-    """Counts the exit in `child.quick_exits` and says whether, and when, to restart it."""
-    if code in exitcodes.NEVER_RESTART:
-        why = f"{exitcodes.DESCRIPTION[code]}; not restarting it (see its log lines above)"
-        return Verdict(State.FATAL, 0.0, why)
-    was_up = child.ready_at is not None and now - child.ready_at >= policy.stable_s
-    child.quick_exits = 0 if was_up else child.quick_exits + 1
-    if child.quick_exits >= policy.max_quick_exits:
-        why = (
-            f"exited {policy.max_quick_exits} times in a row before it had been ready for "
-            f"{policy.stable_s:g} s (supervisor.stable_s); not restarting it"
-        )
-        return Verdict(State.FATAL, 0.0, why)
-    delay = backoff_delay(child.quick_exits, policy)
-    return Verdict(State.BACKOFF, delay, f"restarting in {delay:.1f} s")
 
 
 def backoff_delay(quick_exits: int, policy: SupervisorConfig) -> float:

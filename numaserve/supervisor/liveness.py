@@ -1,127 +1,72 @@
 """Whether each process is alive and well, judged each turn from what the router shards hear
 and the clock: a process is READY once its shard routes to it, killed when it is not ready
 within start_timeout_s or falls silent, SIGKILLed when it outlasts its SIGTERM, and restarted
-when its backoff is over. The arbiter calls `check`; every effect goes through it."""
+when its backoff is over. Each child judges itself (children.py); this says which judgement
+applies to whom, and returns the actions for the arbiter to carry out."""
 
 from __future__ import annotations
 
 import logging
-import signal
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from numaserve import exitcodes
-from numaserve.specs import HttpSpec
-from numaserve.supervisor.children import Child, State
-
-if TYPE_CHECKING:
-    from numaserve.supervisor.arbiter import Supervisor
+from numaserve.config import Config
+from numaserve.supervisor.children import Announce, Child, ChildAction, Limits, State
 
 log = logging.getLogger("numaserve.supervisor")
+Routed = Mapping[int, "set[int] | None"]  # per shard, the workers it hears (None: no word)
 
 
-def check(sup: Supervisor, now: float) -> None:
-    """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
-    routed = sup.shards.routed_pids(now)
-    front_ready(sup, routed)
-    replacement = sup.reconcile.replacement if sup.reconcile else None
-    for child in [*sup.workers.values(), *([replacement] if replacement else [])]:
+def limits(config: Config, draining: bool) -> Limits:
+    """The clock's rules from the config. `draining`: a router shard or an HTTP front, which
+    gets drain_timeout_s to finish what it holds before its kill timeout starts."""
+    s, server = config.supervisor, config.server
+    silence = 2 * server.heartbeat_ms * server.heartbeat_liveness / 1000 + 1
+    kill_after = s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
+    return Limits(s.start_timeout_s, silence, kill_after)
+
+
+def fronts_ready(
+    routers: list[Child], fronts: list[tuple[Child, str]], routed: Routed, endpoint: str
+) -> list[Announce]:
+    """A shard is READY once it answers; the frontend and the HTTP fronts (`fronts`: each
+    with where its clients connect) once any shard does: they have no socket of their own to
+    the supervisor, and one that cannot listen exits first."""
+    ready = [
+        Announce(r, State.READY, f"ready {r.name}, clients on {endpoint}", "ready")
+        for r in routers
+        if r.state == State.STARTING and routed[r.shard] is not None
+    ]
+    if any(pids is not None for pids in routed.values()):
+        ready += [
+            Announce(front, State.READY, f"ready {front.name}, clients on {where}", "ready")
+            for front, where in fronts
+            if front.state == State.STARTING
+        ]
+    return ready
+
+
+def instances_heard(
+    instances: list[Child], routed: Routed, now: float, rules: Limits, stopping: bool
+) -> list[ChildAction]:
+    """Each instance judged by what its shard hears: ready, late to start, or silent."""
+    actions = []
+    for child in instances:
         heard = routed.get(child.shard)
+        action = None
         if child.state == State.STARTING:
-            check_started(sup, child, now, heard)
-        elif child.state == State.READY and heard is not None and not sup.stopping:
-            check_heard(sup, child, now, heard)
-    for child in sup.all_children():
-        timers(sup, child, now)
+            action = child.judge_start(now, heard, rules)
+        elif child.state == State.READY and heard is not None and not stopping:
+            action = child.judge_heard(now, heard, rules)
+        if action is not None:
+            actions.append(action)
+    return actions
 
 
-def front_ready(sup: Supervisor, routed: dict[int, set[int] | None]) -> None:
-    """A shard is READY once it answers; the frontend and the HTTP fronts once any shard
-    does: they have no socket of their own to the supervisor, and one that cannot listen
-    exits first."""
-    endpoint = sup.config.server.endpoint
-    for router in sup.routers:
-        if router.state == State.STARTING and routed[router.shard] is not None:
-            sup.set_state(
-                router, State.READY, f"ready {router.name}, clients on {endpoint}", "ready"
-            )
-    answered = any(pids is not None for pids in routed.values())
-    fronts = [(sup.frontend, endpoint)] if sup.frontend else []
-    fronts += [(front, f"http://{sup.config.server.http}") for front in sup.http]
-    for front, where in fronts:
-        if front.state == State.STARTING and answered:
-            sup.set_state(front, State.READY, f"ready {front.name}, clients on {where}", "ready")
-
-
-def timers(sup: Supervisor, child: Child, now: float) -> None:
-    """SIGKILL for one that did not stop in time; the restart of one in BACKOFF."""
-    if (
-        child.term_sent_at is not None
-        and child.pid is not None
-        and now - child.term_sent_at > _kill_after(sup, child)
-    ):
-        log.warning("%s did not stop in time: SIGKILL", child.name, extra={"event": "kill"})
-        sup.signal(child, signal.SIGKILL)
-        child.term_sent_at = float("inf")  # once
-    if child.state == State.BACKOFF and now >= child.retry_at and not sup.stopping:
-        child.restarts += 1
-        log.info("restart %s (restart %d)", child.name, child.restarts, extra={"event": "restart"})
-        sup.spawn(child)
-
-
-def check_started(sup: Supervisor, child: Child, now: float, routed: set[int] | None) -> None:
-    """STARTING -> READY once the router hears it; killed after start_timeout_s."""
-    timeout = sup.config.supervisor.start_timeout_s
-    if routed is not None and child.pid in routed:
-        message = f"ready {child.name} pid {child.pid} in {now - child.started_at:.1f} s"
-        sup.set_state(child, State.READY, message, "ready")
-    elif now - child.started_at > timeout and child.term_sent_at is None:
-        log.warning(
-            "%s not ready after %.0f s: killing it",
-            child.name,
-            timeout,
-            extra={"event": "timeout"},
-        )
-        child.term_sent_at = now
-        sup.signal(child, signal.SIGKILL)
-
-
-def check_heard(sup: Supervisor, child: Child, now: float, routed: set[int]) -> None:
-    """A READY instance the router stops hearing (hung, or stopped) gets SIGTERM, then
-    SIGKILL; its exit then restarts it."""
-    server = sup.config.server
-    silence_limit = 2 * server.heartbeat_ms * server.heartbeat_liveness / 1000 + 1
-    if child.pid in routed:
-        child.unrouted_since = None
-    elif child.unrouted_since is None:
-        child.unrouted_since = now
-    elif now - child.unrouted_since > silence_limit and child.term_sent_at is None:
-        log.warning(
-            "%s stopped heartbeating: SIGTERM, then SIGKILL",
-            child.name,
-            extra={"event": "hung"},
-        )
-        child.term_sent_at = now
-        sup.signal(child, signal.SIGTERM)
-
-
-def _kill_after(sup: Supervisor, child: Child) -> float:
-    s = sup.config.supervisor
-    draining = (
-        child in sup.routers
-        or isinstance(child.spec, HttpSpec)
-        or bool(sup.reconcile and child in sup.reconcile.draining)
-    )
-    return s.drain_timeout_s + s.kill_timeout_s if draining else s.kill_timeout_s
-
-
-def cannot_serve(sup: Supervisor) -> int | None:
+def cannot_serve(front: list[Child], workers: list[Child]) -> int | None:
     """With a router shard, the frontend or every worker FATAL, the server cannot serve as
     planned: the exit code to stop with (the FATAL ones', where they agree on a code that
     no restart can fix), said in the log; None while it can serve."""
-    if sup.stopping:
-        return None
-    workers = list(sup.workers.values())
-    front = sup.front()
     if not any(c.state == State.FATAL for c in front) and not all(
         w.state == State.FATAL for w in workers
     ):

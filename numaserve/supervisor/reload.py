@@ -13,74 +13,87 @@ import dataclasses
 import logging
 from collections import deque
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
 from numaserve.config import Config, ConfigError, load_config
+from numaserve.config_ports import Ports
 from numaserve.config_precision import needs_prepare
-from numaserve.host.ledger import held_cpus, without
+from numaserve.host.ledger import Ledger, held_cpus, without
 from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
-from numaserve.specs import Deployment
+from numaserve.host.topology import CPUTopology
+from numaserve.specs import Deployment, deployment
 from numaserve.supervisor.children import State
-from numaserve.supervisor.reconcile import Reconcile
+from numaserve.supervisor.reconcile import Reconcile, Running
 from numaserve.supervisor.reporting import Mood
-
-if TYPE_CHECKING:
-    from numaserve.supervisor.arbiter import Supervisor
 
 log = logging.getLogger("numaserve.supervisor")
 
 
-def begin_reload(sup: Supervisor) -> None:
-    """SIGHUP: the config file read again and its reload begun, unless one is under way."""
-    if sup.stopping:
-        return
-    if sup.reconcile or sup.prepare:
-        what = "reload" if sup.reconcile else "preparing the model"
-        log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
-        return
-    sup.reconcile = plan_reload(sup)
-    if sup.reconcile is None:
-        return
-    sup.mood = Mood.RELOADING
-    sup.notifier.reloading("reloading")
-    before = {m.name: m.model for m in sup.config.models}
-    new = sup.reconcile.config.models
-    if any(needs_prepare(m.backend, m.quantize) and m.model != before.get(m.name) for m in new):
-        sup.start_prepare()
+@dataclass(frozen=True)
+class Site:
+    """Where a server runs, fixed at its start: its config file (read again at each reload),
+    the ports its command line moved, the machine, its private runtime directory and the
+    host's core ledger."""
+
+    config_path: str
+    topo: CPUTopology
+    runtime_dir: Path
+    ports: Ports
+    ledger: Ledger | None = None
+
+    def deploy(
+        self, config: Config, plan: Plan, numbers: dict[str, tuple[int, ...]] | None = None
+    ) -> Deployment:
+        return deployment(config, plan, self.topo, self.runtime_dir, numbers)
 
 
-def plan_reload(sup: Supervisor) -> Reconcile | None:
+def needs_new_artifacts(current: Config, new: Config) -> bool:
+    """Whether a reload to `new` must run `numaserve prepare` before any instance (re)starts:
+    a model that needs it and whose settings changed, or that is new."""
+    before = {m.name: m.model for m in current.models}
+    return any(
+        needs_prepare(m.backend, m.quantize) and m.model != before.get(m.name) for m in new.models
+    )
+
+
+def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
     """The reload the config file asks for now, with what it cannot apply logged; None (and
-    an error logged) where the file cannot be read or placed."""
-    current = sup.config
+    an error logged) where the file cannot be read or placed. `mood`: the server's, to go
+    back to if the reload is aborted."""
+    current, ledger, workers = running.config, site.ledger, running.workers
     try:
-        config = sup.ports.apply(load_config(sup.config_path))
+        config = site.ports.apply(load_config(site.config_path))
         by_model = config.named and current.named
         removed, added = model_changes(current, config) if by_model else ((), ())
-        with sup.ledger.locked() if sup.ledger and by_model else nullcontext():
-            plan = _replan(sup, config) if by_model else _plan(sup, config)
+        with ledger.locked() if ledger and by_model else nullcontext():
+            plan = (
+                _replan(site, running.plan, config)
+                if by_model
+                else plan_placement(site.topo, config.placement, config.models, config.named)
+            )
             shaped = _keep_shards(config, current) if by_model else config
-            new = sup.deploy(shaped, plan, sup.deployment.shard_numbers())
-            if sup.ledger and by_model and plan != sup.plan:  # ours until the reload ends
-                both = {*held_cpus(sup.plan, sup.topo), *held_cpus(plan, sup.topo)}
-                sup.ledger.update(tuple(sorted(both)))
+            new = site.deploy(shaped, plan, running.deployment.shard_numbers())
+            if ledger and by_model and plan != running.plan:  # ours until the reload ends
+                both = {*held_cpus(running.plan, site.topo), *held_cpus(plan, site.topo)}
+                ledger.update(tuple(sorted(both)))
     except (ConfigError, PlacementError, OSError) as e:
         log.error("reload failed, keeping the running config: %s", e, extra={"event": "reload"})
         return None
-    for change in _unapplied(current, config, sup.deployment, new, by_model):
+    for change in _unapplied(current, config, running.deployment, new, by_model):
         log.warning("reload: %s; it applies at the next restart", change, extra={"event": "reload"})
     # `model:`: every instance restarts (new weights at the same path load too). `models:`:
     # only the instances whose model's settings changed; the others keep serving.
     renew = deque(
         w.slot.name
         for w in new.workers
-        if w.slot.name in sup.workers
-        and sup.workers[w.slot.name].state == State.READY
-        and (not by_model or sup.workers[w.slot.name].argv != w.argv())
+        if w.slot.name in workers
+        and workers[w.slot.name].state == State.READY
+        and (not by_model or workers[w.slot.name].argv != w.argv())
     )
     kept = sorted(
-        {w.slot.model for w in new.workers if w.slot.name in sup.workers}
-        - {sup.workers[name].model_name for name in renew}
+        {w.slot.model for w in new.workers if w.slot.name in workers}
+        - {workers[name].model_name for name in renew}
     )
     log.info(
         "reload: %srestarting %d instance(s) one at a time%s",
@@ -93,7 +106,7 @@ def plan_reload(sup: Supervisor) -> Reconcile | None:
         f"; unchanged, kept running: {', '.join(kept)}" if by_model and kept else "",
         extra={"event": "reload"},
     )
-    return Reconcile(config, plan, new, renew, removed, added, resume=sup.mood)
+    return Reconcile(config, plan, new, renew, removed, added, resume=mood)
 
 
 def _unapplied(
@@ -112,16 +125,12 @@ def _unapplied(
     return changes
 
 
-def _plan(sup: Supervisor, config: Config) -> Plan:
-    return plan_placement(sup.topo, config.placement, config.models, config.named)
-
-
-def _replan(sup: Supervisor, config: Config) -> Plan:
+def _replan(site: Site, plan: Plan, config: Config) -> Plan:
     """A `models:` reload's plan: the kept models' instances where they are, the added
     ones on whole cores free of them and of other servers (the ledger, read again under
     its lock: they may have started since we did)."""
-    holders = sup.ledger.holders() if sup.ledger else []
-    return replan(sup.plan, without(sup.topo, holders), config.placement, config.models)
+    holders = site.ledger.holders() if site.ledger else []
+    return replan(plan, without(site.topo, holders), config.placement, config.models)
 
 
 def _keep_shards(config: Config, running: Config) -> Config:
