@@ -2,8 +2,9 @@
 
 `python -m tests.import_graph` prints it, one module per line with what it imports, and exits
 1 on an import cycle or an import that docs/architecture.md does not allow (the rules are
-`ALLOWED` below); tests/test_import_graph.py runs the same checks. Imports inside functions
-count (a lazy import is still a dependency); those under `if TYPE_CHECKING:` do not.
+`ALLOWED` below); tests/test_import_graph.py runs the same checks. Every import counts: one
+inside a function (a lazy import is still a dependency) and one under `if TYPE_CHECKING:` (a
+type named across a circle is still a circle: each side must be read to understand the other).
 """
 
 from __future__ import annotations
@@ -81,22 +82,11 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(path: Path, known: set[str]) -> set[str]:
-    """The numaserve modules `path` imports, anywhere in it but under `if TYPE_CHECKING:`."""
+    """The numaserve modules `path` imports, anywhere in it."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

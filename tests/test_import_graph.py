@@ -48,6 +48,18 @@ def test_the_checks_find_a_cycle_and_an_import_across_the_lines():
     ]
 
 
+def test_an_import_for_type_checking_only_counts_as_an_import(tmp_path):
+    """A type named across a circle is a circle: each side is needed to read the other."""
+    module = tmp_path / "helper.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from numaserve.supervisor.arbiter import Supervisor\n"
+    )
+    known = {"numaserve.supervisor.arbiter"}
+    assert import_graph.imports_of(module, known) == known
+
+
 def test_the_script_prints_the_graph_and_passes():
     out = subprocess.run(
         [sys.executable, "-m", "tests.import_graph"], capture_output=True, text=True

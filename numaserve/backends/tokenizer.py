@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from numaserve.backends.wordpiece_memo import WordPieceMemo
 from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.tasks.tokens import Tokens
 
 
 class TooLongError(ValueError):
@@ -45,16 +46,6 @@ def load_fast_tokenizer(model_path: str) -> FastTokenizer:
             "vocabulary file (vocab.txt, vocab.json, *.model)"
         )
     return FastTokenizer.from_str(hf.backend_tokenizer.to_str())
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """What the tokenizer says of each token of one text (ner needs it for entities)."""
-
-    offsets: tuple[tuple[int, int], ...]  # character span in the text
-    special: tuple[bool, ...]  # [CLS], [SEP]: never an entity
-    pieces: tuple[str, ...]  # the token as the vocabulary spells it ("##ing")
-    unknown: tuple[bool, ...]  # the unknown token: a word of its own
 
 
 @dataclass(frozen=True)

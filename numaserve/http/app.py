@@ -8,23 +8,27 @@ numaserve's own) only translate between their API's shapes and the protocol's.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from numaserve.http import errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
-from numaserve.http.routes import ROUTES
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
 from numaserve.specs import HttpModel, HttpSpec
 
 
 class App:
-    def __init__(self, spec: HttpSpec, upstream: Upstream, keys: ApiKeys, stats: Stats):
+    def __init__(
+        self, spec: HttpSpec, upstream: Upstream, keys: ApiKeys, stats: Stats, routes: Iterable
+    ):
+        """`routes`: routes.ROUTES, every route served (the routes know the App; it knows
+        them only as the Route records it is given)."""
         self.spec, self.upstream, self.keys, self.stats = spec, upstream, keys, stats
-        self.routes = {(r.method, r.path): r for r in ROUTES}
-        self.paths = {r.path for r in ROUTES}
+        self.routes = {(r.method, r.path): r for r in routes}
+        self.paths = {r.path for r in self.routes.values()}
         self.models = {m.name: m for m in spec.models}
         self.started = int(time.time())
         self.tokenizers: dict[str, Any] = {}

@@ -25,6 +25,7 @@ from numaserve.http import errors
 from numaserve.http.app import App
 from numaserve.http.connection import Connection, sweep
 from numaserve.http.keys import ApiKeys
+from numaserve.http.routes import ROUTES
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
 from numaserve.router.process import begin, context
@@ -62,7 +63,7 @@ class Front:
         self.upstream = Upstream(self.ctx, shards, retry, spec.server.max_message_bytes)
         self.keys = ApiKeys(spec.server.http_api_keys_file)
         self.stats = Stats(spec.index)
-        self.app = App(spec, self.upstream, self.keys, self.stats)
+        self.app = App(spec, self.upstream, self.keys, self.stats, ROUTES)
         self.live: set[Connection] = set()
         self.draining = False
         self.stopped: asyncio.Future | None = None

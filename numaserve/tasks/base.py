@@ -13,16 +13,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from numaserve.tasks.agreement import Verdict, cosine_verdict
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 
-if TYPE_CHECKING:
-    from numaserve.backends.tokenizer import Tokenizer
-    from numaserve.requests import Request
-
 Bad = Callable[[str], Exception]  # makes the bad_request error for a message
+
+
+class Request(Protocol):
+    """What a task reads of a request (requests.Request, which names the task by TASKS, so
+    the tasks name it by its shape)."""
+
+    @property
+    def texts(self) -> tuple: ...
+
+    @property
+    def options(self) -> dict[str, Any]: ...
+
+
+class Tokenizer(Protocol):
+    """What a task asks of the router's tokenizer (backends/tokenizer.py)."""
+
+    word_aware: bool  # whole words known from the pieces (ner's aggregation)
+
+    def encode(self, texts: list, truncate: bool | None = None, left: bool = False) -> list: ...
+
+    def encode_tagged(
+        self, texts: list[str], truncate: bool | None = None, left: bool = False
+    ) -> list: ...
 
 
 class Output(str, Enum):

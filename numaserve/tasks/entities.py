@@ -10,12 +10,9 @@ an uncased model).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from numaserve.backends.tokenizer import Tokens
+from numaserve.tasks.tokens import Tokens
 
 IGNORED = "O"  # the pipeline's ignore_labels: tokens outside any entity
 
