@@ -36,10 +36,10 @@ import torch
 from benchmarks.accuracy import AREA_OF, VARIANTS
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.model_paths import resolve_model_path
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.host.topology import read_topology
-from numaserve.modelpath import resolve_model_path
 from numaserve.tasks.entities import entities
 
 NER_LABELS = ("O", "B-CODE", "I-CODE", "B-NUM", "I-NUM")

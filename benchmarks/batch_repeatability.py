@@ -18,7 +18,7 @@ import numpy as np
 from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
 

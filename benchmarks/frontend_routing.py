@@ -26,10 +26,10 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import protocol
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.specs import FrontendSpec, Route
+from numaserve.processes.specs import FrontendSpec, Route
 from numaserve.testing.cluster import free_port
+from numaserve.wire import protocol
 
 MODELS = ("toxicity", "embed")
 TEXT = "the quick brown fox jumps over the lazy dog, and then some more words"

@@ -96,7 +96,7 @@ RAW = """
 import json, os, time
 os.sched_setaffinity(0, {{{cpu}}})
 from numaserve.backends import load_model
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 model = load_model(ModelConfig(path={model!r}, max_length=256), isa={isa!r}, threads=1)
 texts = json.load(open({ids_file!r}))
 for ids in texts[:20]:

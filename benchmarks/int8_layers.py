@@ -39,7 +39,7 @@ from benchmarks.accuracy_tasks import (
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.backends.torch import linear_layers, load_transformers_model
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.host.topology import format_topology, read_topology
 
 # Each group: a regular expression over the model's Linear layers' module paths; the layers it

@@ -62,7 +62,7 @@ def offered(isa) -> list[tuple]:
 
 def load(candidate: tuple, isa, calibration: list[list[int]]):
     from numaserve.backends import load_model
-    from numaserve.config import ModelConfig
+    from numaserve.config.schema import ModelConfig
 
     backend, quantize, keep = candidate
     if backend.startswith("static"):
@@ -160,7 +160,7 @@ def pss_here(model, tokenizer) -> float:
 def judge_all(candidates, isa, calibration, tokenizer, gate_set) -> tuple[dict, dict]:
     from numaserve.backends import load_model
     from numaserve.backends.gate import Gate
-    from numaserve.config import ModelConfig
+    from numaserve.config.schema import ModelConfig
 
     reference = load_model(ModelConfig(backend="torch", quantize="none"), isa, 1)
     gate = Gate("embed", tokenizer, gate_set, reference)

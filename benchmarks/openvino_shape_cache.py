@@ -25,7 +25,7 @@ def main() -> None:
     import psutil
 
     from numaserve.backends import load_model, openvino
-    from numaserve.config import ModelConfig
+    from numaserve.config.schema import ModelConfig
     from numaserve.host.topology import read_topology
 
     if args.capacity != "default":

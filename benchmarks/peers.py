@@ -51,11 +51,11 @@ from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import Client
-from numaserve.config import ModelConfig, load_config
+from numaserve.config.model_paths import resolve_model_path
+from numaserve.config.schema import ModelConfig, load_config
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
-from numaserve.modelpath import resolve_model_path
 from numaserve.testing.cluster import free_port
 from numaserve.testing.server import ENDPOINT, Server
 

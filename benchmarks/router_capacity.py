@@ -45,13 +45,13 @@ import msgpack
 import psutil
 import zmq
 
-from numaserve import protocol
-from numaserve.config import CurveConfig, ModelConfig, PoolConfig, ServerConfig
+from numaserve.config.schema import CurveConfig, ModelConfig, PoolConfig, ServerConfig
 from numaserve.corpus import stdlib_sentences
-from numaserve.curve import ClientKeys, keygen, read_key_pair
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.specs import FrontendSpec, RouterSpec
+from numaserve.processes.specs import FrontendSpec, RouterSpec
 from numaserve.testing.cluster import free_port
+from numaserve.wire import protocol
+from numaserve.wire.curve import ClientKeys, keygen, read_key_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 ERROR = msgpack.packb("status") + msgpack.packb("error")  # in an error reply's body

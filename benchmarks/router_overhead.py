@@ -33,9 +33,9 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import protocol
 from numaserve.corpus import stdlib_sentences
 from numaserve.testing.cluster import Cluster, free_port  # the router and one worker, no supervisor
+from numaserve.wire import protocol
 
 CONFIG = """
 model: {{path: "{model}"}}
@@ -52,7 +52,7 @@ class InProcess:
     CODE = """
 import json, os, sys, time
 os.sched_setaffinity(0, {{{cpu}}})
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.host.topology import read_topology

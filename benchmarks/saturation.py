@@ -58,7 +58,7 @@ def main() -> None:
 
     from numaserve.backends import load_model
     from numaserve.backends.tokenizer import Tokenizer
-    from numaserve.config import ModelConfig
+    from numaserve.config.schema import ModelConfig
     from numaserve.corpus import stdlib_sentences
     from numaserve.host.topology import read_topology
 

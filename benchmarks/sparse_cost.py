@@ -25,10 +25,10 @@ from pathlib import Path
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.model_paths import resolve_model_path
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_passages, stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
-from numaserve.modelpath import resolve_model_path
 
 ROUND_S = 3.0
 

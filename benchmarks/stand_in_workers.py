@@ -18,7 +18,7 @@ import time
 import msgpack
 import zmq
 
-from numaserve import protocol
+from numaserve.wire import protocol
 
 VECTOR = b"\x00\x00\x00?" * 4  # four float32 0.5s, little-endian
 

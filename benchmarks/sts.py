@@ -26,8 +26,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from numaserve.client import Client
+from numaserve.config.model_paths import resolve_model_path
 from numaserve.host.topology import read_topology
-from numaserve.modelpath import resolve_model_path
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """\

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.peers import mixed_texts
-from numaserve.config import load_config
+from numaserve.config.schema import load_config
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.ledger import ledger_dir
 from numaserve.host.topology import format_topology, read_topology

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import protocol
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
-from numaserve.specs import WorkerSpec
+from numaserve.processes.specs import WorkerSpec
+from numaserve.wire import protocol
 
 TOKENS = 12
 IN_FLIGHT = 2  # per worker: hides the round trip, as a router's queue does
@@ -53,7 +53,7 @@ def raw_loop(model_dir: Path, seconds: float, isa) -> float:
     code = f"""
 import os, time, json
 os.sched_setaffinity(0, {{0}})
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.backends import load_model
 m = load_model(ModelConfig(path={str(model_dir)!r}), isa={tuple(isa)!r}, threads=1)
 ids = [{sample_ids()!r}]

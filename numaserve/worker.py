@@ -7,7 +7,7 @@ Two threads, each with its own connection to the router: the main (model) thread
 runs, computes and sends results on the job connection, with no hand-off between threads; the
 control thread sends and hears heartbeats on the control connection, so they keep flowing
 while a long forward pass runs. They talk over an inproc PAIR socket.
-Run as `python -m numaserve.worker --spec JSON` (a WorkerSpec, specs.py).
+Run as `python -m numaserve.worker --spec JSON` (a WorkerSpec, processes/specs.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from numaserve import exitcodes, protocol
-from numaserve.config_precision import needs_prepare
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.precisions import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
     BOUND_BY,
@@ -34,9 +34,10 @@ from numaserve.host.pinning import (
     restart_under_numactl,
     thread_settings,
 )
-from numaserve.lifecycle import die_with_parent, read_spec
-from numaserve.modelpath import ModelLoadError
-from numaserve.specs import WorkerSpec, model_key
+from numaserve.processes import exitcodes
+from numaserve.processes.lifecycle import die_with_parent, read_spec
+from numaserve.processes.specs import WorkerSpec, model_key
+from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.worker")
 CONTROL = "inproc://control"

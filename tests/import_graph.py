@@ -16,48 +16,38 @@ from pathlib import Path
 PACKAGE = Path(__file__).parents[1] / "numaserve"
 
 # Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
-# subpackage, or one of the top-level modules; "base" is the modules every part shares.
-BASE = {
-    "addresses",
-    "config",
-    "modelpath",
-    "protocol",
-    "requests",
-    "tasks",
-    "whole_status",
-    "exitcodes",
-    "logs",
-    "procinfo",
-    "lifecycle",
-    "curve",
-    "config_files",
-    "config_ports",
-    "keys_file",
-    "config_precision",
-    "corpus",
-}
+# subpackage, or one of the top-level modules ("root" is the package itself: its version).
+# The shared base is config/, wire/, tasks/, status/ and corpus.py: each may import only the
+# others of the base; processes/ (how every child process begins, and what it is told) sits on
+# the base and host/.
+SHARED = {"root", "config", "wire", "tasks", "status", "corpus"}
 ALLOWED = {
-    "base": {"base"},
-    "host": {"base", "host"},
-    "specs": {"base", "host"},
-    "backends": {"base", "backends"},
-    "router": {"base", "host", "specs", "backends", "router"},
-    "worker": {"base", "host", "specs", "backends"},
+    "root": {"root"},
+    "config": {"root", "config", "tasks", "wire"},
+    "wire": {"root", "wire", "tasks", "config"},
+    "tasks": {"root", "tasks", "wire", "config"},
+    "status": {"root", "status", "wire"},
+    "corpus": {"root", "corpus"},
+    "host": {"root", "config", "host"},
+    "processes": SHARED | {"host", "processes"},
+    "backends": SHARED | {"processes", "backends"},
+    "router": SHARED | {"host", "processes", "backends", "router"},
+    "worker": SHARED | {"host", "processes", "backends"},
     # An HTTP front starts as a router-side process does (router/process.py) and counts as a
     # shard does (router/metrics.py); it tokenizes only for /tokenize, /decode and token ids.
-    "http": {"base", "host", "specs", "backends", "router", "http"},
-    "monitoring": {"base", "host", "monitoring"},
-    "supervisor": {"base", "host", "specs", "monitoring", "supervisor"},
-    "client": {"base", "client"},
-    "loadgen": {"base", "client", "loadgen"},
-    "testing": {"base", "host", "specs", "client", "testing"},
+    "http": SHARED | {"host", "processes", "backends", "router", "http"},
+    "monitoring": SHARED | {"host", "monitoring"},
+    "supervisor": SHARED | {"host", "processes", "monitoring", "supervisor"},
+    "client": SHARED | {"client"},
+    "loadgen": SHARED | {"client", "loadgen"},
+    "testing": SHARED | {"host", "processes", "client", "testing"},
     # tune measures the model (backends) and verifies real servers (testing, loadgen).
-    "tune": {"base", "host", "specs", "backends", "client", "loadgen", "testing", "tune"},
-    "cli": {
+    "tune": SHARED | {"host", "processes", "backends", "client", "loadgen", "testing", "tune"},
+    "cli": SHARED
+    | {
         "cli",
-        "base",
         "host",
-        "specs",
+        "processes",
         "backends",
         "router",
         "monitoring",
@@ -142,11 +132,9 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def part(module: str) -> str:
-    """`numaserve.router.loop` -> router; `numaserve.config` -> base; `numaserve` -> base."""
+    """`numaserve.router.loop` -> router; `numaserve.corpus` -> corpus; `numaserve` -> root."""
     parts = module.split(".")
-    if len(parts) == 1:
-        return "base"
-    return "base" if parts[1] in BASE else parts[1]
+    return "root" if len(parts) == 1 else parts[1]
 
 
 def forbidden(g: dict[str, set[str]]) -> list[str]:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import architectures, save_tiny_model
 
 ARCHITECTURES = list(architectures())

@@ -17,9 +17,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve import protocol
 from numaserve.client import Client
 from numaserve.testing.load import RawLoad
+from numaserve.wire import protocol
 from tests.harness import server as server_
 from tests.harness.processes import still_running
 

@@ -22,9 +22,9 @@ from numaserve.backends.choice import (
     ensure_choice,
 )
 from numaserve.backends.gate import gate_texts
-from numaserve.config import ModelConfig
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_passages
-from numaserve.modelpath import ModelLoadError
 from tests.harness.router_side import ISA
 
 TEXTS = gate_texts(stdlib_passages(), 48)
@@ -186,7 +186,7 @@ def test_one_choice_serves_every_padding_and_truncation():
 
 
 def test_pools_bands_run_from_the_next_shorter_pools_max_tokens():
-    from numaserve.config import PoolConfig
+    from numaserve.config.schema import PoolConfig
 
     pools = (PoolConfig("long", 512), PoolConfig("short", 32), PoolConfig("mid", 128))
     assert bands(pools, 256) == (

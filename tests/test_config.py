@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from numaserve.config import AUTO, Config, ConfigError, PoolConfig, load_config, parse_config
+from numaserve.config.schema import AUTO, Config, ConfigError, PoolConfig, load_config, parse_config
 from numaserve.host.topology import CORE_TYPES
 
 CONFIGS = Path(__file__).parents[1] / "configs"

@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from numaserve.config import ConfigError, parse_config
-from numaserve.config_ports import Ports
+from numaserve.config.ports import Ports
+from numaserve.config.schema import ConfigError, parse_config
 from tests.harness.console import numaserve
 
 

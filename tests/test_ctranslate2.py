@@ -11,8 +11,8 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.ct2_build import CONVERTED
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_model
 from tests.harness.router_side import (
     ISA,
@@ -85,7 +85,7 @@ def test_an_architecture_ctranslate2_cannot_convert_is_refused_at_once(tmp_path,
 
 
 def test_keep_fp32_with_ctranslate2_is_refused_when_the_config_is_read():
-    from numaserve.config_precision import precision_problem
+    from numaserve.config.precisions import precision_problem
 
     problem = precision_problem("ctranslate2", "int8", ("classifier",), "model")
     assert problem and "backend ctranslate2 quantizes every Linear layer or none" in problem
@@ -94,7 +94,7 @@ def test_keep_fp32_with_ctranslate2_is_refused_when_the_config_is_read():
 def test_a_ctranslate2_worker_never_loads_torch(classifier_dir, cache):
     code = (
         "import sys\n"
-        "from numaserve.config import ModelConfig\n"
+        "from numaserve.config.schema import ModelConfig\n"
         "from numaserve.backends import load_model\n"
         f"m = load_model(ModelConfig(path={str(classifier_dir)!r}, task='classify', "
         "backend='ctranslate2', quantize='int8'))\n"

@@ -12,11 +12,11 @@ import time
 import pytest
 import zmq
 
-from numaserve import protocol
 from numaserve.client import AsyncClient, Client, ClientKeys, HandshakeFailed, Timeout
-from numaserve.config import ConfigError, parse_config
-from numaserve.curve import CurveError, keygen, read_key_pair, read_public_key
+from numaserve.config.schema import ConfigError, parse_config
 from numaserve.testing.cluster import Cluster
+from numaserve.wire import protocol
+from numaserve.wire.curve import CurveError, keygen, read_key_pair, read_public_key
 from tests.harness.console import numaserve
 from tests.harness.server import Server
 
@@ -107,7 +107,7 @@ def test_a_key_pair_this_user_cannot_read_is_named_as_such(tmp_path):
     tmp_path.chmod(0o755)
     code = (
         "import os\n"
-        "from numaserve.curve import read_key_pair, CurveError\n"
+        "from numaserve.wire.curve import read_key_pair, CurveError\n"
         "os.setgid(65534); os.setuid(65534)  # nobody, once the imports are done\n"
         f"try: read_key_pair({str(secret)!r}, 'key')\n"
         "except CurveError as e: print(e)\n"

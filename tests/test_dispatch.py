@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
-from numaserve.config import PoolConfig
-from numaserve.protocol import ErrorCode
+from numaserve.config.schema import PoolConfig
 from numaserve.router.dispatch import MAX_PADDING, Dispatcher, Item
+from numaserve.wire.protocol import ErrorCode
 
 SHORT, LONG = 0, 1
 

@@ -12,9 +12,9 @@ import msgpack
 import pytest
 import zmq
 
-from numaserve import protocol
-from numaserve.specs import FrontendSpec, Route
+from numaserve.processes.specs import FrontendSpec, Route
 from numaserve.testing.cluster import free_port
+from numaserve.wire import protocol
 
 
 @pytest.fixture

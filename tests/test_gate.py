@@ -7,7 +7,7 @@ import pytest
 from numaserve.backends import load_model
 from numaserve.backends.gate import Gate, gate_texts
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import passages, stdlib_passages
 from numaserve.tasks.agreement import agreement_verdict, cosine_verdict, f1_verdict
 

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from numaserve.config import ConfigError, parse_config
+from numaserve.config.schema import ConfigError, parse_config
 from numaserve.http import errors
 from numaserve.http.connection import Connection, Request, Response, sweep
 from numaserve.http.errors import ApiError

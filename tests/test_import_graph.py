@@ -68,7 +68,7 @@ def test_the_script_prints_the_graph_and_passes():
     arbiter = next(
         line for line in out.stdout.splitlines() if line.startswith("numaserve.supervisor.arbiter:")
     )
-    assert "numaserve.config," in arbiter
+    assert "numaserve.config.schema," in arbiter
 
 
 def test_importing_the_supervisor_loads_neither_the_router_nor_a_model_runtime():
@@ -78,7 +78,7 @@ def test_importing_the_supervisor_loads_neither_the_router_nor_a_model_runtime()
 
 
 @pytest.mark.parametrize(
-    "module", ["numaserve.router.loop", "numaserve.worker", "numaserve.http.server"]
+    "module", ["numaserve.router.loop", "numaserve.worker", "numaserve.http.front"]
 )
 def test_the_router_worker_and_http_front_load_no_runtime_before_they_pin_themselves(module):
     # A runtime's thread pool started before pinning keeps the old affinity (docs/worker.md);

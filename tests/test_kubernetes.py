@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from numaserve.config import parse_config
+from numaserve.config.schema import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"

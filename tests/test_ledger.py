@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from numaserve.config import PlacementConfig, PoolConfig
+from numaserve.config.schema import PlacementConfig, PoolConfig
 from numaserve.host import ledger as ledger_
 from numaserve.host.ledger import (
     CoresHeldError,

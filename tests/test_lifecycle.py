@@ -4,9 +4,9 @@ import os
 import subprocess
 import sys
 
-from numaserve.config import PoolConfig, ServerConfig
-from numaserve.lifecycle import PARENT_ENV
-from numaserve.specs import RouterSpec
+from numaserve.config.schema import PoolConfig, ServerConfig
+from numaserve.processes.lifecycle import PARENT_ENV
+from numaserve.processes.specs import RouterSpec
 from numaserve.testing.cluster import free_port
 
 

@@ -2,7 +2,7 @@
 
 import logging
 
-from numaserve.logs import Summary
+from numaserve.processes.logs import Summary
 
 log = logging.getLogger("numaserve.test-summary")
 

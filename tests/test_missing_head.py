@@ -8,8 +8,8 @@ import time
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.harness.console import numaserve
 

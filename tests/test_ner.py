@@ -13,11 +13,11 @@ import pytest
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.client import AsyncClient, Entities, Entity
-from numaserve.config import ModelConfig
-from numaserve.requests import RequestError, parse_request
+from numaserve.config.schema import ModelConfig
 from numaserve.tasks.entities import entities
 from numaserve.tasks.ner import AGGREGATIONS
 from numaserve.testing.cluster import Cluster
+from numaserve.wire.requests import RequestError, parse_request
 from tests.harness.checkpoints import (
     architectures,
     save_byte_level_bpe_tokenizer,

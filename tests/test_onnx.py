@@ -15,14 +15,14 @@ import numpy as np
 import psutil
 import pytest
 
-from numaserve import protocol
 from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import ModelLoadError
+from numaserve.wire import protocol
 from tests.harness.console import numaserve
 from tests.harness.processes import wait_gone
 from tests.harness.router_side import (
@@ -76,7 +76,7 @@ def test_int8_artifact_of_minilm_keeps_embeddings_within_cosine_0_99(cache):
 BUILD = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.backends import load_model
 model = load_model(ModelConfig(path=sys.argv[1], task="classify", backend="onnxruntime", quantize="int8"))
 print(model.artifact, model.run([[101, 7592, 102]])[0].label)
@@ -158,7 +158,7 @@ def building(proc: psutil.Process) -> bool:
 
 def test_a_build_dies_with_the_worker_that_started_it(cache):
     # MiniLM: its build takes about 8 s, so a build that outlived its worker would be seen.
-    code = "from numaserve.config import ModelConfig\n" + (
+    code = "from numaserve.config.schema import ModelConfig\n" + (
         "from numaserve.backends import load_model\nload_model(ModelConfig(backend='onnxruntime', quantize='int8'))"
     )
     worker = subprocess.Popen([sys.executable, "-c", code])
@@ -182,7 +182,7 @@ def test_onnxruntime_not_installed_is_a_clear_error(tmp_path):
     # uninstalling onnxruntime inside a test is not an option.
     code = (
         "import sys; sys.modules['onnxruntime'] = None\n"
-        "from numaserve.config import ModelConfig\n"
+        "from numaserve.config.schema import ModelConfig\n"
         "from numaserve.backends import load_model\n"
         "load_model(ModelConfig(backend='onnxruntime', quantize='int8'))\n"
     )

@@ -10,8 +10,8 @@ import pytest
 
 from numaserve.backends import load_model, prepare_model
 from numaserve.backends.openvino import BF16_ISA
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from tests.harness.router_side import (
     ISA,
     pinned_worker_serves,
@@ -63,7 +63,7 @@ def test_openvino_runs_with_its_usage_statistics_unloaded(classifier_dir, cache)
     # itself when nothing stops it.
     code = (
         "import sys\n"
-        "from numaserve.config import ModelConfig\n"
+        "from numaserve.config.schema import ModelConfig\n"
         "from numaserve.backends import load_model\n"
         f"load_model(ModelConfig(path={str(classifier_dir)!r}, task='classify', "
         "backend='openvino', quantize='none'))\n"
@@ -78,7 +78,7 @@ def test_openvino_not_installed_is_a_clear_error():
     # Fakes the missing package (a sys.modules entry of None makes its import fail).
     code = (
         "import sys; sys.modules['openvino'] = None\n"
-        "from numaserve.config import ModelConfig\n"
+        "from numaserve.config.schema import ModelConfig\n"
         "from numaserve.backends import load_model\n"
         "load_model(ModelConfig(backend='openvino', quantize='none'))\n"
     )

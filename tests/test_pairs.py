@@ -10,15 +10,15 @@ import warnings
 import numpy as np
 import pytest
 
-from numaserve import protocol
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.client import AsyncClient, BadRequest, Ranked
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.requests import Request, RequestError, parse_request
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.schema import ModelConfig
 from numaserve.tasks.rerank import ranked
 from numaserve.testing.cluster import Cluster
+from numaserve.wire import protocol
+from numaserve.wire.requests import Request, RequestError, parse_request
 from tests.harness.checkpoints import (
     LABELS,
     architectures,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numaserve.config import AUTO, PlacementConfig, PoolConfig
+from numaserve.config.schema import AUTO, PlacementConfig, PoolConfig
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import Core, CPUTopology, Node, read_topology
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numaserve.config import AUTO, PlacementConfig, PoolConfig, ServedModel, parse_config
+from numaserve.config.schema import AUTO, PlacementConfig, PoolConfig, ServedModel, parse_config
 from numaserve.host.placement import PlacementError, format_plan, plan_placement, replan
 from numaserve.host.topology import read_topology
 from tests.test_placement import topologies

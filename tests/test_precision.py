@@ -9,9 +9,9 @@ import torch
 from numaserve.backends import load_model
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ConfigError, ModelConfig, parse_config
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ConfigError, ModelConfig, parse_config
 from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import ModelLoadError
 from tests.harness.router_side import ISA
 
 LINEARS = [

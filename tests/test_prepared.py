@@ -12,9 +12,9 @@ from numaserve.backends import load_prepared, prepare_model
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.backends.prepared import Prepared
-from numaserve.config import ModelConfig, load_config
-from numaserve.modelpath import ModelLoadError
-from numaserve.specs import record_path
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig, load_config
+from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve
 from tests.harness.router_side import ISA
 

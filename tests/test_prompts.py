@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from numaserve.client import Client, NumaserveError
-from numaserve.modelpath import ModelLoadError
-from numaserve.requests import RequestError, parse_request
+from numaserve.config.model_paths import ModelLoadError
 from numaserve.tasks.prompts import Prompts
 from numaserve.testing.server import ENDPOINT, Server
+from numaserve.wire.requests import RequestError, parse_request
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.harness.console import numaserve
 

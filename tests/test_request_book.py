@@ -6,15 +6,15 @@ import time
 
 import pytest
 
-from numaserve import protocol
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import PoolConfig
-from numaserve.protocol import ErrorCode
-from numaserve.requests import Request
+from numaserve.config.schema import PoolConfig
 from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher
 from numaserve.router.metrics import RouterMetrics
+from numaserve.wire import protocol
+from numaserve.wire.protocol import ErrorCode
+from numaserve.wire.requests import Request
 
 POOLS = [PoolConfig(name="short", max_tokens=32), PoolConfig(name="long", max_tokens=128)]
 

@@ -20,9 +20,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve import protocol
 from numaserve.client import AsyncClient, BadRequest, Client, DeadlineExceeded, Overloaded, TooLong
 from numaserve.testing.cluster import Cluster
+from numaserve.wire import protocol
 from tests.harness.waiting import eventually
 
 # A named model path: `quantize: auto` would race the candidates for each of these layouts

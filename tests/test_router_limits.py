@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from numaserve import protocol
+from numaserve.wire import protocol
 from tests.harness.stand_in import InProcessRouter
 
 

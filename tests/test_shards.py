@@ -2,11 +2,11 @@
 
 import pytest
 
-from numaserve.config import AUTO, Config, PlacementConfig, ServerConfig
+from numaserve.config.schema import AUTO, Config, PlacementConfig, ServerConfig
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.shards import plan_shards
 from numaserve.host.topology import read_topology
-from numaserve.specs import deployment
+from numaserve.processes.specs import deployment
 from tests.test_placement import FIXTURE_MACHINES, pools
 
 

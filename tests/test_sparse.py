@@ -10,8 +10,8 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_splade, sparse_encoder_weights
 
 TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "a fox"]

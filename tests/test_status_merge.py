@@ -2,7 +2,7 @@
 hand-made shard statuses."""
 
 from numaserve.router.status import format_status
-from numaserve.whole_status import whole_server
+from numaserve.status.merge import whole_server
 
 
 def shard(n: int, instances: list[dict], model: str = "default") -> dict:
@@ -78,7 +78,7 @@ def test_the_status_table_names_each_instances_model_and_each_pools():
 
 
 def test_a_supervised_shard_shows_the_affinity_the_supervisor_read_not_its_own_proc_read():
-    from numaserve.config import PoolConfig
+    from numaserve.config.schema import PoolConfig
     from numaserve.router.dispatch import Dispatcher
     from numaserve.router.status import instances
 

@@ -9,7 +9,8 @@ import time
 import pytest
 import zmq
 
-from numaserve import procinfo, protocol
+from numaserve.processes import procinfo
+from numaserve.wire import protocol
 from tests.harness.console import numaserve
 from tests.harness.stand_in import InProcessRouter
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from numaserve import exitcodes, procinfo
 from numaserve.client import Client, NoInstance, NumaserveError
-from numaserve.config import load_config
+from numaserve.config.model_paths import resolve_model_path
+from numaserve.config.schema import load_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
-from numaserve.modelpath import resolve_model_path
+from numaserve.processes import exitcodes, procinfo
 from tests.harness import server as server_
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from numaserve import exitcodes
+from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Announce, Child, Limits, Signal, Spawn, State, Terminate
 from numaserve.supervisor.reconcile import Abort, Reconcile, Replace, Started
 from numaserve.supervisor.stop import Stop

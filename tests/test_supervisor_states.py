@@ -8,8 +8,8 @@ from collections import deque
 
 import pytest
 
-from numaserve import exitcodes
-from numaserve.config_ports import Ports
+from numaserve.config.ports import Ports
+from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Child, State, TransitionError
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.stop import FAST_STOP_EXIT

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from numaserve import exitcodes
-from numaserve.config import SupervisorConfig
+from numaserve.config.schema import SupervisorConfig
+from numaserve.processes import exitcodes
 
 UNIT = Path(__file__).parents[1] / "systemd" / "numaserve.service"
 

@@ -7,12 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from numaserve.requests import OWNERS, REQUEST_KEYS, parse_request
 from numaserve.tasks import NAMES, TASKS
+from numaserve.wire.requests import OWNERS, REQUEST_KEYS, parse_request
 
 PACKAGE = Path(__file__).parents[1] / "numaserve"
 # What runs a request: parsing, the router, the worker, the backends, the supervisor.
-MACHINERY = ["protocol.py", "requests.py", "specs.py", "worker.py", "router", "backends", "host"]
+MACHINERY = [
+    "wire/protocol.py",
+    "wire/requests.py",
+    "processes/specs.py",
+    "worker.py",
+    "router",
+    "backends",
+    "host",
+]
 
 
 def _task_names_in(path: Path) -> list[str]:
@@ -27,6 +35,7 @@ def _task_names_in(path: Path) -> list[str]:
 @pytest.mark.parametrize("part", MACHINERY)
 def test_the_machinery_names_no_task(part):
     root = PACKAGE / part
+    assert root.exists(), root
     files = [root] if root.is_file() else sorted(root.rglob("*.py"))
     assert [hit for path in files for hit in _task_names_in(path)] == []
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.corpus import stdlib_sentences
-from numaserve.modelpath import ModelLoadError, resolve_model_path
 
 SENTENCES = stdlib_sentences(300)
 

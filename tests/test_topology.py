@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numaserve.config import PlacementConfig
+from numaserve.config.schema import PlacementConfig
 from numaserve.host.cpulist import parse_cpulist
 from numaserve.host.isa import INTERESTING_ISA
 from numaserve.host.placement import plan_placement

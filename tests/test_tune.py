@@ -18,7 +18,7 @@ import yaml
 
 from numaserve.backends.choice import ModelPath
 from numaserve.client import Client
-from numaserve.config import ModelConfig, load_config
+from numaserve.config.schema import ModelConfig, load_config
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.host.topology import read_topology
 from numaserve.testing.server import Server

@@ -3,7 +3,7 @@ the shards never forward their statuses to each other. On a FAKE OS (tests/harne
 fake_system.py): the fake shards answer the supervisor as the real ones do (router/loop.py),
 and tests/test_router_shards.py (slow) asks real shards."""
 
-from numaserve import protocol
+from numaserve.wire import protocol
 from tests.harness.fake_system import Rig
 
 

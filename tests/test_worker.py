@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from numaserve import exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import ModelConfig
+from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import live_affinity, read_numa_maps
+from numaserve.processes import exitcodes
+from numaserve.wire import protocol
 from tests.harness.processes import wait_gone
 from tests.harness.router_side import RouterSide, start_worker, worker_spec
 from tests.harness.seccomp import UNDER_DEFAULT_PROFILE

@@ -24,8 +24,8 @@ from numaserve.backends.choice import (
     named,
 )
 from numaserve.backends.prepared import PoolPath, Prepared
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.schema import ModelConfig
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from numaserve import exitcodes
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
+from numaserve.processes import exitcodes
 
 log = logging.getLogger("numaserve.backends")
 T = TypeVar("T")
@@ -211,7 +211,7 @@ def build_main(argv: list[str] | None, module: str, build, failure: str) -> int:
     import signal
     import traceback
 
-    from numaserve.lifecycle import die_with_parent
+    from numaserve.processes.lifecycle import die_with_parent
 
     parser = argparse.ArgumentParser(prog=f"python -m {module}")
     parser.add_argument("config", help="the model config, as JSON")

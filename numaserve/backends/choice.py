@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.race import Standing, race, ratios, winner
-from numaserve.config import ModelConfig
-from numaserve.config_precision import PRECISIONS
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.precisions import PRECISIONS
+from numaserve.config.schema import ModelConfig
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model

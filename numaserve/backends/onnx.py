@@ -10,8 +10,8 @@ import numpy as np
 from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from numaserve.backends.artifacts import Build, build_main, cache_root, ensure, key_of
 from numaserve.backends.base import ModelFacts, uses_token_types
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 
 log = logging.getLogger(__name__)

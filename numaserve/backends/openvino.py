@@ -17,8 +17,8 @@ import numpy as np
 
 from numaserve.backends.base import Model
 from numaserve.backends.onnx import prepare_artifact
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 
 BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
 # Compiled kernels kept per input shape. OpenVINO's default (5000) let one instance grow from

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import ModelPath
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as FastTokenizer
 
 from numaserve.backends.wordpiece_memo import WordPieceMemo
-from numaserve.modelpath import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.tasks.tokens import Tokens
 
 

@@ -17,8 +17,8 @@ from numaserve.backends.base import (
     usable_positions,
 )
 from numaserve.backends.precision import kept_in_fp32
-from numaserve.config import ModelConfig
-from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError, read_json, resolve_model_path
+from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output
 from numaserve.tasks.sparse import SPLADE

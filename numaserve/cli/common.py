@@ -9,9 +9,10 @@ from pathlib import Path
 
 import click
 
-from numaserve import __version__, exitcodes
+from numaserve import __version__
 from numaserve.host.cpulist import CPUListError, parse_cpulist
 from numaserve.host.topology import LIVE_SYSFS, TopologyError, read_topology
+from numaserve.processes import exitcodes
 
 
 class UserError(click.ClickException):
@@ -37,7 +38,7 @@ class ModelError(click.ClickException):
 def model_problems(config) -> list[str]:
     """What is wrong with each model's path, checked before anything is planned or started:
     a missing directory is the config's mistake, not an instance's failure seconds later."""
-    from numaserve.modelpath import ModelLoadError, resolve_model_path
+    from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 
     problems = []
     for i, served in enumerate(config.models):
@@ -202,7 +203,7 @@ def asked_model() -> str | None:
 
 def client_keys():
     """The ClientKeys of --server-key and --client-key; None without them."""
-    from numaserve.curve import ClientKeys, CurveError
+    from numaserve.wire.curve import ClientKeys, CurveError
 
     meta = click.get_current_context().meta
     server, client = meta.get("numaserve.server_key"), meta.get("numaserve.client_key")

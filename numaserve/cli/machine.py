@@ -16,7 +16,7 @@ from numaserve.cli.common import (
     read_machine,
     sysfs_option,
 )
-from numaserve.config import ConfigError, load_config
+from numaserve.config.schema import ConfigError, load_config
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around
 from numaserve.host.placement import PlacementError, format_plan

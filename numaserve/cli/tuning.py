@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from numaserve.cli.common import HeldError, ModelError, UserError, config_option, main, read_machine
-from numaserve.config import ConfigError
+from numaserve.config.schema import ConfigError
 
 
 @main.command()
@@ -50,7 +50,7 @@ def tune(config_path: str, corpus: str, p99_ms: float, minutes: float, out: str)
     around other numaserve servers' cores (the ledger), and stops everything it started on
     any exit."""
     from numaserve.loadgen.bench import CorpusError, load_corpus
-    from numaserve.logs import setup_logging
+    from numaserve.processes.logs import setup_logging
     from numaserve.tune.measure import MeasureError
     from numaserve.tune.run import NoCoresError, NoModelError, TuneError
     from numaserve.tune.run import tune as run_tune

@@ -54,7 +54,6 @@ from numaserve.client.errors import (
     TooLong,
     Unreachable,
 )
-from numaserve.curve import ClientKeys
 
 # The results each task returns, importable from here: `from numaserve.client import Embedding`.
 from numaserve.tasks.classify import Classification
@@ -62,6 +61,7 @@ from numaserve.tasks.embed import Embedding, TokenEmbedding
 from numaserve.tasks.ner import Entities, Entity
 from numaserve.tasks.rerank import Ranked
 from numaserve.tasks.sparse import SparseEmbedding
+from numaserve.wire.curve import ClientKeys
 
 __all__ = [
     "AsyncClient",

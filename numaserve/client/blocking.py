@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import zmq
 
-from numaserve import protocol
 from numaserve.client.arguments import (
     Texts,
     as_batch,
@@ -23,6 +22,7 @@ from numaserve.client.calls import WATCH_POLL_S, Calls, Link
 from numaserve.client.errors import NumaserveError, Timeout
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
+from numaserve.wire import protocol
 
 
 class Client(Calls):

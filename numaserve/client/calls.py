@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import zmq
 
-from numaserve import protocol
 from numaserve.client.endpoints import RESOLVE_EVERY_S, Endpoints
 from numaserve.client.errors import (
     ERRORS,
@@ -26,7 +25,8 @@ from numaserve.client.errors import (
 )
 from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
-from numaserve.curve import ClientKeys
+from numaserve.wire import protocol
+from numaserve.wire.curve import ClientKeys
 
 WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a reply is awaited
 

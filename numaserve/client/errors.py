@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from numaserve.protocol import ErrorCode
+from numaserve.wire.protocol import ErrorCode
 
 
 class NumaserveError(Exception):

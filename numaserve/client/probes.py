@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from numaserve import protocol
+from numaserve.wire import protocol
 
 
 @dataclass

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.config import PlacementConfig, ServedModel
+from numaserve.config.schema import PlacementConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, Plan, plan_placement
 from numaserve.host.topology import CPUTopology

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from numaserve.config import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
+from numaserve.config.schema import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.topology import Core, CPUTopology
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from numaserve.config import AUTO
+from numaserve.config.schema import AUTO
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, Plan, Slot
 from numaserve.host.topology import CPUTopology

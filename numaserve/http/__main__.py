@@ -2,6 +2,6 @@
 
 import sys
 
-from numaserve.http.server import main
+from numaserve.http.front import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
-from numaserve.specs import HttpModel, HttpSpec
+from numaserve.processes.specs import HttpModel, HttpSpec
 
 
 class App:

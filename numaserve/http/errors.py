@@ -12,7 +12,7 @@ from collections.abc import Callable
 import orjson
 
 from numaserve.http.connection import Response
-from numaserve.protocol import ErrorCode
+from numaserve.wire.protocol import ErrorCode
 
 RETRY_AFTER_S = 1  # an overloaded server's Retry-After: the queues turn over well within it
 

@@ -4,7 +4,7 @@ The file is looked at again at most once a second and re-read when it changed, s
 or revoked applies within a second, with no restart (as the CurveZMQ keys directory does). Keys
 are held as SHA-256 digests and a request's key is looked up by its own: no comparison whose
 time depends on how much of a key an attacker guessed. A request bearing a key too short to
-be listed (keys_file.py) is told so.
+be listed (config/keys_file.py) is told so.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import logging
 import os
 import time
 
+from numaserve.config.keys_file import MIN_KEY_CHARS, KeysFileError, read_keys
 from numaserve.http.errors import ApiError
-from numaserve.keys_file import MIN_KEY_CHARS, KeysFileError, read_keys
 
 log = logging.getLogger("numaserve.http")
 RECHECK_S = 1.0

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from numaserve import protocol
-from numaserve.protocol import ErrorCode
 from numaserve.router.process import NOBLOCK, send
+from numaserve.wire import protocol
+from numaserve.wire.protocol import ErrorCode
 
 log = logging.getLogger("numaserve.http")
 SWEEP_S = 0.25  # how often requests past their time are looked for

@@ -19,7 +19,7 @@ import psutil
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from numaserve.addresses import split_host_port
+from numaserve.config.addresses import split_host_port
 from numaserve.host.numastat import read_numastat
 from numaserve.host.pinning import affinity_if_alive
 from numaserve.monitoring import health
@@ -93,7 +93,7 @@ class MonitoringEndpoint:
             def log_message(self, format: str, *args) -> None:
                 log.debug("%s %s", self.address_string(), format % args)
 
-        host, port = split_host_port(address)  # config.py has checked the form
+        host, port = split_host_port(address)  # config/schema.py has checked the form
         try:
             self.server = ThreadingHTTPServer((host, port), Handler)
         except OSError as e:

@@ -21,7 +21,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from numaserve.config import DEFAULT_MODEL
+from numaserve.config.schema import DEFAULT_MODEL
 from numaserve.host.cpulist import format_cpulist
 from numaserve.monitoring.snapshot import Snapshot
 

@@ -4,7 +4,7 @@ The loop (loop.py) reads messages and hands them here; the book decides what to 
 sends it through the `reply` it was given. Each step of a request's life (tokenized, answered
 from the cache, admitted or refused, computed, retried, failed, expired, handed to a peer
 shard, drained) is tested without a socket (tests/test_request_book.py). The pools and which
-instance is free are dispatch.py's; the requests in flight and their deadlines requests.py's.
+instance is free are dispatch.py's; the requests in flight and their deadlines in_flight.py's.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import logging
 import time
 from collections.abc import Callable
 
-from numaserve import protocol
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
-from numaserve.protocol import ErrorCode
-from numaserve.requests import Request
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
+from numaserve.router.in_flight import Deadlines, Pending
 from numaserve.router.metrics import RouterMetrics
-from numaserve.router.requests import Deadlines, Pending
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, PromptError, Prompts
+from numaserve.wire import protocol
+from numaserve.wire.protocol import ErrorCode
+from numaserve.wire.requests import Request
 
 log = logging.getLogger("numaserve.router")
 

@@ -12,7 +12,7 @@ import time
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from numaserve.logs import Summary
+from numaserve.processes.logs import Summary
 
 log = logging.getLogger("numaserve.router")
 HANDSHAKE_FAILED = (

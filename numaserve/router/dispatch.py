@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Protocol
 
-from numaserve.config import PoolConfig, ServerConfig
-from numaserve.protocol import ErrorCode
+from numaserve.config.schema import PoolConfig, ServerConfig
+from numaserve.wire.protocol import ErrorCode
 
 # A batch runs at (texts x its longest text) tokens: a text whose length would make that more
 # than this many times the texts' own tokens runs in another batch. Measured on MiniLM with

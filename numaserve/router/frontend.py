@@ -14,7 +14,7 @@ served, is answered here. A reload that adds or removes models writes the new Fr
 `routes_file` and sends SIGHUP: the new models' sockets are bound and the removed ones' closed
 between two messages, while the others' requests flow.
 
-Run as `python -m numaserve.router.frontend --spec JSON` (a FrontendSpec, specs.py).
+Run as `python -m numaserve.router.frontend --spec JSON` (a FrontendSpec, processes/specs.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ import traceback
 
 import zmq
 
-from numaserve import curve, exitcodes, protocol
-from numaserve.config import ConfigError
-from numaserve.logs import Summary
-from numaserve.protocol import ErrorCode
+from numaserve.config.schema import ConfigError
+from numaserve.processes import exitcodes
+from numaserve.processes.logs import Summary
+from numaserve.processes.specs import FrontendSpec
 from numaserve.router.process import begin, context
-from numaserve.specs import FrontendSpec
 from numaserve.tasks import TASKS
+from numaserve.wire import curve, protocol
+from numaserve.wire.protocol import ErrorCode
 
 log = logging.getLogger("numaserve.frontend")
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from numaserve import protocol
-from numaserve.requests import Request
+from numaserve.wire import protocol
+from numaserve.wire.requests import Request
 
 PREFIX = b"handover/"  # the routing id of a shard's connection to a peer: b"handover/<shard>"
 

@@ -4,7 +4,7 @@ Its sockets and event loop: each request's life from receipt to reply is the boo
 tokenized, answered from the cache, or dispatched by length by dispatch.py), status.py is what it
 reports. Clients
 reach it on `server.endpoint` (a ROUTER socket); workers connect to a second ROUTER socket over
-ipc. Run as `python -m numaserve.router --spec JSON` (a RouterSpec, specs.py).
+ipc. Run as `python -m numaserve.router --spec JSON` (a RouterSpec, processes/specs.py).
 """
 
 from __future__ import annotations
@@ -18,24 +18,25 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import curve, exitcodes, protocol
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.modelpath import ModelLoadError, resolve_model_path
-from numaserve.protocol import ErrorCode
-from numaserve.requests import Request, RequestError, parse_request
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.processes import exitcodes
+from numaserve.processes.specs import RouterSpec, model_key
 from numaserve.router import status
 from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
 from numaserve.router.connections import Connections
 from numaserve.router.dispatch import Dispatcher, Job
 from numaserve.router.handover import Handover, is_handed_over
+from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, begin, context, send
-from numaserve.router.requests import Pending
-from numaserve.specs import RouterSpec, model_key
+from numaserve.status.merge import whole_server
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
-from numaserve.whole_status import whole_server
+from numaserve.wire import curve, protocol
+from numaserve.wire.protocol import ErrorCode
+from numaserve.wire.requests import Request, RequestError, parse_request
 
 log = logging.getLogger("numaserve.router")
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again

@@ -8,7 +8,6 @@ import os
 
 import zmq
 
-from numaserve import exitcodes, protocol
 from numaserve.host.pinning import (
     BOUND_BY,
     BOUND_BY_CPUSET,
@@ -16,7 +15,9 @@ from numaserve.host.pinning import (
     pin_current_process,
     restart_under_numactl,
 )
-from numaserve.lifecycle import die_with_parent, read_spec
+from numaserve.processes import exitcodes
+from numaserve.processes.lifecycle import die_with_parent, read_spec
+from numaserve.wire import protocol
 
 # Plain ints: `events & zmq.POLLIN` with pyzmq's IntFlag builds an enum member per call, which
 # cost the router 4% of its time.

@@ -6,16 +6,16 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from numaserve import protocol
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import BOUND_BY, affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
+from numaserve.wire import protocol
 
 if TYPE_CHECKING:
+    from numaserve.processes.specs import RouterSpec
     from numaserve.router.book import RequestBook
     from numaserve.router.connections import Connections
     from numaserve.router.metrics import RouterMetrics
-    from numaserve.specs import RouterSpec
 
 
 def shard(
@@ -131,7 +131,7 @@ def routed_pids(dispatch: Dispatcher) -> list[int]:
 
 class WholeStatusQueries:
     """Status ops a shard among several has asked the supervisor to answer for the whole
-    server (numaserve/whole_status.py): the shards never forward their statuses to each other.
+    server (numaserve/status/merge.py): the shards never forward their statuses to each other.
     One the supervisor leaves unanswered is answered with the shard's own status."""
 
     def __init__(self, timeout_s: float) -> None:

@@ -25,18 +25,18 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from numaserve import exitcodes, protocol
-from numaserve.config import Config
-from numaserve.config_ports import AS_WRITTEN, Ports
-from numaserve.config_precision import needs_prepare
+from numaserve.config.ports import AS_WRITTEN, Ports
+from numaserve.config.precisions import needs_prepare
+from numaserve.config.schema import Config
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, held_cpus
 from numaserve.host.placement import Plan
 from numaserve.host.topology import CPUTopology
-from numaserve.lifecycle import PARENT_ENV
-from numaserve.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.monitoring.endpoint import MonitoringEndpoint
-from numaserve.specs import HttpSpec
+from numaserve.processes import exitcodes
+from numaserve.processes.lifecycle import PARENT_ENV
+from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
+from numaserve.processes.specs import HttpSpec
 from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import (
     Announce,
@@ -68,6 +68,7 @@ from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
+from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.supervisor")
 PREPARE = (sys.executable, "-m", "numaserve.cli", "prepare")

@@ -17,9 +17,9 @@ import signal
 from dataclasses import dataclass
 from enum import Enum
 
-from numaserve import exitcodes
-from numaserve.config import DEFAULT_MODEL, SupervisorConfig
-from numaserve.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
+from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
+from numaserve.processes import exitcodes
+from numaserve.processes.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
 
 log = logging.getLogger("numaserve.supervisor")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from numaserve import exitcodes
-from numaserve.config import Config
+from numaserve.config.schema import Config
+from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Announce, Child, ChildAction, Limits, State
 
 log = logging.getLogger("numaserve.supervisor")

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import zmq
 
-from numaserve import procinfo
 from numaserve.host.pinning import affinity_if_alive
+from numaserve.processes import procinfo
 
 
 class System:
@@ -40,7 +40,7 @@ class System:
 
     @staticmethod
     def identity() -> dict:
-        """Who this process is on this host (procinfo.py), for `numaserve stop`."""
+        """Who this process is on this host (processes/procinfo.py), for `numaserve stop`."""
         return procinfo.identity()
 
     def catch(self, signals: tuple[int, ...]) -> None:

@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from numaserve.config import Config
+from numaserve.config.schema import Config
 from numaserve.host.placement import Plan
-from numaserve.specs import Deployment, FrontendSpec, WorkerSpec
+from numaserve.processes.specs import Deployment, FrontendSpec, WorkerSpec
 from numaserve.supervisor.children import Child, ChildAction, Spawn, State, Terminate
 from numaserve.supervisor.reporting import Mood
 

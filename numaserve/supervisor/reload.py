@@ -16,13 +16,13 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.config import Config, ConfigError, load_config
-from numaserve.config_ports import Ports
-from numaserve.config_precision import needs_prepare
+from numaserve.config.ports import Ports
+from numaserve.config.precisions import needs_prepare
+from numaserve.config.schema import Config, ConfigError, load_config
 from numaserve.host.ledger import Ledger, held_cpus, without
 from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
 from numaserve.host.topology import CPUTopology
-from numaserve.specs import Deployment, deployment
+from numaserve.processes.specs import Deployment, deployment
 from numaserve.supervisor.children import State
 from numaserve.supervisor.reconcile import Reconcile, Running
 from numaserve.supervisor.reporting import Mood

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from enum import Enum
 
 from numaserve import __version__
-from numaserve.config import Config
+from numaserve.config.schema import Config
 from numaserve.monitoring.snapshot import Snapshot
 from numaserve.supervisor.children import Child
 from numaserve.supervisor.router_link import ShardLinks

@@ -3,7 +3,7 @@
 The supervisor sends its slot table (`numaserve status` shows it); a shard answers with its
 status, whose `routed_pids` say which workers it hears from: that is how the supervisor knows an
 instance is READY, or has gone silent. A shard asked for the whole server's status sends its own
-and gets the whole back (whole_status.py).
+and gets the whole back (status/merge.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from numaserve import protocol
+from numaserve.status.merge import whole_server
 from numaserve.supervisor.children import Child
-from numaserve.whole_status import whole_server
+from numaserve.wire import protocol
 
 
 class RouterLink:

@@ -5,7 +5,7 @@ A request is parsed (`options`, `inputs`), run by a worker's model (`check_check
 steps that are the same for every task (ids, texts, deadlines, tokens, batching) are not here.
 
 Nothing here imports numpy at module level: a worker imports this before it pins itself, and
-importing numpy starts OpenBLAS's threads on every CPU (see protocol.py).
+importing numpy starts OpenBLAS's threads on every CPU (see wire/protocol.py).
 """
 
 from __future__ import annotations

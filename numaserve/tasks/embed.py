@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve import protocol
-from numaserve.modelpath import ModelLoadError
+from numaserve.config.model_paths import ModelLoadError
 from numaserve.tasks.base import Bad, Head, Output, Task, flag_option
 from numaserve.tasks.prompts import Prompts
+from numaserve.wire import protocol
 
 MAX_PROMPT_NAME = 128
 

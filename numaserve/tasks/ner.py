@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve import protocol
 from numaserve.tasks.agreement import Verdict, f1_verdict
 from numaserve.tasks.base import Answers, Bad, Head, Output, Task, labels_of, softmax
+from numaserve.wire import protocol
 
 # How tokens become entities, as transformers' token-classification pipeline names it.
 AGGREGATIONS = ("none", "simple", "first", "average", "max")

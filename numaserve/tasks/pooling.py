@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.modelpath import ModelLoadError, read_json
+from numaserve.config.model_paths import ModelLoadError, read_json
 
 # sentence-transformers' names, in the order it concatenates them.
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numaserve.modelpath import ModelLoadError, read_json
+from numaserve.config.model_paths import ModelLoadError, read_json
 
 PROMPTS_FILE = "config_sentence_transformers.json"
 

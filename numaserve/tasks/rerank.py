@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.modelpath import ModelLoadError, read_json
-from numaserve.protocol import check_text
+from numaserve.config.model_paths import ModelLoadError, read_json
 from numaserve.tasks.agreement import Verdict, agreement_verdict
 from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option
+from numaserve.wire.protocol import check_text
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 

@@ -3,7 +3,7 @@ benchmarks.
 
 The router and the workers are started directly, without the supervisor, from the same
 Deployment `numaserve start` uses: the router's tests then see the router alone (no restarts
-behind their back). Real processes, real sockets, real pinning. server.py runs the
+behind their back). Real processes, real sockets, real pinning. testing/server.py runs the
 whole `numaserve start` instead.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from numaserve.client import Client, ClientKeys
-from numaserve.config import parse_config
+from numaserve.config.schema import parse_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
-from numaserve.specs import deployment
+from numaserve.processes.specs import deployment
 
 
 def free_port() -> int:

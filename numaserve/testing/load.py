@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from numaserve import protocol
+from numaserve.wire import protocol
 
 
 @dataclass

@@ -16,7 +16,7 @@ import time
 import typing
 from dataclasses import dataclass
 
-from numaserve.config import ModelConfig, PlacementConfig, PoolConfig
+from numaserve.config.schema import ModelConfig, PlacementConfig, PoolConfig
 from numaserve.host.ledger import Ledger, plan_around
 from numaserve.host.placement import PlacementError, Slot
 from numaserve.host.topology import CPUTopology

@@ -25,12 +25,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from numaserve import exitcodes
-from numaserve.config import ModelConfig
+from numaserve.config.model_paths import ModelLoadError
+from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import PinningError, pin_current_process, thread_settings
-from numaserve.lifecycle import die_with_parent, read_spec
-from numaserve.modelpath import ModelLoadError
-from numaserve.specs import JSONSpec
+from numaserve.processes import exitcodes
+from numaserve.processes.lifecycle import die_with_parent, read_spec
+from numaserve.processes.specs import JSONSpec
 
 log = logging.getLogger("numaserve.tune.probe")
 MAX_PASS_TOKENS = 2048  # texts x padded length in one pass

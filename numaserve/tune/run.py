@@ -15,7 +15,7 @@ import yaml
 
 from numaserve.backends.choice import ModelPath, candidates, ensure_choice, named
 from numaserve.backends.race import in_turn
-from numaserve.config import Config, PoolConfig, load_config
+from numaserve.config.schema import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology

@@ -10,7 +10,7 @@ import copy
 import yaml
 
 from numaserve.backends.choice import ModelPath
-from numaserve.config import Config
+from numaserve.config.schema import Config
 from numaserve.testing.server import ENDPOINT
 from numaserve.tune.search import Candidate
 

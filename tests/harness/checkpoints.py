@@ -15,7 +15,7 @@ def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from numaserve.modelpath import resolve_model_path
+    from numaserve.config.model_paths import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -53,7 +53,7 @@ def save_tiny_embedder(
         warnings.simplefilter("ignore", DeprecationWarning)
         from sentence_transformers import SentenceTransformer, models
 
-    from numaserve.modelpath import resolve_model_path
+    from numaserve.config.model_paths import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -122,7 +122,7 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
         AutoTokenizer,
     )
 
-    from numaserve.modelpath import resolve_model_path
+    from numaserve.config.model_paths import resolve_model_path
 
     torch.manual_seed(0)
     config = architectures()[architecture]()
@@ -206,7 +206,7 @@ def save_tiny_splade(
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from numaserve.modelpath import resolve_model_path
+    from numaserve.config.model_paths import resolve_model_path
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

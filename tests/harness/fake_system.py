@@ -16,14 +16,14 @@ import re
 import signal
 from pathlib import Path
 
-from numaserve import protocol
-from numaserve.config import load_config
-from numaserve.config_ports import AS_WRITTEN, Ports
+from numaserve.config.ports import AS_WRITTEN, Ports
+from numaserve.config.schema import load_config
 from numaserve.host.ledger import Ledger
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.supervisor.arbiter import Supervisor
 from numaserve.supervisor.processes import System
+from numaserve.wire import protocol
 
 MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt_off"  # 8 cores
 

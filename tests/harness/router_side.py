@@ -13,12 +13,12 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import protocol
-from numaserve.config import ModelConfig
-from numaserve.config_precision import needs_prepare
+from numaserve.config.precisions import needs_prepare
+from numaserve.config.schema import ModelConfig
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
-from numaserve.specs import WorkerSpec
+from numaserve.processes.specs import WorkerSpec
+from numaserve.wire import protocol
 
 ISA = read_topology().isa
 # The worker's own model path unless a test names another: `quantize: auto` would first race

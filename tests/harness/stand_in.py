@@ -15,12 +15,12 @@ from pathlib import Path
 
 import zmq
 
-from numaserve import protocol
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config import PoolConfig, ServerConfig
+from numaserve.config.schema import PoolConfig, ServerConfig
+from numaserve.processes.specs import RouterSpec
 from numaserve.router.loop import Router
-from numaserve.specs import RouterSpec
 from numaserve.testing.cluster import free_port
+from numaserve.wire import protocol
 
 VECTOR = protocol.embedding_to_wire([0.5, 0.5, 0.5, 0.5])
 

@@ -39,7 +39,7 @@ def prepare_every_model(model: str, isa: tuple[str, ...]) -> None:
     """What `numaserve prepare` builds for every model of these configs on a CPU with `isa`,
     built here, in $NUMASERVE_CACHE (tests/numa_vm.py: ensure_artifacts)."""
     from numaserve.backends import prepare_model
-    from numaserve.config import parse_config
+    from numaserve.config.schema import parse_config
 
     texts = (CONFIG, MODELS, MODELS.replace("server:", ADDED, 1))
     for text in texts:

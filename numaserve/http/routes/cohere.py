@@ -11,12 +11,12 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from numaserve.config.model_paths import resolve_model_path
 from numaserve.http import errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
-from numaserve.modelpath import resolve_model_path
 from numaserve.tasks.prompts import Prompts
 
 if TYPE_CHECKING:

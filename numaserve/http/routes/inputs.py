@@ -2,14 +2,14 @@
 what a request asked for (cut to `dimensions`, normalised).
 
 numpy is imported where it is used: a front imports this before it pins itself, and numpy's
-import starts OpenBLAS's threads on every CPU (see protocol.py)."""
+import starts OpenBLAS's threads on every CPU (see wire/protocol.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from numaserve.http.errors import ApiError
-from numaserve.specs import HttpModel
+from numaserve.processes.specs import HttpModel
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve import __version__
+from numaserve.config.model_paths import ModelLoadError, read_json, resolve_model_path
 from numaserve.http import errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
-from numaserve.modelpath import ModelLoadError, read_json, resolve_model_path
-from numaserve.protocol import TRUNCATION_DIRECTIONS
-from numaserve.specs import HttpModel
+from numaserve.processes.specs import HttpModel
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
+from numaserve.wire.protocol import TRUNCATION_DIRECTIONS
 
 if TYPE_CHECKING:
     from numaserve.http.app import App

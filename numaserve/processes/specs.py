@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from numaserve.config import (
+from numaserve.config.precisions import needs_prepare
+from numaserve.config.schema import (
     DEFAULT_MODEL,
     Config,
     ConfigError,
@@ -27,7 +28,6 @@ from numaserve.config import (
     ServerConfig,
     from_mapping,
 )
-from numaserve.config_precision import needs_prepare
 from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology

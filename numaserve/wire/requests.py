@@ -9,14 +9,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from numaserve.protocol import (
+from numaserve.tasks import TASKS, Task
+from numaserve.wire.protocol import (
     MAX_MODEL_NAME,
     TRUNCATION_DIRECTIONS,
     ErrorCode,
     check_text,
     reply_id,
 )
-from numaserve.tasks import TASKS, Task
 
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")

@@ -10,7 +10,6 @@ import time
 
 import click
 
-from numaserve import exitcodes
 from numaserve.cli.common import (
     HeldError,
     MachineError,
@@ -26,12 +25,13 @@ from numaserve.cli.common import (
     read_machine,
     timeout_option,
 )
-from numaserve.config import ConfigError, load_config
-from numaserve.config_ports import Ports
-from numaserve.config_precision import needs_prepare
+from numaserve.config.ports import Ports
+from numaserve.config.precisions import needs_prepare
+from numaserve.config.schema import ConfigError, load_config
 from numaserve.host.ledger import AlreadyServedError, CoresHeldError
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import TopologyError
+from numaserve.processes import exitcodes
 from numaserve.tasks import NAMES
 
 
@@ -80,10 +80,10 @@ def start(
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config):
     `--config FILE`, or `--model PATH [--task T]` with no file at all; `--port`, `--zmq-port`
     and `--metrics-port` move a port of either."""
-    from numaserve.curve import CurveError
-    from numaserve.logs import setup_logging
     from numaserve.monitoring.endpoint import MonitoringError
-    from numaserve.supervisor.server import start as run
+    from numaserve.processes.logs import setup_logging
+    from numaserve.supervisor.start import start as run
+    from numaserve.wire.curve import CurveError
 
     if (config_path is None) == (model_path is None):
         raise UserError("give --config FILE, or --model PATH to serve a model with no file")
@@ -122,7 +122,7 @@ def start(
 def _check_api_keys(path: str | None) -> None:
     """A keys file the HTTP fronts could not serve by, refused before anything starts: a key
     too short would otherwise be dropped in a front's log, and its holder refused with 401."""
-    from numaserve.keys_file import KeysFileError, read_keys
+    from numaserve.config.keys_file import KeysFileError, read_keys
 
     if not path:
         return
@@ -142,7 +142,7 @@ def _model_config(model_path: str, task: str, ports: tuple[int, int]) -> str:
     import tempfile
     from pathlib import Path
 
-    from numaserve.modelpath import path_against
+    from numaserve.config.model_paths import path_against
 
     config = {
         "model": {"path": path_against(model_path, Path.cwd()), "task": task},
@@ -166,8 +166,8 @@ def _model_config(model_path: str, task: str, ports: tuple[int, int]) -> str:
 def keygen(directory: str, name: str) -> None:
     """Write a CurveZMQ key pair in DIRECTORY: for the server (server.curve.secret_key_file)
     or for a client service (its NAME.key goes in the server's authorized_keys_dir)."""
-    from numaserve.curve import CurveError, read_public_key
-    from numaserve.curve import keygen as write_pair
+    from numaserve.wire.curve import CurveError, read_public_key
+    from numaserve.wire.curve import keygen as write_pair
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name.startswith("."):
         raise UserError(f"--name: use letters, digits, '.', '-' or '_'; got {name!r}")
@@ -193,9 +193,9 @@ def prepare(config_path: str, record_dir: str | None) -> None:
     that a start never waits for it and a read-only cache serves."""
     from numaserve.backends import prepare_model
     from numaserve.backends.choice import Batching, bands
-    from numaserve.lifecycle import PARENT_ENV, die_with_parent
-    from numaserve.logs import setup_logging
-    from numaserve.specs import record_path
+    from numaserve.processes.lifecycle import PARENT_ENV, die_with_parent
+    from numaserve.processes.logs import setup_logging
+    from numaserve.processes.specs import record_path
 
     if PARENT_ENV in os.environ:  # run by a supervisor: not to outlive it
         die_with_parent()
@@ -250,7 +250,7 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
 )
 def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
     """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
-    from numaserve import procinfo
+    from numaserve.processes import procinfo
 
     report = call_server(endpoints, timeout, "status")
     supervisor = report.get("supervisor", {})

@@ -9,8 +9,8 @@ import os
 import signal
 import sys
 
-from numaserve.config import ConfigError
-from numaserve.logs import setup_logging
+from numaserve.config.schema import ConfigError
+from numaserve.processes.logs import setup_logging
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "NUMASERVE_PARENT_PID"  # the supervisor's pid, set in its children's environment

@@ -6,7 +6,7 @@ SIGTERM drains: the front stops listening, closes the connections with nothing a
 them, answers every request it holds (drain_timeout_s at most), and exits. SIGHUP re-reads
 the API keys at once.
 
-Run as `python -m numaserve.http --spec JSON` (an HttpSpec, specs.py).
+Run as `python -m numaserve.http --spec JSON` (an HttpSpec, processes/specs.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import time
 
 import uvloop
 
-from numaserve import exitcodes
-from numaserve.addresses import split_host_port
+from numaserve.config.addresses import split_host_port
 from numaserve.http import errors
 from numaserve.http.app import App
 from numaserve.http.connection import Connection, sweep
@@ -28,8 +27,9 @@ from numaserve.http.keys import ApiKeys
 from numaserve.http.routes import ROUTES
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
+from numaserve.processes import exitcodes
+from numaserve.processes.specs import HttpSpec
 from numaserve.router.process import begin, context
-from numaserve.specs import HttpSpec
 
 log = logging.getLogger("numaserve.http")
 BACKLOG = 1024

@@ -11,16 +11,16 @@ import tempfile
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
-from numaserve import curve
-from numaserve.addresses import split_host_port
-from numaserve.config import Config
-from numaserve.config_ports import AS_WRITTEN, Ports
+from numaserve.config.addresses import split_host_port
+from numaserve.config.ports import AS_WRITTEN, Ports
+from numaserve.config.schema import Config
 from numaserve.host.cpu_quota import cpu_quota, shared_pool_warning
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
 from numaserve.host.topology import read_topology
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.supervisor.arbiter import Supervisor
 from numaserve.supervisor.processes import System
+from numaserve.wire import curve
 
 log = logging.getLogger("numaserve.supervisor")
 

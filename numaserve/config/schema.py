@@ -17,12 +17,12 @@ from typing import Literal, TypeVar, Union
 
 import yaml
 
-from numaserve.addresses import is_local, split_host_port
-from numaserve.config_files import read_against
-from numaserve.config_precision import precision_problem
-from numaserve.modelpath import ModelLoadError, checkpoint_max_length
-from numaserve.protocol import SMALLEST_MESSAGE_LIMIT
+from numaserve.config.addresses import is_local, split_host_port
+from numaserve.config.files import read_against
+from numaserve.config.model_paths import ModelLoadError, checkpoint_max_length
+from numaserve.config.precisions import precision_problem
 from numaserve.tasks import NAMES
+from numaserve.wire.protocol import SMALLEST_MESSAGE_LIMIT
 
 AUTO = "auto"
 DEFAULT_MODEL = "default"  # the name of the one model of a `model:` config
@@ -52,7 +52,7 @@ class ModelConfig:
     # onnxruntime: an ONNX artifact (backends/onnx_build.py); openvino: that artifact compiled
     # by OpenVINO; ctranslate2: the encoder converted by CTranslate2 (backends/ct2_build.py).
     backend: Literal["auto", "torch", "onnxruntime", "openvino", "ctranslate2"] = "auto"
-    quantize: Literal["auto", "int8", "int16", "bf16", "none"] = "auto"  # config_precision.py
+    quantize: Literal["auto", "int8", "int16", "bf16", "none"] = "auto"  # config/precisions.py
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from numaserve.requests import Request
+from numaserve.wire.requests import Request
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from numaserve.config import Config, ConfigError
+from numaserve.config.schema import Config, ConfigError
 
 LOOPBACK = "127.0.0.1"
 

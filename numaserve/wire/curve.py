@@ -23,7 +23,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-log = logging.getLogger("numaserve.curve")
+log = logging.getLogger("numaserve.wire.curve")
 ZAP_DOMAIN = "numaserve"
 
 
