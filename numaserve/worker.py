@@ -26,16 +26,11 @@ from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.precisions import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
-    BOUND_BY,
-    BOUND_BY_CPUSET,
-    PinningError,
     PinReport,
-    pin_current_process,
-    restart_under_numactl,
     thread_settings,
 )
 from numaserve.processes import exitcodes
-from numaserve.processes.lifecycle import die_with_parent, read_spec
+from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
 from numaserve.wire import protocol
 
@@ -323,21 +318,11 @@ def run_jobs(
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    spec = read_spec(WorkerSpec, "numaserve.worker", argv, log)
-    if spec is None:
-        return exitcodes.MODEL
+    began = begin(WorkerSpec, argv, log)
+    if isinstance(began, int):
+        return began
+    spec, method, cpus, nodes = began.spec, began.method, began.cpus, began.nodes
     log.name = f"numaserve.worker.{spec.slot.name}"
-    die_with_parent()
-    try:
-        method, cpus, nodes = pin_current_process(spec.slot.cpus, spec.slot.nodes)
-    except PinningError as e:
-        where = f"CPUs {format_cpulist(spec.slot.cpus)}, node(s) {format_cpulist(spec.slot.nodes)}"
-        log.error("cannot pin to %s: %s", where, e)
-        return exitcodes.PINNING
-    if method == BOUND_BY_CPUSET:
-        log.info("memory bound by %s", BOUND_BY[method])
-    if spec.use_numactl:
-        restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     threads, warnings = thread_settings(spec.slot.threads, os.environ)
     for warning in warnings:
         log.warning("%s", warning)

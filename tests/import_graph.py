@@ -33,8 +33,9 @@ ALLOWED = {
     "backends": SHARED | {"processes", "backends"},
     "router": SHARED | {"host", "processes", "backends", "router"},
     "worker": SHARED | {"host", "processes", "backends"},
-    # An HTTP front starts as a router-side process does (router/process.py) and counts as a
-    # shard does (router/metrics.py); it tokenizes only for /tokenize, /decode and token ids.
+    # An HTTP front shares a router-side process's context and send (router/process.py),
+    # counts as a shard does (router/metrics.py); it tokenizes only for /tokenize, /decode
+    # and token ids.
     "http": SHARED | {"host", "processes", "backends", "router", "http"},
     "monitoring": SHARED | {"host", "monitoring"},
     "supervisor": SHARED | {"host", "processes", "monitoring", "supervisor"},
@@ -58,7 +59,7 @@ ALLOWED = {
     },
 }
 # The router tokenizes; it never loads a model. The HTTP front, the same; and of the router,
-# it uses how a router-side process begins and what a shard counts.
+# it uses a router-side process's context and send, and what a shard counts.
 ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer"}
 HTTP_MAY_USE_FROM_ROUTER = {"numaserve.router.process", "numaserve.router.metrics"}
 

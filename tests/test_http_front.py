@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from numaserve.config.schema import ConfigError, parse_config
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Connection, Request, Response, sweep
-from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
 from numaserve.http.routes.inputs import embeddings
 from numaserve.http.routes.tei import predict_inputs
@@ -130,7 +130,7 @@ class EchoServer:
 
         def connection():
             return Connection(
-                handle, errors.refusal, (max_body, read_timeout), lambda: False, self.live
+                handle, api_errors.refusal, (max_body, read_timeout), lambda: False, self.live
             )
 
         self.server = self.loop.run_until_complete(

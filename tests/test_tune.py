@@ -4,7 +4,9 @@ tests/test_tune_search.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from numaserve.backends.choice import ModelPath
 from numaserve.client import Client
 from numaserve.config.schema import ModelConfig, load_config
 from numaserve.host.ledger import LEDGER_ENV, Ledger
+from numaserve.host.pinning import PINNED_BY_ENV
 from numaserve.host.topology import read_topology
 from numaserve.testing.server import Server
 from numaserve.tune.measure import Job, MeasureError, rounds
@@ -164,8 +167,8 @@ def probes() -> list[psutil.Process]:
     ]
 
 
-@pytest.mark.slow
-def test_a_terminated_tune_leaves_no_probe_running(tmp_path, classifier_dir):
+def measuring_tune(tmp_path, classifier_dir) -> subprocess.Popen:
+    """`numaserve tune` on a tiny classifier, once it has begun to measure."""
     (tmp_path / "c.yaml").write_text(
         f"model: {{path: {classifier_dir}, task: classify, quantize: none}}\n"
     )
@@ -189,6 +192,12 @@ def test_a_terminated_tune_leaves_no_probe_running(tmp_path, classifier_dir):
     for line in proc.stderr:
         if line.startswith("measuring"):
             break
+    return proc
+
+
+@pytest.mark.slow
+def test_a_terminated_tune_leaves_no_probe_running(tmp_path, classifier_dir):
+    proc = measuring_tune(tmp_path, classifier_dir)
     deadline = time.monotonic() + 60
     while not probes() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -198,6 +207,25 @@ def test_a_terminated_tune_leaves_no_probe_running(tmp_path, classifier_dir):
     time.sleep(0.5)
     assert probes() == []
     assert not (tmp_path / "t.yaml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("numactl"), reason="numactl is not installed")
+def test_a_probe_begins_as_an_instance_does_under_numactl(tmp_path, classifier_dir):
+    """So that tune measures what an instance runs: memory bound before the interpreter's
+    own pages land, by numactl, as processes/begin.py does for every child."""
+    proc = measuring_tune(tmp_path, classifier_dir)
+    try:
+        deadline, bound = time.monotonic() + 60, set()
+        while not bound and time.monotonic() < deadline:
+            for probe in probes():
+                with contextlib.suppress(psutil.Error):  # gone meanwhile
+                    bound |= {probe.environ().get(PINNED_BY_ENV)} - {None}  # None: before
+            time.sleep(0.1)
+        assert bound == {"numactl"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 @pytest.mark.slow

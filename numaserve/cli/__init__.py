@@ -1,8 +1,8 @@
 """The `numaserve` command: common.py holds the group, its errors and the options commands
-share; machine.py the commands that read the machine (topology, plan), calls.py those that ask
+share; machine.py the commands that read the machine (topology, plan), server_calls.py those that ask
 a running server, serving.py those that run or stop one, tuning.py `tune`."""
 
-from numaserve.cli import calls, machine, serving, tuning
+from numaserve.cli import machine, server_calls, serving, tuning
 from numaserve.cli.common import main
 
-__all__ = ["calls", "machine", "main", "serving", "tuning"]
+__all__ = ["machine", "main", "server_calls", "serving", "tuning"]

@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 from numaserve.http.keys import ApiKeys
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
@@ -54,11 +54,11 @@ class App:
         if request.path in self.paths:
             methods = sorted(m for m, p in self.routes if p == request.path)
             error = ApiError(405, f"{request.path} takes {', '.join(methods)}")
-            response = errors.shape_for(request.path)(error)
+            response = api_errors.shape_for(request.path)(error)
             response.headers = (("allow", ", ".join(methods)),)
             return response
         no_route = ApiError(404, f"no route {request.path}; see /openapi.json")
-        return errors.shape_for(request.path)(no_route)
+        return api_errors.shape_for(request.path)(no_route)
 
     # -- what the routes share -------------------------------------------------------------
 
@@ -97,7 +97,7 @@ class App:
             request.connection.waiting = future
         reply = await future
         if reply.get("status") != "ok":
-            raise errors.from_reply(reply.get("error") or {})
+            raise api_errors.from_reply(reply.get("error") or {})
         return reply["results"]
 
     def check_count(self, texts: list) -> None:

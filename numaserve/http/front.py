@@ -20,7 +20,7 @@ import time
 import uvloop
 
 from numaserve.config.addresses import split_host_port
-from numaserve.http import errors
+from numaserve.http import api_errors
 from numaserve.http.app import App
 from numaserve.http.connection import Connection, sweep
 from numaserve.http.keys import ApiKeys
@@ -28,8 +28,9 @@ from numaserve.http.routes import ROUTES
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
 from numaserve.processes import exitcodes
+from numaserve.processes.begin import begin
 from numaserve.processes.specs import HttpSpec
-from numaserve.router.process import begin, context
+from numaserve.router.process import context
 
 log = logging.getLogger("numaserve.http")
 BACKLOG = 1024
@@ -71,7 +72,7 @@ class Front:
     def connection(self) -> Connection:
         return Connection(
             self.app.handle,
-            errors.refusal,
+            api_errors.refusal,
             (self.spec.server.http_max_body_bytes, self.spec.server.http_read_timeout_s),
             lambda: self.draining,
             self.live,
@@ -123,9 +124,10 @@ class Front:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = begin(HttpSpec, "numaserve.http", argv, log, exitcodes.CRASH)
-    if isinstance(spec, int):
-        return spec
+    began = begin(HttpSpec, argv, log, bad_spec=exitcodes.CRASH)
+    if isinstance(began, int):
+        return began
+    spec = began.spec
     try:
         sock = listen(spec.address)
     except OSError as e:

@@ -15,7 +15,7 @@ import os
 import time
 
 from numaserve.config.keys_file import MIN_KEY_CHARS, KeysFileError, read_keys
-from numaserve.http.errors import ApiError
+from numaserve.http.api_errors import ApiError
 
 log = logging.getLogger("numaserve.http")
 RECHECK_S = 1.0

@@ -281,7 +281,7 @@ STATUSES = {
 def document(app) -> dict:
     paths: dict[str, dict] = {}
     for route in app.routes.values():
-        shape = route.error.__name__  # errors.openai or errors.tei
+        shape = route.error.__name__  # api_errors.openai or api_errors.tei
         error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape}_error"}}}
         operation: dict = {"summary": route.summary, "responses": {"200": {"description": "OK"}}}
         answer = ANSWERS.get(route.path)

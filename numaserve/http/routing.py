@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 
 if TYPE_CHECKING:
     from numaserve.http.app import App

@@ -117,6 +117,14 @@ class HttpModel:
     # What `numaserve prepare` resolved (WorkerSpec.prepared), for /info; "": nothing.
     prepared: str = field(default="", metadata={"empty": True})
 
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return self.slot.cpus
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.slot.nodes
+
 
 @dataclass(frozen=True)
 class HttpSpec(JSONSpec):
@@ -155,6 +163,14 @@ class WorkerSpec(JSONSpec):
     # loads its pool's path and artifact from it. "": a model with nothing to prepare (torch,
     # a named precision), which loads the checkpoint as it is.
     prepared: str = field(default="", metadata={"empty": True})
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return self.slot.cpus
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.slot.nodes
 
 
 def record_path(runtime_dir: str | Path, served: ServedModel) -> Path:

@@ -30,9 +30,10 @@ import zmq
 
 from numaserve.config.schema import ConfigError
 from numaserve.processes import exitcodes
+from numaserve.processes.begin import begin
 from numaserve.processes.logs import Summary
 from numaserve.processes.specs import FrontendSpec
-from numaserve.router.process import begin, context
+from numaserve.router.process import context
 from numaserve.tasks import TASKS
 from numaserve.wire import curve, protocol
 from numaserve.wire.protocol import ErrorCode
@@ -47,9 +48,10 @@ BATCH = 64  # messages taken from one socket before the others are looked at
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = begin(FrontendSpec, "numaserve.router.frontend", argv, log, exitcodes.CRASH)
-    if isinstance(spec, int):
-        return spec
+    began = begin(FrontendSpec, argv, log, bad_spec=exitcodes.CRASH)
+    if isinstance(began, int):
+        return began
+    spec = began.spec
     # Blocked here, and so in the proxy's thread too, the stop signals wait for sigwait below.
     # A Python handler could not stop the proxy: it runs only when libzmq returns to Python,
     # and a signal that lands while the proxy moves messages never makes it return.

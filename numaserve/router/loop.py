@@ -21,6 +21,7 @@ import zmq
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.processes import exitcodes
+from numaserve.processes.begin import begin
 from numaserve.processes.specs import RouterSpec, model_key
 from numaserve.router import status
 from numaserve.router.book import RequestBook
@@ -30,7 +31,7 @@ from numaserve.router.dispatch import Dispatcher, Job
 from numaserve.router.handover import Handover, is_handed_over
 from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
-from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, begin, context, send
+from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
 from numaserve.status.merge import whole_server
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
@@ -434,9 +435,10 @@ class Router:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = begin(RouterSpec, "numaserve.router", argv, log, exitcodes.MODEL)
-    if isinstance(spec, int):
-        return spec
+    began = begin(RouterSpec, argv, log, bad_spec=exitcodes.MODEL)
+    if isinstance(began, int):
+        return began
+    spec = began.spec
     try:
         tokenizer = Tokenizer(
             spec.model.path,

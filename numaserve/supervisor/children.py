@@ -143,14 +143,10 @@ class Child:
 
     @property
     def cpus(self) -> tuple[int, ...]:
-        if isinstance(self.spec, WorkerSpec):
-            return self.spec.slot.cpus
         return self.spec.cpus if self.spec is not None else ()
 
     @property
     def nodes(self) -> tuple[int, ...]:
-        if isinstance(self.spec, WorkerSpec):
-            return self.spec.slot.nodes
         return self.spec.nodes if self.spec is not None else ()
 
     @property

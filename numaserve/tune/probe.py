@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
-from numaserve.host.pinning import PinningError, pin_current_process, thread_settings
+from numaserve.host.pinning import thread_settings
 from numaserve.processes import exitcodes
-from numaserve.processes.lifecycle import die_with_parent, read_spec
+from numaserve.processes.begin import begin
 from numaserve.processes.specs import JSONSpec
 
 log = logging.getLogger("numaserve.tune.probe")
@@ -112,15 +112,10 @@ def measure(spec: ProbeSpec, model, emit) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = read_spec(ProbeSpec, "numaserve.tune.probe", argv, log)
-    if spec is None:
-        return exitcodes.MODEL
-    die_with_parent(os.getppid())
-    try:
-        pin_current_process(spec.cpus, spec.nodes)
-    except PinningError as e:
-        log.error("cannot pin to CPUs %s: %s", spec.cpus, e)
-        return exitcodes.PINNING
+    began = begin(ProbeSpec, argv, log, parent=os.getppid())
+    if isinstance(began, int):
+        return began
+    spec = began.spec
     threads, _ = thread_settings(len(spec.cpus), os.environ)
     from numaserve.backends import load_model  # imports the runtime: after pinning
 

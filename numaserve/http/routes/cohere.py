@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.config.model_paths import resolve_model_path
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.tasks.prompts import Prompts
@@ -163,7 +163,7 @@ def _text(document: object, i: int) -> str:
 
 
 ROUTES = (
-    Route("POST", "/v1/rerank", rerank, errors.openai, "Rerank documents (Cohere, Jina)"),
-    Route("POST", "/v2/rerank", rerank_v2, errors.cohere, "Rerank documents (Cohere v2)"),
-    Route("POST", "/v2/embed", embed_v2, errors.cohere, "Embeddings by type (Cohere v2)"),
+    Route("POST", "/v1/rerank", rerank, api_errors.openai, "Rerank documents (Cohere, Jina)"),
+    Route("POST", "/v2/rerank", rerank_v2, api_errors.cohere, "Rerank documents (Cohere v2)"),
+    Route("POST", "/v2/embed", embed_v2, api_errors.cohere, "Embeddings by type (Cohere v2)"),
 )

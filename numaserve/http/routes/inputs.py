@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from numaserve.http.errors import ApiError
+from numaserve.http.api_errors import ApiError
 from numaserve.processes.specs import HttpModel
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING
 
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, json_body, ok
 
@@ -83,6 +83,6 @@ async def models(app: App, request: Request) -> Response:
 
 
 ROUTES = (
-    Route("POST", "/v1/embeddings", embeddings, errors.openai, "Embeddings (OpenAI)"),
-    Route("GET", "/v1/models", models, errors.openai, "The models served (OpenAI)"),
+    Route("POST", "/v1/embeddings", embeddings, api_errors.openai, "Embeddings (OpenAI)"),
+    Route("GET", "/v1/models", models, api_errors.openai, "The models served (OpenAI)"),
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 from numaserve.http.routes import tei
 from numaserve.http.routing import Route, json_body, ok
 
@@ -48,8 +48,10 @@ async def openapi(app: App, request: Request) -> Response:
 
 
 ROUTES = (
-    Route("POST", "/", by_task, errors.tei, "The served model's own route, by its task (TEI)"),
-    Route("POST", "/invocations", by_task, errors.tei, "As POST / (SageMaker's path)"),
-    Route("POST", "/ner", ner, errors.tei, "Named entities of texts, with their spans (numaserve)"),
-    Route("GET", "/openapi.json", openapi, errors.tei, "This document", open=True),
+    Route("POST", "/", by_task, api_errors.tei, "The served model's own route, by its task (TEI)"),
+    Route("POST", "/invocations", by_task, api_errors.tei, "As POST / (SageMaker's path)"),
+    Route(
+        "POST", "/ner", ner, api_errors.tei, "Named entities of texts, with their spans (numaserve)"
+    ),
+    Route("GET", "/openapi.json", openapi, api_errors.tei, "This document", open=True),
 )

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from numaserve import __version__
 from numaserve.config.model_paths import ModelLoadError, read_json, resolve_model_path
-from numaserve.http import errors
+from numaserve.http import api_errors
+from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.errors import ApiError
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.processes.specs import HttpModel
@@ -316,9 +316,11 @@ async def health(app: App, request: Request) -> Response:
     try:
         down = [m.name for m in app.models.values() if not await _serving(app, request, m)]
     except ApiError as e:
-        return errors.tei(ApiError(503, e.message, "Unhealthy"))
+        return api_errors.tei(ApiError(503, e.message, "Unhealthy"))
     if down:
-        return errors.tei(ApiError(503, f"no instance ready for {', '.join(down)}", "Unhealthy"))
+        return api_errors.tei(
+            ApiError(503, f"no instance ready for {', '.join(down)}", "Unhealthy")
+        )
     return Response(200, b"", content_type="text/plain")
 
 
@@ -326,7 +328,7 @@ async def _serving(app: App, request: Request, model: HttpModel) -> bool:
     future = app.upstream.call(model.name, {"op": "status"})
     reply = await future
     if reply.get("status") != "ok":
-        raise errors.from_reply(reply.get("error") or {})
+        raise api_errors.from_reply(reply.get("error") or {})
     pools = reply.get("server", {}).get("pools", [])
     return any(p.get("ready") for p in pools if p.get("model_name", model.name) == model.name)
 
@@ -343,7 +345,7 @@ def _label(names: tuple[str, ...], i: int) -> str:
 
 
 def _post(path: str, handler, summary: str) -> Route:
-    return Route("POST", path, handler, errors.tei, summary)
+    return Route("POST", path, handler, api_errors.tei, summary)
 
 
 ROUTES = (
@@ -355,6 +357,8 @@ ROUTES = (
     _post("/similarity", similarity, "Each sentence's cosine to a source sentence (TEI)"),
     _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),
     _post("/decode", decode, "Token ids back to text (TEI)"),
-    Route("GET", "/info", info, errors.tei, "The served model and the server's limits (TEI)"),
-    Route("GET", "/health", health, errors.tei, "200 while every model can serve (TEI)", open=True),
+    Route("GET", "/info", info, api_errors.tei, "The served model and the server's limits (TEI)"),
+    Route(
+        "GET", "/health", health, api_errors.tei, "200 while every model can serve (TEI)", open=True
+    ),
 )

@@ -1,0 +1,61 @@
+"""How every child process begins, the same way whatever it runs (an instance, a router shard,
+the frontend, an HTTP front, tune's probe): its spec read and its logging set up, death with
+its parent, its CPUs and memory bound and checked, and, where numactl is installed, the process
+started over under it, so that the interpreter's own start-up pages sit on its node too. Tune's
+probe begins as an instance does, so that it measures what an instance runs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.pinning import (
+    BOUND_BY,
+    BOUND_BY_CPUSET,
+    PinningError,
+    pin_current_process,
+    restart_under_numactl,
+)
+from numaserve.processes import exitcodes
+from numaserve.processes.lifecycle import die_with_parent, read_spec
+
+
+@dataclass(frozen=True)
+class Began:
+    spec: object
+    method: str | None  # how its memory is bound (pinning.BOUND_BY); None: it names no CPUs
+    cpus: tuple[int, ...]
+    nodes: tuple[int, ...]
+
+
+def begin(
+    spec_type,
+    argv: list[str] | None,
+    log: logging.Logger,
+    *,
+    bad_spec: int = exitcodes.MODEL,
+    parent: int | None = None,
+) -> Began | int:
+    """The process begun, or the exit code to leave with: `bad_spec` for a spec that cannot
+    be read, PINNING for CPUs or memory that cannot be bound. `parent`: the pid to die with
+    (by default the supervisor's, from the environment). The spec's `cpus` and `nodes` say
+    where it runs (none: anywhere); its `use_numactl`, where present, whether to start over
+    under numactl."""
+    spec = read_spec(spec_type, spec_type.module, argv, log)
+    if spec is None:
+        return bad_spec
+    die_with_parent(parent)
+    if not spec.cpus:
+        return Began(spec, None, (), ())
+    try:
+        method, cpus, nodes = pin_current_process(spec.cpus, spec.nodes)
+    except PinningError as e:
+        where = f"CPUs {format_cpulist(spec.cpus)}, node(s) {format_cpulist(spec.nodes)}"
+        log.error("cannot pin to %s: %s", where, e)
+        return exitcodes.PINNING
+    if method == BOUND_BY_CPUSET:
+        log.info("memory bound by %s", BOUND_BY[method])
+    if getattr(spec, "use_numactl", True):
+        restart_under_numactl(method, cpus, nodes, spec.argv(), log)
+    return Began(spec, method, cpus, nodes)
