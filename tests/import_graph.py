@@ -26,7 +26,7 @@ ALLOWED = {
     "config": {"root", "config", "tasks", "wire"},
     "wire": {"root", "wire", "tasks", "config"},
     "tasks": {"root", "tasks", "wire", "config"},
-    "status": {"root", "status", "wire"},
+    "status": {"root", "status", "wire", "host"},  # format.py: cpulists, how memory is bound
     "corpus": {"root", "corpus"},
     "host": {"root", "config", "host"},
     "processes": SHARED | {"host", "processes"},

@@ -6,6 +6,8 @@ import pytest
 import zmq
 
 from numaserve.router.handover import Handover, is_handed_over
+from numaserve.status.report import SlotTable, SupervisorInfo
+from tests.harness.reports import instance
 
 
 @pytest.fixture
@@ -16,17 +18,17 @@ def handover(tmp_path):
     h.close()
 
 
-def table(*shards: dict, stopping=(), starting=()) -> dict:
+def table(*shards: dict, stopping=(), starting=()) -> SlotTable:
     """The supervisor's table: each shard's ready instances by pool, as slots."""
     slots, routers = [], []
     for shard in shards:
         number = shard.pop("shard")
         state = "draining" if number in stopping else "starting" if number in starting else "ready"
-        routers.append({"shard": number, "state": state})
+        routers.append((number, state))
         for pool, n in shard.items():
-            slots += [{"shard": number, "pool": pool, "state": "ready"} for _ in range(n)]
-            slots.append({"shard": number, "pool": pool, "state": "backoff"})  # never counted
-    return {"slots": slots, "routers": routers}
+            slots += [instance(f"{pool}-{i}", shard=number, pool=pool) for i in range(n)]
+            slots.append(instance(f"{pool}-{n}", shard=number, pool=pool, state="backoff"))
+    return SlotTable(SupervisorInfo(pid=1), tuple(slots), tuple(routers))
 
 
 def test_a_peer_with_a_ready_instance_of_every_pool_needed_is_chosen(handover):
@@ -43,7 +45,8 @@ def test_the_peer_with_the_most_ready_instances_is_preferred(handover):
 def test_no_peer_has_one_and_none_is_chosen(handover):
     peers = table({"shard": 1, "small": 0}, {"shard": 2, "large": 4})
     assert handover.peer_for({"small"}, peers) is None
-    assert handover.peer_for({"small"}, {}) is None
+    assert handover.peer_for({"small"}, table()) is None
+    assert handover.peer_for({"small"}, None) is None  # no slot table yet
 
 
 def test_a_draining_or_starting_peer_is_never_chosen(handover):

@@ -813,13 +813,14 @@ def test_a_killed_front_is_restarted_on_its_cpus_and_serves_again(embedder):
 
 
 def test_numaserve_status_shows_the_http_front(embedder):
-    from numaserve.router.status import format_status
+    from numaserve.status.format import format_status
+    from numaserve.status.report import Report
 
     (pid,) = embedder.http_pids()
     status = embedder.status()
     (front,) = status["supervisor"]["http"]
     assert front["name"] == "http-0" and front["state"] == "ready" and front["pid"] == pid
-    assert f"HTTP front http-0: ready, pid {pid}" in format_status(status)
+    assert f"HTTP front http-0: ready, pid {pid}" in format_status(Report.from_wire(status))
 
 
 def test_the_fronts_requests_are_counted_in_the_metrics(embedder):

@@ -3,6 +3,7 @@ hand-built snapshot, the probes' verdicts, numastat, and the real HTTP server on
 A whole server scraped by a real Prometheus is tests/test_prometheus.py."""
 
 import socket
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,10 +14,12 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
+from numaserve.status.report import Cache, Report
 from tests.harness.http import http_get
+from tests.harness.reports import instance, pool, report
 
 
-def shard_status(ready=1, queue=0) -> dict:
+def shard_status(ready=1, queue=0) -> Report:
     metrics = RouterMetrics(["short", "long"])
     metrics.replied("embed", "ok", 0.002)
     metrics.replied("embed", "ok", 0.0004)
@@ -24,15 +27,12 @@ def shard_status(ready=1, queue=0) -> dict:
     metrics.replied("bogus", "bad_request")
     metrics.dispatched(0, [0.001, 0.003], tokens=17)
     metrics.forward_pass("short-0", 0.004)
-    return {
-        "pools": [
-            {"name": "short", "model_name": "default", "queue": queue, "ready": ready},
-            {"name": "long", "model_name": "default", "queue": 0, "ready": 1},
-        ],
-        "cache": {"hits": 5, "misses": 3, "entries": 3, "capacity": 100},
-        "requests": {"client_disconnects": 2, "dropped_frames": 0},
-        "metrics": metrics.wire(),
-    }
+    return report(
+        pools=(pool("short", queue=queue, ready=ready), pool("long")),
+        cache=Cache(hits=5, misses=3, entries=3, capacity=100, hit_rate=0.625),
+        requests={"client_disconnects": 2, "dropped_frames": 0},
+        metrics=metrics.wire(),
+    )
 
 
 def snapshot(taken=100.0, shards=None, ages=None, stopping=False, long_0="backoff") -> Snapshot:
@@ -303,7 +303,7 @@ def test_metrics_before_the_first_snapshot_are_empty_not_an_error(endpoint):
 
 
 def test_a_broken_snapshot_answers_500_and_the_endpoint_goes_on(endpoint):
-    endpoint.publish(snapshot(shards=({"pools": "not a list of pools"},)))
+    endpoint.publish(snapshot(shards=(replace(shard_status(), pools=("not a pool",)),)))
     status, _, text = get(endpoint, "/metrics")
     assert status == 500 and "rendering the metrics failed" in text
     endpoint.publish(snapshot())
@@ -320,12 +320,14 @@ def test_a_taken_port_is_a_clear_error():
 
 
 def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
-    status = shard_status()
     path = {"backend": "openvino", "quantize": "bf16", "keep_fp32": [], "chosen_by": "auto"}
-    status["instances"] = [
-        {"name": "short-0", "routed": True, "model_path": path},
-        {"name": "long-0", "routed": False, "model_path": path},  # another shard's to report
-    ]
+    status = replace(
+        shard_status(),
+        instances=(
+            instance("short-0", routed=True, model_path=path),
+            instance("long-0", routed=False, model_path=path),  # another shard's to report
+        ),
+    )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
     labels = (
         ("backend", "openvino"),
@@ -342,11 +344,13 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
 
 
 def test_each_routed_instance_says_what_binds_its_memory():
-    status = shard_status()
-    status["instances"] = [
-        {"name": "main-0", "routed": True, "membind": "cpuset"},
-        {"name": "main-1", "routed": False, "membind": "cpuset"},  # another shard's to report
-    ]
+    status = replace(
+        shard_status(),
+        instances=(
+            instance("main-0", routed=True, membind="cpuset"),
+            instance("main-1", routed=False, membind="cpuset"),  # another shard's to report
+        ),
+    )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
     labels = (("bound_by", "cpuset"), ("instance", "main-0"), DEFAULT)
     assert [k for k in got if k[0] == "numaserve_instance_memory_binding_info"] == [

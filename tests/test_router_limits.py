@@ -131,7 +131,7 @@ def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_g
             send(sock, f"boom {i}", "boom")
         send(sock, "fine", "a fine text")
         assert replies(sock, 1) == {"fine": "ok"}
-    assert r.router.own_status()["requests"]["internal_errors"] == 3
+    assert r.router.own_status().requests["internal_errors"] == 3
     assert caplog.text.count("failed in the router and were dropped") == 1
     assert "RuntimeError: an unforeseen bug" in caplog.text
 

@@ -1,27 +1,19 @@
-"""`status` answered by one router shard for the whole server (router/status.py): pure, on
-hand-made shard statuses."""
+"""`status` answered by one router shard for the whole server (status/merge.py), and the table
+a person reads (status/format.py): pure, on hand-made shard reports."""
 
-from numaserve.router.status import format_status
+from dataclasses import replace
+
+from numaserve.status.format import format_status, memory_lines
 from numaserve.status.merge import whole_server
+from tests.harness.reports import instance, report
 
 
-def shard(n: int, instances: list[dict], model: str = "default") -> dict:
-    return {
-        "shard": n,
-        "model_name": model,
-        "cpus": [n],
-        "instances": instances,
-        "pools": [{"name": "main", "model_name": model, "max_tokens": 64, "queue": 0, "ready": 1}],
-        "cache": {"entries": 0, "capacity": 10, "hits": 0, "misses": 0},
-        "requests": {"ok": 0},
-        "errors": {},
-        "draining": False,
-        "routed_pids": [i["pid"] for i in instances if i["routed"]],
-    }
+def shard(n: int, instances: list, model: str = "default"):
+    return report(n, tuple(instances), model_name=model, requests={"ok": 0})
 
 
-def entry(name: str, shard_n: int, pid: int, state: str, routed: bool) -> dict:
-    return {"name": name, "shard": shard_n, "pid": pid, "state": state, "routed": routed}
+def entry(name: str, shard_n: int, pid: int, state: str, routed: bool):
+    return instance(name, shard=shard_n, pid=pid, state=state, routed=routed)
 
 
 def test_an_instance_shows_the_supervisors_latest_state_and_its_own_shards_routing():
@@ -32,38 +24,38 @@ def test_an_instance_shows_the_supervisors_latest_state_and_its_own_shards_routi
     peer = shard(
         0, [entry("main-0", 0, 10, "starting", True), entry("main-1", 1, 11, "starting", False)]
     )
-    whole = {i["name"]: i for i in whole_server(own, [peer])["instances"]}
-    assert whole["main-0"]["state"] == whole["main-1"]["state"] == "ready"
-    assert whole["main-0"]["routed"] and whole["main-1"]["routed"]
+    whole = {i.name: i for i in whole_server(own, [peer]).instances}
+    assert whole["main-0"].state == whole["main-1"].state == "ready"
+    assert whole["main-0"].routed and whole["main-1"].routed
 
 
 def test_a_peers_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_one():
     own = shard(1, [entry("main-0", 0, 20, "starting", False)])
     peer = shard(0, [entry("main-0", 0, 10, "ready", True)])  # the pid before a restart
-    (main0,) = whole_server(own, [peer])["instances"]
-    assert main0["pid"] == 20 and main0["state"] == "starting" and not main0["routed"]
+    (main0,) = whole_server(own, [peer]).instances
+    assert main0.pid == 20 and main0.state == "starting" and not main0.routed
 
 
-def two_models(paths: dict | None = None) -> dict:
+def two_models(paths: dict | None = None):
     """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`.
     `paths`: each model's model path, as the shard that routes its instance knows it."""
     table = [
-        entry("toxicity.main-0", 0, 10, "ready", False),
-        entry("embed.main-0", 1, 11, "ready", False),
+        replace(entry(name, n, 10 + n, "ready", False), model_name=model, cpus=[n], nodes=[0])
+        for n, (name, model) in enumerate(
+            (("toxicity.main-0", "toxicity"), ("embed.main-0", "embed"))
+        )
     ]
-    for slot, model in zip(table, ("toxicity", "embed"), strict=True):
-        slot.update(model_name=model, pool="main", cpus=[slot["shard"]], nodes=[0])
-    routed = [{**slot, "routed": True} for slot in table]
-    for slot in routed if paths else ():
-        slot["model_path"] = paths[slot["model_name"]]
+    routed = [
+        replace(slot, routed=True, model_path=(paths or {}).get(slot.model_name)) for slot in table
+    ]
     own = shard(0, [routed[0], table[1]], "toxicity")
     peer = shard(1, [table[0], routed[1]], "embed")
     return whole_server(own, [peer])
 
 
 def test_pools_of_the_same_name_in_two_models_are_two_pools():
-    pools = two_models()["pools"]
-    assert [(p["model_name"], p["name"], p["ready"]) for p in pools] == [
+    pools = two_models().pools
+    assert [(p.model_name, p.name, p.ready) for p in pools] == [
         ("toxicity", "main", 1),
         ("embed", "main", 1),
     ]
@@ -83,10 +75,10 @@ def test_a_supervised_shard_shows_the_affinity_the_supervisor_read_not_its_own_p
     from numaserve.router.status import instances
 
     gone = 2**22 + 7  # no such process: a /proc read would find nothing
-    slot = {"name": "main-0", "pool": "main", "pid": gone, "cpus": [3], "live_cpus": [3]}
+    slot = instance("main-0", pid=gone, cpus=[3], nodes=[0], live_cpus=[3])
     dispatch = Dispatcher([PoolConfig(name="main", max_tokens=64)], queue_size=1)
-    [entry] = instances(dispatch, [slot])
-    assert (entry["live_cpus"], entry["affinity_ok"]) == ([3], True)
+    [entry] = instances(dispatch, (slot,))
+    assert (entry.live_cpus, entry.affinity_ok) == ([3], True)
 
 
 def test_the_status_says_what_runs_each_model_and_why():
@@ -114,13 +106,11 @@ def test_the_status_says_what_runs_each_model_and_why():
 
 
 def test_the_status_says_what_binds_each_instances_memory():
-    from numaserve.router.status import memory_lines
-
     instances = [
-        {"name": "main-0", "membind": "cpuset"},
-        {"name": "main-1", "membind": "cpuset"},
-        {"name": "long-0", "membind": "numactl"},
-        {"name": "long-1"},  # not ready yet: nothing to say
+        instance("main-0", membind="cpuset"),
+        instance("main-1", membind="cpuset"),
+        instance("long-0", membind="numactl"),
+        instance("long-1"),  # not ready yet: nothing to say
     ]
     assert memory_lines(instances) == [
         "memory bound by cgroup cpuset.mems (memory-policy calls refused here): main-0, main-1",

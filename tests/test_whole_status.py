@@ -3,22 +3,20 @@ the shards never forward their statuses to each other. On a FAKE OS (tests/harne
 fake_system.py): the fake shards answer the supervisor as the real ones do (router/loop.py),
 and tests/test_router_shards.py (slow) asks real shards."""
 
+from numaserve.status.report import Cache
 from numaserve.wire import protocol
 from tests.harness.fake_system import Rig
+from tests.harness.reports import pool, report
 
 
-def shard_status(shard: int, requests: int) -> dict:
+def shard_status(shard: int, requests: int):
     """What a shard reports, as router/status.py builds it."""
-    return {
-        "shard": shard,
-        "instances": [],
-        "pools": [{"name": "short", "model_name": "default", "queue": 1, "ready": 1}],
-        "cache": {"entries": 1, "capacity": 10, "hits": 2, "misses": 3},
-        "requests": {"requests": requests},
-        "errors": {},
-        "draining": False,
-        "routed_pids": [],
-    }
+    return report(
+        shard,
+        pools=(pool("short", queue=1),),
+        cache=Cache(entries=1, capacity=10, hits=2, misses=3, hit_rate=0.4),
+        requests={"requests": requests},
+    )
 
 
 def test_every_shard_gets_the_same_slot_table_and_none_of_the_others_status(tmp_path):
@@ -35,7 +33,7 @@ def test_a_shard_asked_for_status_gets_the_whole_server_back(tmp_path):
     rig.start()
     rig.shards[1].status = shard_status(1, requests=5)
     rig.step(seconds=0.3)  # the supervisor hears shard 1's status
-    own = shard_status(0, requests=7)
+    own = shard_status(0, requests=7).to_wire()
     rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 3, "server": own})
     rig.step()
     (answer,) = rig.shards[0].wholes

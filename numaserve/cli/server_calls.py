@@ -23,6 +23,7 @@ from numaserve.cli.common import (
     read_texts,
     timeout_option,
 )
+from numaserve.status.report import BadReport, Report
 from numaserve.tasks import NAMES, TASKS
 from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
@@ -355,10 +356,12 @@ def _describe(address: str, status: dict | str) -> str:
     say whose figures these are."""
     if isinstance(status, str):
         return f"{address}: no status ({status})"
-    pid = (status.get("supervisor") or {}).get("pid")
-    return f"{address}: {status.get('model')} ({status.get('task')})" + (
-        f", numaserve pid {pid}" if pid else ""
-    )
+    try:
+        report = Report.from_wire(status)
+    except BadReport:
+        return f"{address}: a status that is not numaserve's"
+    pid = report.supervisor.pid if report.supervisor else None
+    return f"{address}: {report.model} ({report.task})" + (f", numaserve pid {pid}" if pid else "")
 
 
 def _describe_http(url: str, api_key: str | None) -> str:
@@ -388,13 +391,14 @@ def _describe_http(url: str, api_key: str | None) -> str:
 def _cache_counts(statuses: dict[str, dict | str]) -> dict[str, int] | None:
     """The router caches' hits and misses, summed over every server, to tell how many of a
     run's texts they answered; None where a server does not say."""
-    counts = {"hits": 0, "misses": 0}
+    hits = misses = 0
     for status in statuses.values():
-        cache = status.get("cache") if isinstance(status, dict) else None
-        if not isinstance(cache, dict) or not all(isinstance(cache.get(k), int) for k in counts):
+        try:
+            cache = Report.from_wire(status).cache
+        except BadReport:
             return None
-        counts = {k: counts[k] + cache[k] for k in counts}
-    return counts
+        hits, misses = hits + cache.hits, misses + cache.misses
+    return {"hits": hits, "misses": misses}
 
 
 class _NoBar:

@@ -226,13 +226,14 @@ def prepare(config_path: str, record_dir: str | None) -> None:
 @json_option
 def status(endpoints, timeout: float, as_json: bool) -> None:
     """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
-    from numaserve.router.status import format_status
+    from numaserve.status.format import format_status
+    from numaserve.status.report import Report
 
     report = call_server(endpoints, timeout, "status")
     if as_json:
         print_json(report)
     else:
-        click.echo(format_status(report))
+        click.echo(format_status(Report.from_wire(report)))
 
 
 @main.command()
@@ -251,15 +252,18 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
 def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
     """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
     from numaserve.processes import procinfo
+    from numaserve.status.report import BadReport, Report
 
-    report = call_server(endpoints, timeout, "status")
-    supervisor = report.get("supervisor", {})
-    pid = supervisor.get("pid")
+    try:
+        supervisor = Report.from_wire(call_server(endpoints, timeout, "status")).supervisor
+    except BadReport as e:
+        raise MachineError(f"the server's status cannot be read: {e}") from None
+    pid = supervisor.pid if supervisor else None
     if not isinstance(pid, int) or pid <= 0:
         raise MachineError(
             "the server did not say which process supervises it (not started by `numaserve start`?)"
         )
-    reported = {k: supervisor.get(k) for k in ("boot_id", "started")}
+    reported = {"boot_id": supervisor.boot_id, "started": supervisor.started}
     if not procinfo.is_process(pid, reported):
         raise MachineError(
             f"the server's supervisor (pid {pid}) is not a process of this host: run "

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from numaserve.config.schema import DEFAULT_MODEL
 from numaserve.host.cpulist import format_cpulist
 from numaserve.monitoring.snapshot import Snapshot
+from numaserve.status.report import Report
 
 # An instance is named by its slot ("main-0"; a restart keeps it): `instance` is the label
 # Prometheus gives every series of a scrape target (host:port), and would rename ours.
@@ -55,7 +56,7 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _instances(snapshot, readings)
     # Each shard's series carry its index and its model (`default` for a `model:` config).
     shards = [
-        ([str(i), s.get("model_name", DEFAULT_MODEL)], s)
+        ([str(i), s.model_name or DEFAULT_MODEL], s)
         for i, s in enumerate(snapshot.shards)
         if s is not None
     ]
@@ -179,7 +180,7 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from (up, state, restarts, affinity, rss)
 
 
-def _requests(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     replies = CounterMetricFamily(
         "numaserve_requests",
         "Requests answered, by op and result code (ok, or the error's code).",
@@ -203,19 +204,19 @@ def _requests(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         for key, doc in counters.items()
     }
     for shard, status in shards:
-        metrics = status.get("metrics") or {}
+        metrics = status.metrics or {}
         for op, code, count in metrics.get("replies", ()):
             replies.add_metric([*shard, op, code], count)
         for op, hist in sorted((metrics.get("latency") or {}).items()):
             latency.add_metric([*shard, op], *_buckets(hist))
         for key, family in simple.items():
-            family.add_metric(shard, (status.get("requests") or {}).get(key, 0))
+            family.add_metric(shard, status.requests.get(key, 0))
     yield replies
     yield latency
     yield from simple.values()
 
 
-def _model_paths(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _model_paths(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     """What each ready instance runs, as the shard that routes to it heard in its READY:
     `quantize: auto`'s choice shows here (chosen_by auto) with the config's own (config)."""
     info = InfoMetricFamily(
@@ -223,11 +224,11 @@ def _model_paths(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         "The backend and precision an instance runs, and whether auto or the config chose them.",
     )
     for (_, model_name), status in shards:
-        for instance in status.get("instances", ()):
-            path = instance.get("model_path")
-            if instance.get("routed") and path:
+        for instance in status.instances:
+            path = instance.model_path
+            if instance.routed and path:
                 labels = {
-                    "instance": instance["name"],
+                    "instance": instance.name,
                     "model_name": model_name,
                     "backend": path["backend"],
                     "quantize": path["quantize"],
@@ -238,7 +239,7 @@ def _model_paths(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
     yield info
 
 
-def _memory_binding(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _memory_binding(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     """What binds each ready instance's memory to its node: `cpuset` where the memory-policy
     calls are refused (a container's default seccomp profile) and the cgroup binds it."""
     info = InfoMetricFamily(
@@ -246,18 +247,18 @@ def _memory_binding(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         "What binds an instance's memory to its node: numactl, set_mempolicy or cpuset.",
     )
     for (_, model_name), status in shards:
-        for instance in status.get("instances", ()):
-            if instance.get("routed") and instance.get("membind"):
+        for instance in status.instances:
+            if instance.routed and instance.membind:
                 labels = {
-                    "instance": instance["name"],
+                    "instance": instance.name,
                     "model_name": model_name,
-                    "bound_by": instance["membind"],
+                    "bound_by": instance.membind,
                 }
                 info.add_metric([], labels)
     yield info
 
 
-def _pools(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _pools(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     labels = ["shard", "model_name", "pool"]
     queue = GaugeMetricFamily(
         "numaserve_queue_texts", "Texts waiting in a pool's queue.", labels=labels
@@ -284,10 +285,10 @@ def _pools(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         labels=labels,
     )
     for shard, status in shards:
-        for pool in status.get("pools", ()):
-            queue.add_metric([*shard, pool["name"]], pool.get("queue", 0))
-            ready.add_metric([*shard, pool["name"]], pool.get("ready", 0))
-        for name, pool in sorted(((status.get("metrics") or {}).get("pools") or {}).items()):
+        for pool in status.pools:
+            queue.add_metric([*shard, pool.name], pool.queue)
+            ready.add_metric([*shard, pool.name], pool.ready)
+        for name, pool in sorted(((status.metrics or {}).get("pools") or {}).items()):
             wait.add_metric([*shard, name], *_buckets(pool["queue_wait"]))
             batch.add_metric([*shard, name], *_buckets(pool["batch"]))
             texts.add_metric([*shard, name], pool["texts"])
@@ -295,7 +296,7 @@ def _pools(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
     yield from (queue, ready, wait, batch, texts, tokens)
 
 
-def _cache(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _cache(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     labels = ["shard", "model_name"]
     hits = CounterMetricFamily(
         "numaserve_cache_hits", "Texts answered from the cache.", labels=labels
@@ -310,15 +311,15 @@ def _cache(shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
         "numaserve_cache_capacity_entries", "The most results the cache holds.", labels=labels
     )
     for shard, status in shards:
-        cache = status.get("cache") or {}
-        hits.add_metric(shard, cache.get("hits", 0))
-        misses.add_metric(shard, cache.get("misses", 0))
-        entries.add_metric(shard, cache.get("entries", 0))
-        capacity.add_metric(shard, cache.get("capacity", 0))
+        cache = status.cache
+        hits.add_metric(shard, cache.hits)
+        misses.add_metric(shard, cache.misses)
+        entries.add_metric(shard, cache.entries)
+        capacity.add_metric(shard, cache.capacity)
     yield from (hits, misses, entries, capacity)
 
 
-def _passes(snapshot: Snapshot, shards: list[tuple[list[str], dict]]) -> Iterator[Metric]:
+def _passes(snapshot: Snapshot, shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     passes = HistogramMetricFamily(
         "numaserve_forward_pass_seconds",
         "An instance's forward passes, as the instance times them.",
@@ -326,7 +327,7 @@ def _passes(snapshot: Snapshot, shards: list[tuple[list[str], dict]]) -> Iterato
     )
     by_name = {p["name"]: p for p in snapshot.instances()}
     for _, status in shards:
-        for name, hist in sorted(((status.get("metrics") or {}).get("passes") or {}).items()):
+        for name, hist in sorted(((status.metrics or {}).get("passes") or {}).items()):
             process = by_name.get(name)
             if process is not None:  # an instance a reload retired keeps no series
                 passes.add_metric(instance_labels(process), *_buckets(hist))

@@ -44,10 +44,10 @@ def ready(snapshot: Snapshot | None, now: float) -> list[str]:
     }
     routed = dict.fromkeys(snapshot.pools, 0)
     for status in snapshot.shards:
-        for pool in (status or {}).get("pools", ()):
-            key = (pool.get("model_name"), pool.get("name"))
+        for pool in status.pools if status else ():
+            key = (pool.model_name, pool.name)
             if key in routed:
-                routed[key] += pool.get("ready", 0)
+                routed[key] += pool.ready
     several = len({model for model, _ in snapshot.pools}) > 1
     problems += [
         f"pool {f'{model}.' * several}{name} has no ready instance"

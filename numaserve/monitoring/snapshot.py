@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from numaserve.status.report import Report
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -24,7 +26,7 @@ class Snapshot:
     processes: tuple[dict, ...]
     # Per router shard, in shard order: its latest own status (None until it answers) and how
     # many seconds before `taken` it answered.
-    shards: tuple[dict | None, ...] = ()
+    shards: tuple[Report | None, ...] = ()
     shard_age: tuple[float | None, ...] = ()
     supervisor_pid: int = 0
     http_stats: tuple[str, ...] = ()  # the HTTP fronts' stats files (http/stats.py)

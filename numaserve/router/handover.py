@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from numaserve.status.report import SlotTable
 from numaserve.wire import protocol
 from numaserve.wire.requests import Request
 
@@ -53,16 +54,18 @@ class Handover:
         self.passed: dict[int, Passed] = {}
         self.tokens = itertools.count()
 
-    def peer_for(self, pools: set[str], table: dict) -> int | None:
+    def peer_for(self, pools: set[str], table: SlotTable | None) -> int | None:
         """A peer of our model, by the supervisor's slot `table`, that is itself ready (not
         starting, nor draining) and has a ready instance of each pool; the one with the most
         ready instances of them."""
-        serving = {r.get("shard") for r in table.get("routers", ()) if r.get("state") == "ready"}
+        if table is None:
+            return None  # no word from the supervisor yet: no peer is known to be ready
+        serving = {shard for shard, state in table.routers if state == "ready"}
         ready: dict[int, dict[str, int]] = {peer: {} for peer in self.peers if peer in serving}
-        for slot in table.get("slots", ()):
-            counts = ready.get(slot.get("shard"))  # None: ours, another model's, not serving
-            if counts is not None and slot.get("state") == "ready":
-                counts[slot.get("pool")] = counts.get(slot.get("pool"), 0) + 1
+        for slot in table.slots:
+            counts = ready.get(slot.shard)  # None: ours, another model's, not serving
+            if counts is not None and slot.state == "ready":
+                counts[slot.pool] = counts.get(slot.pool, 0) + 1
         best, most = None, 0
         for peer, counts in sorted(ready.items()):
             have = min((counts.get(name, 0) for name in pools), default=0)
@@ -73,7 +76,7 @@ class Handover:
     def take(
         self,
         pools: set[str],
-        table: dict,
+        table: SlotTable | None,
         envelope: list[bytes],
         request: Request,
         deadline: float | None,

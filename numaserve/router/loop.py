@@ -33,6 +33,7 @@ from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
 from numaserve.status.merge import whole_server
+from numaserve.status.report import BadReport, Report, SlotTable
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.wire import curve, protocol
@@ -115,7 +116,7 @@ class Router:
         self.workers.linger = 0
         self.connections = Connections(self.clients, spec.server.curve is not None)
         self.stopping = False
-        self.supervisor: dict = {}  # the supervisor's slot table, for status
+        self.table: SlotTable | None = None  # the supervisor's latest, for status and handover
         self.supervisor_identity: bytes | None = None  # its connection, once it has sent one
         self.whole = status.WholeStatusQueries(WHOLE_STATUS_TIMEOUT_S)
         self.handover = None
@@ -262,7 +263,7 @@ class Router:
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")
             extra = (
-                {"server": self.own_status(as_whole=True)}
+                {"server": self.own_status(as_whole=True).to_wire()}
                 if request.op == "status"
                 else {"max_message_bytes": self.spec.server.max_message_bytes}
             )
@@ -297,7 +298,7 @@ class Router:
         pools = self.dispatch.pools
         needed = {pools[self.dispatch.pool_for(len(e.ids))].config.name for e in pending.encoded}
         return self.handover.take(
-            needed, self.supervisor, pending.envelope, pending.request, pending.deadline
+            needed, self.table, pending.envelope, pending.request, pending.deadline
         )
 
     def _answer_status(self, envelope: list[bytes], request_id, server: dict) -> None:
@@ -333,8 +334,14 @@ class Router:
         now = time.monotonic()
         kind = body.get("type")
         if kind == protocol.SUPERVISOR:
-            self.supervisor, self.supervisor_identity = body, identity
-            reply = {"type": protocol.STATUS, "server": self.own_status(), "seq": body.get("seq")}
+            try:
+                self.table = SlotTable.from_wire(body)
+            except BadReport as e:
+                self._drop(f"a slot table: {e}")
+                return
+            self.supervisor_identity = identity
+            server = self.own_status().to_wire()
+            reply = {"type": protocol.STATUS, "server": server, "seq": body.get("seq")}
             send(self.workers, [identity], reply)
         elif kind == protocol.WHOLE and identity == self.supervisor_identity:
             answer = self.whole.answered(body)
@@ -388,7 +395,7 @@ class Router:
         self.book.fail_unservable(now)
         self._expire_handovers(now)
         for envelope, request_id in self.whole.expired(now):  # the supervisor did not answer
-            self._answer_status(envelope, request_id, self.own_status(as_whole=True))
+            self._answer_status(envelope, request_id, self.own_status(as_whole=True).to_wire())
         beat = protocol.pack({"type": protocol.HEARTBEAT})
         for worker in self.dispatch.workers.values():
             self.workers.send_multipart([worker.control or worker.identity, *beat])
@@ -416,11 +423,11 @@ class Router:
 
     # -- status ----------------------------------------------------------------------------
 
-    def own_status(self, as_whole: bool = False) -> dict:
+    def own_status(self, as_whole: bool = False) -> Report:
         """This shard's state; where a supervisor runs, one entry per slot of its plan.
         `as_whole`: as the whole server's where there are several shards (ours alone)."""
         own = status.shard(
-            self.spec, self.dispatch, self.book, self.metrics, self.connections, self.supervisor
+            self.spec, self.dispatch, self.book, self.metrics, self.connections, self.table
         )
         return whole_server(own, []) if as_whole and self.spec.frontend else own
 

@@ -37,6 +37,7 @@ from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.specs import HttpSpec
+from numaserve.status.report import Front, Instance, SlotTable, SupervisorInfo
 from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import (
     Announce,
@@ -68,7 +69,6 @@ from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
-from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.supervisor")
 PREPARE = (sys.executable, "-m", "numaserve.cli", "prepare")
@@ -362,24 +362,25 @@ class Supervisor:
         """Our slot table to every shard, for `numaserve status`: on a timer, and on every
         change of state, so that status never lags what systemd was told. Each slot's live
         affinity is read here, so that no shard reads /proc in its request loop."""
-        table = {
-            "type": protocol.SUPERVISOR,
-            "pid": self.system.pid(),
-            # so that `numaserve stop` signals this process and no other
-            **self.system.identity(),
-            "state": self.summary(),
-            "slots": [
-                {**c.describe(), "live_cpus": self.system.affinity(c.pid) if c.pid else None}
+        identity = self.system.identity()  # so that `numaserve stop` signals us and no other
+        table = SlotTable(
+            supervisor=SupervisorInfo(
+                pid=self.system.pid(),
+                boot_id=identity["boot_id"],
+                started=identity["started"],
+                state=self.summary(),
+                http=tuple(  # for `numaserve status` to show
+                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.http
+                ),
+            ),
+            slots=tuple(
+                Instance.from_wire(
+                    {**c.describe(), "live_cpus": self.system.affinity(c.pid) if c.pid else None}
+                )
                 for c in self.workers.values()
-            ],
-            # Each shard's state: a peer that is stopping takes no handed-over request.
-            "routers": [{"shard": c.shard, "state": c.state.value} for c in self.routers],
-            # The HTTP fronts, for `numaserve status` to show.
-            "http": [
-                {"name": c.name, "state": c.state.value, "pid": c.pid, "cpus": list(c.cpus)}
-                for c in self.http
-            ],
-        }
+            ),
+            routers=tuple((c.shard, c.state.value) for c in self.routers),
+        )
         self.shards.send(table, self.system.now())
 
     def summary(self) -> str:

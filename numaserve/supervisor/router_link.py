@@ -9,11 +9,12 @@ and gets the whole back (status/merge.py).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
 
 from numaserve.status.merge import whole_server
+from numaserve.status.report import BadReport, Report, SlotTable
 from numaserve.supervisor.children import Child
 from numaserve.wire import protocol
 
@@ -49,7 +50,7 @@ class ShardView:
 
     child: Child
     link: RouterLink
-    status: dict | None = None  # its latest answer
+    status: Report | None = None  # its latest answer
     heard_at: float = 0.0
     acked: int = 0  # the latest slot table it has answered
     seq_floor: int = 0  # answers to tables sent before its (re)start are stale
@@ -58,7 +59,7 @@ class ShardView:
         """The workers it hears from; None with no fresh word from it (judge nobody)."""
         if self.status is None or now - self.heard_at > fresh_s:
             return None
-        return set(self.status.get("routed_pids", ()))
+        return set(self.status.routed_pids)
 
 
 class ShardLinks:
@@ -96,7 +97,10 @@ class ShardLinks:
             for body in view.link.receive():
                 seq = body.get("seq") or 0
                 if body.get("type") == protocol.STATUS and seq > view.seq_floor:
-                    view.status = body["server"]
+                    try:
+                        view.status = Report.from_wire(body.get("server"))
+                    except BadReport:
+                        continue  # not heard: a shard of another version, or a bug
                     view.heard_at = now
                     view.acked = max(view.acked, seq)
                 elif body.get("type") == protocol.WHOLE and isinstance(body.get("server"), dict):
@@ -106,18 +110,18 @@ class ShardLinks:
         """The asking shard's own status (as fresh as can be) merged with the others' latest."""
         others = [v.status for v in self.views if v is not asking and v.status]
         try:
-            whole = whole_server(body["server"], others)
-        except (KeyError, TypeError, AttributeError):  # a malformed status: its own, unmerged
+            whole = whole_server(Report.from_wire(body["server"]), others).to_wire()
+        except BadReport:  # a malformed status: its own, unmerged
             whole = body["server"]
         asking.link.send({"type": protocol.WHOLE, "token": body.get("token"), "server": whole})
 
-    def send(self, table: dict, now: float) -> None:
+    def send(self, table: SlotTable, now: float) -> None:
         """`table` to every shard, numbered: the same message to each."""
         self.next_send = now + self.poll_s
         self.sent += 1
-        table = {**table, "seq": self.sent}
+        body = replace(table, supervisor=replace(table.supervisor, seq=self.sent)).to_wire()
         for view in self.views:
-            view.link.send(table)
+            view.link.send(body)
 
     def routed_pids(self, now: float) -> dict[int, set[int] | None]:
         """Per shard, the workers it hears from (None: no fresh word, judge nobody)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from numaserve.config.ports import AS_WRITTEN, Ports
@@ -24,6 +25,7 @@ from numaserve.host.topology import read_topology
 from numaserve.supervisor.arbiter import Supervisor
 from numaserve.supervisor.processes import System
 from numaserve.wire import protocol
+from tests.harness.reports import report
 
 MACHINE = Path(__file__).parent.parent / "fixtures" / "sysfs" / "xeon_e2288g_smt_off"  # 8 cores
 
@@ -146,7 +148,7 @@ class FakeRouter:
         self.behind = False  # busy: answers nothing yet (the tables wait, as in its socket)
         self.tables: list[dict] = []  # every slot table the supervisor sent
         self.unanswered: list[int] = []  # sequence numbers of tables sent
-        self.status: dict = {}  # more of its status than routed_pids (a test's choice)
+        self.status = report(shard)  # its report, but routed_pids (a test may set it)
         self.asking: list[dict] = []  # what it sends next besides its answers (a WHOLE query)
         self.wholes: list[dict] = []  # the supervisor's answers to those
 
@@ -171,7 +173,7 @@ class FakeRouter:
             and spec_of(self.system.argv[pid]).get("shard", 0) == self.shard
             and not {name, pid} & self.quiet
         ]
-        server = {**self.status, "routed_pids": sorted(heard)}
+        server = replace(self.status, routed_pids=tuple(sorted(heard))).to_wire()
         answers = [
             {"type": protocol.STATUS, "seq": seq, "server": server} for seq in self.unanswered
         ]

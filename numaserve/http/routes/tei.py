@@ -21,6 +21,7 @@ from numaserve.http.connection import Request, Response
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.processes.specs import HttpModel
+from numaserve.status.report import BadReport, Report
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
 from numaserve.wire.protocol import TRUNCATION_DIRECTIONS
@@ -329,8 +330,11 @@ async def _serving(app: App, request: Request, model: HttpModel) -> bool:
     reply = await future
     if reply.get("status") != "ok":
         raise api_errors.from_reply(reply.get("error") or {})
-    pools = reply.get("server", {}).get("pools", [])
-    return any(p.get("ready") for p in pools if p.get("model_name", model.name) == model.name)
+    try:
+        report = Report.from_wire(reply.get("server"))
+    except BadReport as e:
+        raise ApiError(503, f"the shards' status cannot be read: {e}", "Unhealthy") from None
+    return any(p.ready for p in report.pools if (p.model_name or model.name) == model.name)
 
 
 @cache

@@ -1,0 +1,105 @@
+"""`numaserve status` as a person reads it: a table of the instances, then the pools, the
+model paths, memory binding, cache, errors, shards, HTTP fronts and the supervisor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from numaserve.host.cpulist import format_cpulist
+from numaserve.host.pinning import BOUND_BY
+from numaserve.status.report import Instance, Report
+
+
+def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
+    """What runs each model (its instances agree unless a reload is under way), and why."""
+    seen: dict[tuple, str] = {}
+    for i in instances:
+        if path := i.model_path:
+            keep = ",".join(path["keep_fp32"])
+            what = f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
+            why = f"auto: {path['why']}" if path["chosen_by"] == "auto" else "as configured"
+            model = f" of {i.model_name}" if several else ""
+            seen.setdefault((model, what), f"model path{model}: {what} ({why})")
+    return list(seen.values())
+
+
+def memory_lines(instances: Iterable[Instance]) -> list[str]:
+    """How each instance's memory is bound to its node, instances alike on one line."""
+    bound: dict[str, list[str]] = {}
+    for i in instances:
+        if method := i.membind:
+            bound.setdefault(BOUND_BY.get(method, method), []).append(i.name)
+    return [f"memory bound by {how}: {', '.join(names)}" for how, names in bound.items()]
+
+
+def _instance_rows(report: Report, several: bool) -> list[tuple[str, ...]]:
+    head = ("instance", *(("model",) * several), "pool", "state", "pid", "cpus", "node")
+    rows = [(*head, "live affinity", "served", "restarts")]
+    for i in report.instances:
+        if i.live_cpus is None:
+            affinity = "-"
+        else:
+            affinity = format_cpulist(i.live_cpus) + (
+                " (as planned)" if i.affinity_ok else " (NOT as planned)"
+            )
+        rows.append(
+            (
+                i.name,
+                *((str(i.model_name),) * several),
+                str(i.pool),
+                i.state,
+                str(i.pid or "-"),
+                format_cpulist(i.cpus or []),
+                format_cpulist(i.nodes or []) or "-",
+                affinity,
+                str(i.served),
+                str(i.restarts or 0),
+            )
+        )
+    return rows
+
+
+def format_status(report: Report) -> str:
+    """A table a person reads; with a model column, and each pool named for its model, where
+    the server serves several."""
+    several = len({p.model_name for p in report.pools}) > 1
+    rows = _instance_rows(report, several)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.append("")
+    pools = ", ".join(
+        f"{p.model_name + '.' if several else ''}{p.name} (<= {p.max_tokens} tokens): "
+        f"{p.queue} queued, {p.ready} ready"
+        for p in report.pools
+    )
+    lines.append(f"pools: {pools}")
+    lines += model_path_lines(report.instances, several)
+    lines += memory_lines(report.instances)
+    cache = report.cache
+    lines.append(
+        f"cache: {cache.entries}/{cache.capacity} entries, hit rate {cache.hit_rate:.1%} "
+        f"({cache.hits} hits, {cache.misses} misses)"
+    )
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(report.errors.items())) or "none"
+    lines.append(f"errors: {errors}")
+    for shard in report.shards or ():
+        model = f" of {shard.model_name}" if several else ""
+        lines.append(
+            f"router shard {shard.shard}{model} "
+            f"(CPUs {format_cpulist(shard.cpus or []) or 'any'})"
+            f": {shard.instances} instance(s), {shard.requests.get('requests', 0)} requests, "
+            f"{shard.requests.get('replies_ok', 0)} answered ok"
+            + (", draining" if shard.draining else "")
+        )
+    supervisor = report.supervisor
+    for front in supervisor.http if supervisor else ():
+        lines.append(
+            f"HTTP front {front.name}: {front.state}, pid {front.pid or '-'}"
+            f", CPUs {format_cpulist(front.cpus) or 'any'}"
+        )
+    if supervisor:
+        lines.append(f"supervisor: pid {supervisor.pid}, {supervisor.state}")
+    return "\n".join(lines)
