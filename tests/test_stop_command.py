@@ -9,6 +9,7 @@ import time
 import pytest
 import zmq
 
+from numaserve.client import Client
 from numaserve.processes import procinfo
 from numaserve.wire import protocol
 from tests.harness.console import numaserve
@@ -34,15 +35,30 @@ def bystander():
     proc.wait()
 
 
-def report_supervisor(router: InProcessRouter, **fields) -> None:
+def send_table(router: InProcessRouter, body: dict) -> None:
     sock = router.ctx.socket(zmq.DEALER)
     sock.connect(router.router.spec.workers_endpoint)
-    sock.send_multipart(protocol.pack({"type": protocol.SUPERVISOR, "seq": 1, **fields}))
+    sock.send_multipart(protocol.pack({"type": protocol.SUPERVISOR, "seq": 1, **body}))
+    sock.close(linger=1000)
+
+
+def report_supervisor(router: InProcessRouter, **fields) -> None:
+    send_table(router, {"slots": [], "routers": [], **fields})
     deadline = time.monotonic() + 5
-    while router.router.supervisor.get("pid") != fields["pid"]:
+    while not (router.router.table and router.router.table.supervisor.pid == fields["pid"]):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    sock.close(linger=0)
+
+
+def test_a_malformed_slot_table_is_dropped_counted_and_the_router_serves_on(router):
+    send_table(router, {"pid": 1, "slots": "not a list of slots", "routers": []})
+    with Client(router.endpoint, timeout=5) as client:
+        deadline = time.monotonic() + 5
+        while client.status()["requests"]["dropped_frames"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert client.status()["supervisor"] == {}  # it never took the table
+    assert router.router.table is None
 
 
 def test_a_pid_from_another_host_is_not_signalled(router, bystander):
