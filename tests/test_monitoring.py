@@ -12,7 +12,7 @@ from numaserve.host.numastat import read_numastat
 from numaserve.monitoring import health
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
-from numaserve.monitoring.snapshot import Snapshot
+from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
 from numaserve.status.report import Cache, Report
 from tests.harness.http import http_get
@@ -37,23 +37,16 @@ def shard_status(ready=1, queue=0) -> Report:
 
 def snapshot(taken=100.0, shards=None, ages=None, stopping=False, long_0="backoff") -> Snapshot:
     shards = (shard_status(),) if shards is None else shards
-    worker = {
-        "kind": "worker",
-        "model_name": "default",
-        "state": "ready",
-        "restarts": 2,
-        "pid": 4242,
-        "last_exit": None,
-    }
+    worker = {"kind": "worker", "model_name": "default", "state": "ready", "restarts": 2}
     return Snapshot(
         taken=taken,
         stopping=stopping,
         build=({"version": "9.9", "backend": "onnxruntime", "model": "m", "task": "embed"},),
         pools=(("default", "short"), ("default", "long")),
         processes=(
-            {"name": "router", "kind": "router", "pid": 4000, "cpus": [0], "nodes": [0]},
-            {**worker, "name": "short-0", "pool": "short", "cpus": [2, 3], "nodes": [1]},
-            {**worker, "name": "long-0", "pool": "long", "state": long_0, "pid": None},
+            Process("router", "router", "ready", 4000, cpus=(0,), nodes=(0,)),
+            Process(**worker, name="short-0", pool="short", pid=4242, cpus=(2, 3), nodes=(1,)),
+            Process(**(worker | {"state": long_0}), name="long-0", pool="long", pid=None),
         ),
         shards=shards,
         shard_age=(0.1,) * len(shards) if ages is None else ages,

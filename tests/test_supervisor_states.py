@@ -449,7 +449,7 @@ def test_each_turn_publishes_a_snapshot_of_every_process(rig):
     rig.start()
     snap = rig.monitor.latest
     assert snap.taken == rig.os.now()
-    assert [(p["name"], p["kind"], p["state"]) for p in snap.processes] == [
+    assert [(p.name, p.kind, p.state) for p in snap.processes] == [
         ("router", "router", "ready"),
         ("main-0", "worker", "ready"),
         ("main-1", "worker", "ready"),
@@ -464,8 +464,8 @@ def test_during_a_reload_each_slot_appears_once_as_the_instance_that_serves_it(r
     rig.step(signal.SIGHUP)
     rig.router.quiet.add(rig.sup.reconcile.replacement.pid)  # the replacement is still starting
     rig.step(seconds=0.1)
-    workers = [p for p in rig.monitor.latest.processes if p["kind"] == "worker"]
-    assert [(p["name"], p["pid"]) for p in workers] == [
+    workers = [p for p in rig.monitor.latest.processes if p.kind == "worker"]
+    assert [(p.name, p.pid) for p in workers] == [
         ("main-0", old),
         ("main-1", rig.pid("main-1")),
     ]

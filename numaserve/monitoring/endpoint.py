@@ -37,7 +37,7 @@ class MonitoringError(OSError):
 
 
 def read_os(snapshot: Snapshot) -> Readings:
-    pids = [snapshot.supervisor_pid] + [p["pid"] for p in snapshot.processes if p.get("pid")]
+    pids = [snapshot.supervisor_pid] + [p.pid for p in snapshot.processes if p.pid]
     rss, affinity = {}, {}
     for pid in pids:
         try:
@@ -45,9 +45,9 @@ def read_os(snapshot: Snapshot) -> Readings:
         except (psutil.Error, OSError):
             continue  # exited since the snapshot
     for process in snapshot.instances():
-        cpus = affinity_if_alive(process.get("pid"))
+        cpus = affinity_if_alive(process.pid)
         if cpus is not None:
-            affinity[process["pid"]] = frozenset(cpus)
+            affinity[process.pid] = frozenset(cpus)
     return Readings(
         rss=rss, affinity=affinity, numastat=read_numastat(), http=read_http(snapshot.http_stats)
     )

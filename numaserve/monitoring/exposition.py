@@ -23,7 +23,7 @@ from prometheus_client.core import (
 
 from numaserve.config.schema import DEFAULT_MODEL
 from numaserve.host.cpulist import format_cpulist
-from numaserve.monitoring.snapshot import Snapshot
+from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.status.report import Report
 
 # An instance is named by its slot ("main-0"; a restart keeps it): `instance` is the label
@@ -113,7 +113,7 @@ def _processes(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
         labels=["process", "kind"],
     )
     rows = [("supervisor", "supervisor", snapshot.supervisor_pid)]
-    rows += [(p["name"], p["kind"], p.get("pid")) for p in snapshot.processes]
+    rows += [(p.name, p.kind, p.pid) for p in snapshot.processes]
     for name, kind, pid in rows:
         if pid in readings.rss:
             rss.add_metric([name, kind], readings.rss[pid])
@@ -131,13 +131,13 @@ def _processes(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield stopping
 
 
-def instance_labels(process: dict) -> list[str]:
+def instance_labels(process: Process) -> list[str]:
     return [
-        process["name"],
-        str(process.get("model_name") or DEFAULT_MODEL),
-        str(process.get("pool") or ""),
-        format_cpulist(process.get("nodes") or []),
-        format_cpulist(process.get("cpus") or []),
+        process.name,
+        str(process.model_name or DEFAULT_MODEL),
+        str(process.pool or ""),
+        format_cpulist(process.nodes),
+        format_cpulist(process.cpus),
     ]
 
 
@@ -167,13 +167,13 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     )
     for process in snapshot.instances():
         labels = instance_labels(process)
-        up.add_metric(labels, 1 if process["state"] == "ready" else 0)
+        up.add_metric(labels, 1 if process.state == "ready" else 0)
         for name in STATES:
-            state.add_metric([*labels, name], 1 if process["state"] == name else 0)
-        restarts.add_metric(labels, process.get("restarts", 0))
-        pid = process.get("pid")
+            state.add_metric([*labels, name], 1 if process.state == name else 0)
+        restarts.add_metric(labels, process.restarts)
+        pid = process.pid
         if pid in readings.affinity:
-            planned = frozenset(process.get("cpus") or ())
+            planned = frozenset(process.cpus)
             affinity.add_metric(labels, 1 if readings.affinity[pid] == planned else 0)
         if pid in readings.rss:
             rss.add_metric(labels, readings.rss[pid])
@@ -325,7 +325,7 @@ def _passes(snapshot: Snapshot, shards: list[tuple[list[str], Report]]) -> Itera
         "An instance's forward passes, as the instance times them.",
         labels=INSTANCE_LABELS,
     )
-    by_name = {p["name"]: p for p in snapshot.instances()}
+    by_name = {p.name: p for p in snapshot.instances()}
     for _, status in shards:
         for name, hist in sorted(((status.metrics or {}).get("passes") or {}).items()):
             process = by_name.get(name)

@@ -39,9 +39,7 @@ def ready(snapshot: Snapshot | None, now: float) -> list[str]:
         problems.append("the server is stopping")
     # Ready where the supervisor says so (it knows of an exit at once) and a shard routes to
     # it (the router drops a silent instance only after its heartbeats expire).
-    supervised = {
-        (p.get("model_name"), p.get("pool")) for p in snapshot.instances() if p["state"] == "ready"
-    }
+    supervised = {(p.model_name, p.pool) for p in snapshot.instances() if p.state == "ready"}
     routed = dict.fromkeys(snapshot.pools, 0)
     for status in snapshot.shards:
         for pool in status.pools if status else ():

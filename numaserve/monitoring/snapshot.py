@@ -14,6 +14,21 @@ from numaserve.status.report import Report
 
 
 @dataclass(frozen=True)
+class Process:
+    """One process the supervisor runs, as /metrics and the probes see it."""
+
+    kind: str  # worker, router, frontend, http, prepare
+    name: str
+    state: str
+    pid: int | None
+    cpus: tuple[int, ...] = ()
+    nodes: tuple[int, ...] = ()
+    pool: str | None = None  # a worker's
+    model_name: str | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
 class Snapshot:
     taken: float  # the supervisor loop's monotonic clock when it built this
     stopping: bool
@@ -21,9 +36,7 @@ class Snapshot:
     # there are several.
     build: tuple[dict[str, str], ...]
     pools: tuple[tuple[str, str], ...]  # (model name, pool name) of every configured pool
-    # Every process the supervisor runs: Child.describe() plus "kind" (worker, router,
-    # frontend, prepare).
-    processes: tuple[dict, ...]
+    processes: tuple[Process, ...]  # every process the supervisor runs
     # Per router shard, in shard order: its latest own status (None until it answers) and how
     # many seconds before `taken` it answered.
     shards: tuple[Report | None, ...] = ()
@@ -31,5 +44,5 @@ class Snapshot:
     supervisor_pid: int = 0
     http_stats: tuple[str, ...] = ()  # the HTTP fronts' stats files (http/stats.py)
 
-    def instances(self) -> list[dict]:
-        return [p for p in self.processes if p["kind"] == "worker"]
+    def instances(self) -> list[Process]:
+        return [p for p in self.processes if p.kind == "worker"]

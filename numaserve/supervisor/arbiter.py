@@ -37,7 +37,7 @@ from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.specs import HttpSpec
-from numaserve.status.report import Front, Instance, SlotTable, SupervisorInfo
+from numaserve.status.report import Front, SlotTable, SupervisorInfo
 from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import (
     Announce,
@@ -374,9 +374,7 @@ class Supervisor:
                 ),
             ),
             slots=tuple(
-                Instance.from_wire(
-                    {**c.describe(), "live_cpus": self.system.affinity(c.pid) if c.pid else None}
-                )
+                c.slot(live_cpus=self.system.affinity(c.pid) if c.pid else None)
                 for c in self.workers.values()
             ),
             routers=tuple((c.shard, c.state.value) for c in self.routers),

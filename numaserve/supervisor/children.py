@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
+from numaserve.monitoring.snapshot import Process
 from numaserve.processes import exitcodes
 from numaserve.processes.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
+from numaserve.status.report import Instance
 
 log = logging.getLogger("numaserve.supervisor")
 
@@ -286,19 +288,35 @@ class Child:
             self.change_state(State.STOPPED, now)
         return None
 
-    def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "pool": self.pool,
-            "model_name": self.model_name,
-            "state": self.state.value,
-            "pid": self.pid,
-            "cpus": list(self.cpus),
-            "nodes": list(self.nodes),
-            "shard": self.shard,
-            "restarts": self.restarts,
-            "last_exit": self.last_exit,
-        }
+    def slot(self, live_cpus: list[int] | None) -> Instance:
+        """Its entry in the slot table the shards get; `live_cpus`: its affinity, read now."""
+        return Instance(
+            name=self.name,
+            pool=self.pool,
+            state=self.state.value,
+            pid=self.pid,
+            cpus=list(self.cpus),
+            nodes=list(self.nodes),
+            model_name=self.model_name,
+            shard=self.shard,
+            restarts=self.restarts,
+            last_exit=self.last_exit,
+            live_cpus=live_cpus,
+        )
+
+    def process(self, kind: str) -> Process:
+        """As /metrics and the probes see it."""
+        return Process(
+            kind,
+            self.name,
+            self.state.value,
+            self.pid,
+            self.cpus,
+            self.nodes,
+            self.pool,
+            self.model_name,
+            self.restarts,
+        )
 
 
 def describe_exit(code: int, killed_by_us: bool) -> str:
