@@ -32,7 +32,8 @@ def test_a_shard_asked_for_status_gets_the_whole_server_back(tmp_path):
     rig = Rig(tmp_path, routers=2)
     rig.start()
     rig.shards[1].status = shard_status(1, requests=5)
-    rig.step(seconds=0.3)  # the supervisor hears shard 1's status
+    rig.step(seconds=1.1)  # the supervisor asks for shard 1's report (once a second)
+    rig.step()  # and hears it
     own = shard_status(0, requests=7).to_wire()
     rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 3, "server": own})
     rig.step()

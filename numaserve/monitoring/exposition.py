@@ -123,8 +123,8 @@ def _processes(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
         "1 while a router shard answers the supervisor.",
         labels=["shard"],
     )
-    for shard, status in enumerate(snapshot.shards):
-        routers.add_metric([str(shard)], 1 if status is not None else 0)
+    for shard, age in enumerate(snapshot.shard_age):
+        routers.add_metric([str(shard)], 1 if age is not None else 0)
     yield routers
     stopping = GaugeMetricFamily("numaserve_stopping", "1 while the server drains to stop.")
     stopping.add_metric([], 1 if snapshot.stopping else 0)

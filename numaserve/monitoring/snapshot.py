@@ -3,7 +3,7 @@
 
 The supervisor's loop builds one every turn and hands it over whole (one reference swap), so
 the HTTP thread never reads a state the loop is changing. The router shards' parts are their
-answers to the supervisor's last poll (a quarter of a second old at most, while they answer).
+latest reports to the supervisor (a second old at most, while they answer).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class Snapshot:
     build: tuple[dict[str, str], ...]
     pools: tuple[tuple[str, str], ...]  # (model name, pool name) of every configured pool
     processes: tuple[Process, ...]  # every process the supervisor runs
-    # Per router shard, in shard order: its latest own status (None until it answers) and how
-    # many seconds before `taken` it answered.
+    # Per router shard, in shard order: its latest report (None until its first), and how many
+    # seconds before `taken` it last answered the supervisor (None: never yet).
     shards: tuple[Report | None, ...] = ()
     shard_age: tuple[float | None, ...] = ()
     supervisor_pid: int = 0

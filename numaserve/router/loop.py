@@ -340,8 +340,13 @@ class Router:
                 self._drop(f"a slot table: {e}")
                 return
             self.supervisor_identity = identity
-            server = self.own_status().to_wire()
-            reply = {"type": protocol.STATUS, "server": server, "seq": body.get("seq")}
+            reply = {
+                "type": protocol.STATUS,
+                "seq": body.get("seq"),
+                "routed_pids": list(status.routed_pids(self.dispatch)),
+            }
+            if self.table.report:
+                reply["server"] = self.own_status().to_wire()
             send(self.workers, [identity], reply)
         elif kind == protocol.WHOLE and identity == self.supervisor_identity:
             answer = self.whole.answered(body)

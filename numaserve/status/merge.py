@@ -1,7 +1,7 @@
 """The status op's answer where several router shards serve: the whole server, merged.
 
-The supervisor hears every shard's status each round (a quarter of a second); a shard asked for
-`status` sends its own, fresh, and the supervisor answers with the merge. So the shards never
+The supervisor hears every shard's whole status once a second; a shard asked for `status` sends
+its own, fresh, and the supervisor answers with the merge. So the shards never
 forward their statuses to each other. A shard that has no supervisor to ask (just restarted,
 before its first slot table) answers the same shape with its own part alone.
 """
@@ -17,7 +17,7 @@ from numaserve.status.report import Cache, Pool, Report, ShardLine
 def whole_server(own: Report, peers: list[Report]) -> Report:
     """The status op's answer where several shards serve: totals over every shard, each
     instance as the shard that routes to it sees it, and one line per shard. The peers' parts
-    are as fresh as the supervisor's last round (a quarter of a second)."""
+    are as fresh as their latest reports to the supervisor (a second at most)."""
     shards = sorted([own, *peers], key=lambda s: s.shard)
     seen = {s.shard: {i.name: i for i in s.instances} for s in shards}
     # Each slot as our table has it (the supervisor's newest: a peer's copy may be a round

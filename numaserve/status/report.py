@@ -265,6 +265,10 @@ class SlotTable:
     supervisor: SupervisorInfo
     slots: tuple[Instance, ...]
     routers: tuple[tuple[int, str], ...]  # (shard, state)
+    # Whether the shard answers with its whole Report, or only with what liveness needs (the
+    # instances it routes to): the supervisor asks for the report once a second, not with every
+    # table (four a second, and one on each change of state).
+    report: bool = True
 
     def to_wire(self) -> dict:
         return {
@@ -272,17 +276,21 @@ class SlotTable:
             **self.supervisor.to_wire(),
             "slots": [slot.to_wire() for slot in self.slots],
             "routers": [{"shard": shard, "state": state} for shard, state in self.routers],
+            "report": self.report,
         }
 
     @classmethod
     def from_wire(cls, body: Any) -> SlotTable:
         """Raises BadReport for anything but a slot table's shape."""
         try:
-            told = {k: v for k, v in body.items() if k not in ("type", "slots", "routers")}
+            told = {
+                k: v for k, v in body.items() if k not in ("type", "slots", "routers", "report")
+            }
             return cls(
                 supervisor=SupervisorInfo.from_wire(told) or SupervisorInfo(),
                 slots=tuple(Instance.from_wire(s) for s in body["slots"]),
                 routers=tuple((r["shard"], r["state"]) for r in body["routers"]),
+                report=bool(body.get("report", True)),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a slot table: {e!r}") from None

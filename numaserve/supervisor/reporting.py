@@ -71,7 +71,7 @@ def snapshot(
         pools=tuple((m.name, p.name) for m in config.models for p in m.pools),
         processes=tuple(c.process(kind) for kind, c in processes),
         shards=tuple(v.status for v in shards),
-        shard_age=tuple(now - v.heard_at if v.status else None for v in shards),
+        shard_age=tuple(now - v.heard_at if v.routed is not None else None for v in shards),
         supervisor_pid=supervisor_pid,
         http_stats=http_stats,
     )

@@ -1,9 +1,11 @@
 """The supervisor's line to each router shard, over the shard's private worker socket.
 
-The supervisor sends its slot table (`numaserve status` shows it); a shard answers with its
-status, whose `routed_pids` say which workers it hears from: that is how the supervisor knows an
-instance is READY, or has gone silent. A shard asked for the whole server's status sends its own
-and gets the whole back (status/merge.py).
+The supervisor sends its slot table (`numaserve status` shows it); a shard answers each with
+its `routed_pids`, the workers it hears from: that is how the supervisor knows an instance is
+READY, or has gone silent. Once a second the table asks for the shard's whole report too, for
+/metrics, the probes and the whole server's status: it is not built and sent four times a
+second. A shard asked for the whole server's status sends its own and gets the whole back
+(status/merge.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from numaserve.status.merge import whole_server
 from numaserve.status.report import BadReport, Report, SlotTable
 from numaserve.supervisor.children import Child
 from numaserve.wire import protocol
+
+REPORT_S = 1.0  # how often a shard sends its whole report, besides what liveness needs
+
+
+def _pids(value) -> set[int]:
+    if not isinstance(value, list) or not all(isinstance(pid, int) for pid in value):
+        raise BadReport(f"routed_pids: expected a list of pids, got {value!r:.80}")
+    return set(value)
 
 
 class RouterLink:
@@ -50,16 +60,17 @@ class ShardView:
 
     child: Child
     link: RouterLink
-    status: Report | None = None  # its latest answer
-    heard_at: float = 0.0
+    routed: set[int] | None = None  # the workers it hears from, by its latest answer
+    status: Report | None = None  # its latest report
+    heard_at: float = 0.0  # when it last answered
     acked: int = 0  # the latest slot table it has answered
     seq_floor: int = 0  # answers to tables sent before its (re)start are stale
 
     def routed_pids(self, now: float, fresh_s: float) -> set[int] | None:
         """The workers it hears from; None with no fresh word from it (judge nobody)."""
-        if self.status is None or now - self.heard_at > fresh_s:
+        if self.routed is None or now - self.heard_at > fresh_s:
             return None
-        return set(self.status.routed_pids)
+        return self.routed
 
 
 class ShardLinks:
@@ -67,11 +78,12 @@ class ShardLinks:
     that an answer says which table a shard has seen (`acked`), and a shard's answers to the
     tables sent before its (re)start are known to be stale (`seq_floor`)."""
 
-    def __init__(self, poll_s: float) -> None:
+    def __init__(self, poll_s: float, report_s: float = REPORT_S) -> None:
         self.views: list[ShardView] = []
-        self.poll_s = poll_s
+        self.poll_s, self.report_s = poll_s, report_s
         self.sent = 0  # the sequence number of the latest slot table sent
         self.next_send = 0.0
+        self.next_report = 0.0  # when a table next asks for the shards' whole reports
 
     def __iter__(self):
         return iter(self.views)
@@ -87,8 +99,9 @@ class ShardLinks:
 
     def restarted(self, view: ShardView) -> None:
         """It is ready when *it* answers, not its predecessor."""
-        view.status = None
+        view.routed = view.status = None
         view.seq_floor = self.sent
+        self.next_report = 0.0  # its first report with the next table
 
     def receive(self, now: float) -> None:
         """Each shard's answers waiting now: its latest status, and the table it answers; and
@@ -98,10 +111,12 @@ class ShardLinks:
                 seq = body.get("seq") or 0
                 if body.get("type") == protocol.STATUS and seq > view.seq_floor:
                     try:
-                        view.status = Report.from_wire(body.get("server"))
+                        routed = _pids(body.get("routed_pids"))
+                        if "server" in body:
+                            view.status = Report.from_wire(body["server"])
                     except BadReport:
                         continue  # not heard: a shard of another version, or a bug
-                    view.heard_at = now
+                    view.routed, view.heard_at = routed, now
                     view.acked = max(view.acked, seq)
                 elif body.get("type") == protocol.WHOLE and isinstance(body.get("server"), dict):
                     self.answer_whole(view, body)
@@ -119,7 +134,11 @@ class ShardLinks:
         """`table` to every shard, numbered: the same message to each."""
         self.next_send = now + self.poll_s
         self.sent += 1
-        body = replace(table, supervisor=replace(table.supervisor, seq=self.sent)).to_wire()
+        report = now >= self.next_report
+        if report:
+            self.next_report = now + self.report_s
+        told = replace(table.supervisor, seq=self.sent)
+        body = replace(table, supervisor=told, report=report).to_wire()
         for view in self.views:
             view.link.send(body)
 

@@ -147,7 +147,7 @@ class FakeRouter:
         self.quiet: set[str | int] = set()  # process names or pids
         self.behind = False  # busy: answers nothing yet (the tables wait, as in its socket)
         self.tables: list[dict] = []  # every slot table the supervisor sent
-        self.unanswered: list[int] = []  # sequence numbers of tables sent
+        self.unanswered: list[tuple[int, bool]] = []  # (seq, whether it asks for the report)
         self.status = report(shard)  # its report, but routed_pids (a test may set it)
         self.asking: list[dict] = []  # what it sends next besides its answers (a WHOLE query)
         self.wholes: list[dict] = []  # the supervisor's answers to those
@@ -158,7 +158,7 @@ class FakeRouter:
             return
         self.tables.append(message)
         if self.name in self.system.running.values():  # else lost, as on a real socket
-            self.unanswered.append(message["seq"])
+            self.unanswered.append((message["seq"], message["report"]))
 
     def receive(self) -> list[dict]:
         """Answers to the tables received, as the router sees its workers now."""
@@ -173,9 +173,12 @@ class FakeRouter:
             and spec_of(self.system.argv[pid]).get("shard", 0) == self.shard
             and not {name, pid} & self.quiet
         ]
-        server = replace(self.status, routed_pids=tuple(sorted(heard))).to_wire()
+        routed = sorted(heard)
+        server = replace(self.status, routed_pids=tuple(routed)).to_wire()
         answers = [
-            {"type": protocol.STATUS, "seq": seq, "server": server} for seq in self.unanswered
+            {"type": protocol.STATUS, "seq": seq, "routed_pids": routed}
+            | ({"server": server} if report else {})
+            for seq, report in self.unanswered
         ]
         self.unanswered = []
         answers, self.asking = answers + self.asking, []
