@@ -117,14 +117,6 @@ class HttpModel:
     # What `numaserve prepare` resolved (WorkerSpec.prepared), for /info; "": nothing.
     prepared: str = field(default="", metadata={"empty": True})
 
-    @property
-    def cpus(self) -> tuple[int, ...]:
-        return self.slot.cpus
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return self.slot.nodes
-
 
 @dataclass(frozen=True)
 class HttpSpec(JSONSpec):
