@@ -34,8 +34,19 @@ def _build(cls, body: Any, **typed):
         raise BadReport(f"{cls.__name__}: {e}") from None
 
 
+class _Plain:
+    """A record whose wire form is its fields, as they are."""
+
+    def to_wire(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, body: dict):
+        return _build(cls, body)
+
+
 @dataclass(frozen=True)
-class Pool:
+class Pool(_Plain):
     """One pool of a shard (or, merged, of the whole server): its length band and load."""
 
     name: str
@@ -44,28 +55,14 @@ class Pool:
     queue: int
     ready: int
 
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, body: dict) -> Pool:
-        return _build(cls, body)
-
 
 @dataclass(frozen=True)
-class Cache:
+class Cache(_Plain):
     entries: int
     capacity: int
     hits: int
     misses: int
     hit_rate: float
-
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, body: dict) -> Cache:
-        return _build(cls, body)
 
 
 # A slot's fields that only the supervisor's slot table has; absent where none runs.
@@ -129,20 +126,13 @@ class Instance:
 
 
 @dataclass(frozen=True)
-class Front:
+class Front(_Plain):
     """An HTTP front, as the supervisor's slot table lists it."""
 
     name: str
     state: str
     pid: int | None
     cpus: list[int]
-
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, body: dict) -> Front:
-        return _build(cls, body)
 
 
 @dataclass(frozen=True)
