@@ -6,6 +6,7 @@ router is the real one (tests/harness/stand_in.py); the supervisor's side is on 
 import pytest
 import zmq
 
+from numaserve.client import Client
 from numaserve.status.report import Report
 from numaserve.wire import protocol
 from tests.harness.fake_system import Rig
@@ -66,3 +67,11 @@ def test_an_instance_is_judged_ready_from_the_answers_that_carry_no_report(tmp_p
     rig.step(seconds=0.3)
     rig.step()
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+def test_the_status_a_client_gets_is_the_reports_one_wire_form(router):
+    """Read back as a Report and written again, the answer is the same: no field is lost."""
+    with Client(router.endpoint, timeout=5) as client:
+        status = client.status()
+    assert Report.from_wire(status).to_wire() == status
+    assert status["supervisor"] == {} and "metrics" in status  # no table yet: its own
