@@ -21,6 +21,7 @@ from numaserve.config.schema import parse_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import deployment
+from numaserve.status.report import Report
 
 
 def free_port() -> int:
@@ -86,7 +87,8 @@ class Cluster:
             while time.monotonic() < deadline:
                 try:
                     status = c.status()
-                    if sum(i["state"] == "ready" for i in status["instances"]) >= instances:
+                    report = Report.from_wire(status)
+                    if sum(i.state == "ready" for i in report.instances) >= instances:
                         return status
                 except Exception:
                     pass
