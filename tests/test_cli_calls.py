@@ -1,4 +1,4 @@
-"""`numaserve embed`, `classify`, `ner`, `rerank`, `status` and `stop` as a user types them: the
+"""`numaserve embed`, `classify`, `ner`, `rerank` and `status` as a user types them: the
 real console script, against the real router in a thread (stand-in workers that embed), or
 against nothing at all."""
 
@@ -24,10 +24,10 @@ def tokens_of(out) -> list[int]:
     return [r["tokens"] for r in json.loads(out.stdout)["results"]]
 
 
-@pytest.mark.parametrize("command", ["status", "stop", "embed", "classify"])
+@pytest.mark.parametrize("command", ["status", "embed", "classify"])
 def test_with_no_server_a_command_says_nothing_is_answering_within_seconds(command):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    texts = [] if command in ("status", "stop") else ["hello"]
+    texts = [] if command == "status" else ["hello"]
     start = time.monotonic()
     out = numaserve(command, *texts, "--endpoint", endpoint)
     assert time.monotonic() - start < 10  # a process start, then about 2 s; not 21 s

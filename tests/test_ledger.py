@@ -233,7 +233,13 @@ def test_topology_shows_the_cpus_other_servers_hold(tmp_path, holders_started):
     )
     assert f"{line} holds CPUs 1" in table
     assert data["held"] == [
-        {"pid": other.pid, "config": "/etc/numaserve/toxicity.yaml", "cpus": [1]}
+        {
+            "pid": other.pid,
+            "config": "/etc/numaserve/toxicity.yaml",
+            "cpus": [1],
+            "endpoint": "",  # none recorded by this stand-in holder
+            "control": "",
+        }
     ]
 
 

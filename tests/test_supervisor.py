@@ -5,8 +5,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +17,10 @@ from numaserve.config.model_paths import resolve_model_path
 from numaserve.config.schema import load_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
-from numaserve.processes import exitcodes, procinfo
+from numaserve.processes import exitcodes
 from tests.harness import server as server_
+from tests.harness.console import numaserve
+from tests.harness.processes import still_running
 
 pytestmark = pytest.mark.slow
 
@@ -96,11 +96,6 @@ class Load:
         for o in self.outcomes:
             counts[o] = counts.get(o, 0) + 1
         return counts
-
-
-def gone(pid: int) -> bool:
-    """Exited; a zombie (not yet reaped by its parent) counts as gone."""
-    return not procinfo.running(pid)
 
 
 def test_a_killed_worker_comes_back_on_its_cpus_and_no_request_fails(server):
@@ -236,7 +231,7 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(tmp_path):
         server.stop()
     assert code == 0 and took < 15
     assert set(counts) <= Load.DRAIN_OUTCOMES and counts.get("Timeout", 0) <= 3, counts
-    assert all(gone(p) for p in pids)
+    assert not any(still_running(p) for p in pids)
     events = [json.loads(line) for line in server.log().splitlines()]  # every line is JSON
     seen = {e.get("event") for e in events}
     assert {"spawn", "ready", "serving", "drain", "exit", "stopped"} <= seen
@@ -292,13 +287,13 @@ def test_killing_the_supervisor_leaves_no_process_behind(server):
     supervisor, *children = server.pids()
     router_pid = server.router_pid()
     assert len(children) == len(server.instances()) and router_pid not in children
-    assert not any(gone(p) for p in [*children, router_pid])  # each is running before
+    assert all(still_running(p) for p in [*children, router_pid])  # each is running before
     os.kill(supervisor, signal.SIGKILL)
     server.proc.wait(10)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(gone(p) for p in [*children, router_pid]):
+    while time.monotonic() < deadline and any(still_running(p) for p in [*children, router_pid]):
         time.sleep(0.2)
-    assert all(gone(p) for p in [*children, router_pid])
+    assert not any(still_running(p) for p in [*children, router_pid])
 
 
 def test_a_model_that_is_not_there_stops_the_start_with_the_model_code(tmp_path):
@@ -337,23 +332,25 @@ def test_systemd_hears_ready_only_once_every_instance_is_ready(tmp_path):
         listener.close()
 
 
-def test_status_and_stop_commands(server):
+def test_status_and_stop_commands_ask_the_supervisor_on_its_control_socket(server):
     server.wait_ready()
-    exe = os.path.join(os.path.dirname(sys.executable), "numaserve")
-    status = subprocess.run(
-        [exe, "status", "--endpoint", server.endpoint], capture_output=True, text=True, timeout=30
-    )
+    with Client(server.endpoint, timeout=30) as client:
+        client.embed([f"text {i}" for i in range(3)])
+        client.embed(["one more"])
+    # Run as the server's user, with its environment: the CLI finds it in its ledger.
+    status = numaserve("status", "--endpoint", server.endpoint, env=server.env)
     assert status.returncode == 0, status.stderr
     rows = [line for line in status.stdout.splitlines() if line.startswith("main-")]
     planned = plan_placement(read_topology(), load_config(server.config).placement).slots
     assert len(rows) == len(planned) and all("(as planned)" in r and " ready " in r for r in rows)
     assert "cache:" in status.stdout and f"supervisor: pid {server.proc.pid}" in status.stdout
     assert "(auto: " in status.stdout and "passes the gate" in status.stdout  # auto's why
-    stop = subprocess.run(
-        [exe, "stop", "--endpoint", server.endpoint], capture_output=True, text=True, timeout=60
-    )
+    counts = numaserve("status", "--json", "--endpoint", server.endpoint, env=server.env)
+    assert json.loads(counts.stdout)["requests"]["replies_ok"] == 2  # fresh, not a second old
+    stop = numaserve("stop", "--endpoint", server.endpoint, env=server.env)
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stderr
     assert server.proc.wait(10) == 0
+    assert "numaserve stop (pid" in server.log()
 
 
 def test_a_second_sigint_stops_fast(server):
@@ -364,4 +361,4 @@ def test_a_second_sigint_stops_fast(server):
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(15) == 128 + signal.SIGINT
     assert "fast stop: killing every process now" in server.log()
-    assert all(gone(p) for p in pids)
+    assert not any(still_running(p) for p in pids)

@@ -427,7 +427,7 @@ def test_every_change_of_state_sends_the_router_a_new_slot_table(rig):
     rig.start()
     rig.crash("main-1")
     table = rig.router.tables[-1]
-    assert table["pid"] == 1 and table["boot_id"] == "fake-boot"  # for `numaserve stop`
+    assert table["pid"] == 1 and table["boot_id"] == "fake-boot"  # whose status this is
     assert {s["name"]: s["state"] for s in table["slots"]} == {
         "main-0": "ready",
         "main-1": "backoff",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
-import time
 
 import click
 
@@ -225,11 +223,23 @@ def prepare(config_path: str, record_dir: str | None) -> None:
 @timeout_option
 @json_option
 def status(endpoints, timeout: float, as_json: bool) -> None:
-    """Show each instance (state, CPUs, live affinity, requests served), pools and the cache."""
+    """Show each instance (state, CPUs, live affinity, requests served), pools and the cache.
+    A server on this host is asked through its supervisor's control socket; another host's,
+    as a client asks it."""
+    from numaserve.cli.control import connect, local_server
     from numaserve.status.format import format_status
     from numaserve.status.report import Report
+    from numaserve.wire.control import ControlError
 
-    report = call_server(endpoints, timeout, "status")
+    holder = local_server(endpoints)
+    if holder is None:
+        report = call_server(endpoints, timeout, "status")
+    else:
+        with connect(holder, timeout) as control:
+            try:
+                report = control.ask("status")["status"]
+            except (ControlError, KeyError) as e:
+                raise MachineError(f"the server of pid {holder.pid}: {e}") from None
     if as_json:
         print_json(report)
     else:
@@ -250,41 +260,30 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
     help="With --wait: seconds to wait for the stop before giving up (exit 1).",
 )
 def stop(endpoints, timeout: float, wait: bool, stop_timeout: float) -> None:
-    """Stop the server at --endpoint gracefully, as SIGTERM does (it must run on this host)."""
-    from numaserve.processes import procinfo
-    from numaserve.status.report import BadReport, Report
+    """Stop the server at --endpoint gracefully, as SIGTERM does: asked through its
+    supervisor's control socket, on the server's own host, as its user or root."""
+    from numaserve.cli.control import connect, local_server, no_local_server
+    from numaserve.wire.control import ControlError
 
-    try:
-        supervisor = Report.from_wire(call_server(endpoints, timeout, "status")).supervisor
-    except BadReport as e:
-        raise MachineError(f"the server's status cannot be read: {e}") from None
-    pid = supervisor.pid if supervisor else None
-    if not isinstance(pid, int) or pid <= 0:
-        raise MachineError(
-            "the server did not say which process supervises it (not started by `numaserve start`?)"
-        )
-    reported = {"boot_id": supervisor.boot_id, "started": supervisor.started}
-    if not procinfo.is_process(pid, reported):
-        raise MachineError(
-            f"the server's supervisor (pid {pid}) is not a process of this host: run "
-            "`numaserve stop` on the server's own host (nothing was signalled)"
-        )
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise MachineError(f"supervisor pid {pid} is not running on this host") from None
-    except PermissionError:
-        raise MachineError(
-            f"not allowed to signal supervisor pid {pid}: run as its user or root"
-        ) from None
-    click.echo(f"sent SIGTERM to the numaserve supervisor (pid {pid}); it drains, then stops")
-    if wait:
-        deadline = time.monotonic() + stop_timeout
-        while procinfo.running(pid):
-            if time.monotonic() >= deadline:
-                raise MachineError(
-                    f"supervisor pid {pid} is still running after {stop_timeout:g} s; "
-                    "its log says what it is waiting for"
-                )
-            time.sleep(0.2)
-        click.echo("stopped")
+    holder = local_server(endpoints)
+    if holder is None:
+        raise no_local_server(endpoints)
+    with connect(holder, timeout) as control:
+        try:
+            pid = control.ask("stop").get("stopping")
+        except ControlError as e:
+            raise MachineError(
+                f"the server of pid {holder.pid}: {e} (nothing was stopped)"
+            ) from None
+        click.echo(f"asked the numaserve supervisor (pid {pid}) to stop; it drains, then stops")
+        if not wait:
+            return
+        try:
+            end = control.next(stop_timeout)
+        except ControlError:
+            raise MachineError(
+                f"supervisor pid {pid} is still running after {stop_timeout:g} s; "
+                "its log says what it is waiting for"
+            ) from None
+    code = end.get("stopped") if end else None
+    click.echo("stopped" + (f" (exit code {code})" if code else ""))

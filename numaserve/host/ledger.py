@@ -5,7 +5,9 @@ pinning onto the same cores.
 One JSON file per server, `server-<pid>.json`, held with an exclusive flock for the life of the
 server. The kernel drops a lock when its holder dies, however it dies (SIGKILL included), so an
 entry whose lock can be taken belongs to a dead server, and is removed by whoever reads it next:
-no pid is ever trusted. `.lock` makes read, plan and register one step for servers starting
+no pid is ever trusted. Beside it, `server-<pid>.sock`: the supervisor's control socket, which
+the entry names with the server's endpoint, so that `numaserve status` and `stop` given an
+endpoint find the server on this host that serves it. `.lock` makes read, plan and register one step for servers starting
 at the same moment.
 """
 
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from numaserve.config.addresses import reaches
 from numaserve.config.schema import PlacementConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, Plan, plan_placement
@@ -45,9 +48,17 @@ class Holder:
     pid: int
     config: str
     cpus: tuple[int, ...]
+    endpoint: str = ""  # server.endpoint, where its clients connect
+    control: str = ""  # its supervisor's control socket (wire/control.py)
 
     def to_json(self) -> dict:
-        return {"pid": self.pid, "config": self.config, "cpus": list(self.cpus)}
+        return {
+            "pid": self.pid,
+            "config": self.config,
+            "cpus": list(self.cpus),
+            "endpoint": self.endpoint,
+            "control": self.control,
+        }
 
     def describe(self) -> str:
         return f"pid {self.pid} (config {self.config}) holds CPUs {format_cpulist(self.cpus)}"
@@ -132,7 +143,7 @@ class Ledger:
     def __init__(self, directory: Path):
         self.directory = directory
         self._entry: int | None = None  # our entry's open, locked file descriptor
-        self._config = ""  # the config our entry names
+        self._mine: Holder | None = None  # what our entry says
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -161,6 +172,7 @@ class Ledger:
                         found.append(holder)
                     continue
                 path.unlink(missing_ok=True)  # nobody holds it: its server is dead
+                path.with_suffix(".sock").unlink(missing_ok=True)
             except PermissionError:  # another user's dead server's: left for them
                 pass
             finally:
@@ -172,15 +184,27 @@ class Ledger:
         path = os.path.abspath(config)
         return next((h for h in self.holders() if h.config == path), None)
 
-    def register(self, config: str, cpus: tuple[int, ...]) -> Path:
+    def serving_at(self, endpoint: str) -> Holder | None:
+        """The live server on this host that a client of `endpoint` reaches, if any."""
+        return next(
+            (h for h in self.holders() if h.endpoint and reaches(h.endpoint, endpoint)), None
+        )
+
+    def control_path(self) -> Path:
+        """Where our supervisor's control socket goes: beside our entry."""
+        return self.directory / f"server-{os.getpid()}.sock"
+
+    def register(
+        self, config: str, cpus: tuple[int, ...], endpoint: str = "", control: str = ""
+    ) -> Path:
         """Our entry, locked until `release` or our death. Written and locked before it takes
         its name, so no reader ever sees it unlocked or half written."""
-        self._config = config
+        self._mine = Holder(os.getpid(), config, cpus, endpoint, control)
         final = self.directory / f"server-{os.getpid()}.json"
         temporary = self.directory / f".server-{os.getpid()}.json.new"
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps(Holder(os.getpid(), config, cpus).to_json()).encode())
+        os.write(fd, json.dumps(self._mine.to_json()).encode())
         os.rename(temporary, final)
         previous, self._entry = self._entry, fd
         if previous is not None:  # an update: the replaced file's lock goes with it
@@ -190,7 +214,7 @@ class Ledger:
     def update(self, cpus: tuple[int, ...]) -> None:
         """Our entry, now holding `cpus` (a reload added or removed models): replaced whole,
         so a reader sees the old entry or the new, never neither. Under `locked`."""
-        self.register(self._config, cpus)
+        self.register(self._mine.config, cpus, self._mine.endpoint, self._mine.control)
 
     def release(self) -> None:
         if self._entry is not None:
@@ -202,6 +226,12 @@ class Ledger:
 def _parse(data: bytes) -> Holder | None:
     try:
         body = json.loads(data)
-        return Holder(int(body["pid"]), str(body["config"]), tuple(int(c) for c in body["cpus"]))
+        return Holder(
+            int(body["pid"]),
+            str(body["config"]),
+            tuple(int(c) for c in body["cpus"]),
+            str(body.get("endpoint", "")),
+            str(body.get("control", "")),
+        )
     except (ValueError, KeyError, TypeError):
         return None  # not ours to judge; a live server's unreadable entry is left alone

@@ -1,8 +1,7 @@
 """Who a pid is on this host: the kernel's boot id and the process's start time.
 
-`numaserve stop` signals the pid a server reports. A pid alone may be another host's (the
-endpoint is remote) or, after a restart, a different process: the supervisor reports its
-boot id and start time too, and the signal is sent only when both match here.
+The supervisor reports its pid with both in its status: a pid alone may be another host's,
+or, after a restart, a different process's.
 """
 
 from __future__ import annotations
@@ -36,21 +35,5 @@ def start_ticks(pid: int | str) -> int | None:
     return None if fields is None else int(fields[19])
 
 
-def running(pid: int) -> bool:
-    """Running: not gone, and not a zombie waiting for its parent to reap it."""
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
-
-
 def identity(pid: int | str = "self") -> dict:
     return {"boot_id": boot_id(), "started": start_ticks(pid)}
-
-
-def is_process(pid: int, reported: dict) -> bool:
-    """True when `pid` here is the very process that reported `identity()` as `reported`."""
-    ticks = start_ticks(pid)
-    return (
-        ticks is not None
-        and bool(reported.get("boot_id"))
-        and reported == {"boot_id": boot_id(), "started": ticks}
-    )

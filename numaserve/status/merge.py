@@ -14,6 +14,13 @@ from dataclasses import replace
 from numaserve.status.report import Cache, Pool, Report, ShardLine
 
 
+def server_status(reports: list[Report], several: bool) -> Report:
+    """The status op's answer from every shard's latest report, as the supervisor gives it on
+    its control socket: the one shard's own, or (`several` shards) their merge."""
+    first, *others = sorted(reports, key=lambda r: r.shard)
+    return whole_server(first, others) if several else first
+
+
 def whole_server(own: Report, peers: list[Report]) -> Report:
     """The status op's answer where several shards serve: totals over every shard, each
     instance as the shard that routes to it sees it, and one line per shard. The peers' parts

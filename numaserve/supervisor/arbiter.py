@@ -37,6 +37,7 @@ from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.specs import HttpSpec
+from numaserve.status.merge import server_status
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
 from numaserve.supervisor import liveness, reporting
 from numaserve.supervisor.children import (
@@ -48,6 +49,7 @@ from numaserve.supervisor.children import (
     Terminate,
     describe_exit,
 )
+from numaserve.supervisor.control import ControlSocket, Request
 from numaserve.supervisor.processes import System
 from numaserve.supervisor.reconcile import (
     Abort,
@@ -73,6 +75,7 @@ from numaserve.supervisor.stop import Stop
 log = logging.getLogger("numaserve.supervisor")
 PREPARE = (sys.executable, "-m", "numaserve.cli", "prepare")
 POLL_ROUTER_S = 0.25
+STATUS_WAIT_S = 2.0  # the longest a control socket's status waits for the shards' reports
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
@@ -90,6 +93,7 @@ class Supervisor:
         connect: Callable[[str], RouterLink] = RouterLink,
         notifier: Notifier | None = None,
         monitor: MonitoringEndpoint | None = None,
+        control: ControlSocket | None = None,
         environ: Mapping[str, str] = os.environ,
         ledger: Ledger | None = None,
         ports: Ports = AS_WRITTEN,
@@ -98,7 +102,8 @@ class Supervisor:
         `ports`: what the command line moved, over the file, at every reload too.
         `monitor`: where each turn's Snapshot goes (server.metrics); none when it is off.
         `ledger`: the host's core ledger, where our entry is (updated when a reload adds
-        models)."""
+        models). `control`: where `numaserve status` and `stop` ask us (None: no ledger
+        entry names one)."""
         self.site = Site(config_path, topo, runtime_dir, ports, ledger)
         self.config, self.plan = config, plan
         self.system = system
@@ -107,6 +112,8 @@ class Supervisor:
         self.notifier = notifier or Notifier()
         self.announcer = reporting.Announcer(self.notifier)
         self.monitor = monitor
+        self.control = control
+        self.asked_status: list[tuple[Request, int, float]] = []  # (asker, table, deadline)
         self.shards = ShardLinks(POLL_ROUTER_S)
         for spec in self.deployment.routers:
             self.add_shard(Child.for_shard(spec))
@@ -184,7 +191,8 @@ class Supervisor:
         self.system.catch(CAUGHT)
         self.begin()
         while self.exit_code is None:
-            self.step(self.system.wait(0.1, [view.link.sock for view in self.shards]))
+            links = [view.link.sock for view in self.shards]
+            self.step(self.system.wait(0.1, links + (self.control.fds() if self.control else [])))
         self.close()
         return self.exit_code
 
@@ -216,6 +224,8 @@ class Supervisor:
                 self.on_exit(child, code)
         now = self.system.now()
         self.shards.receive(now)
+        if self.control is not None:
+            self.answer_control(now)
         if now >= self.shards.next_send:
             self.send_slots()
         self.tick(now)
@@ -355,6 +365,32 @@ class Supervisor:
         else:
             self.mood = Mood.STARTING
             self.carry_out(self.reconcile.advance(self.running(), self.system.now()))
+
+    # -- the control socket: `numaserve status` and `stop` ----------------------------------
+
+    def answer_control(self, now: float) -> None:
+        """A stop begins at once; a status waits for a report from every shard that serves,
+        asked for now, so that it shows what was served up to the question."""
+        for request in self.control.requests(now):
+            if request.op == "stop":
+                self.begin_stop(f"numaserve stop ({request.who()})")
+                request.answer({"stopping": self.system.pid()}, keep=True)
+            else:
+                self.shards.want_reports()
+                self.send_slots()
+                self.asked_status.append((request, self.shards.sent, now + STATUS_WAIT_S))
+        serving = [v for v in self.shards if v.child.state == State.READY]
+        for asked in list(self.asked_status):
+            request, table, deadline = asked
+            if self.shards.all_acked(table, serving) or now >= deadline:
+                self.asked_status.remove(asked)
+                request.answer(self.status_answer())
+
+    def status_answer(self) -> dict:
+        reports = [view.status for view in self.shards if view.status]
+        if not reports:
+            return {"error": f"no router shard has reported yet (the server is {self.summary()})"}
+        return {"status": server_status(reports, several=self.frontend is not None).to_wire()}
 
     # -- what the shards, systemd and /metrics hear ------------------------------------------
 
@@ -612,5 +648,7 @@ class Supervisor:
         self.carry_out(self.stop.begin(why, drain_s, self.http, self.system.now()))
 
     def close(self) -> None:
+        if self.control is not None:
+            self.control.close(farewell={"stopped": self.exit_code})
         self.shards.close()
         self.notifier.close()

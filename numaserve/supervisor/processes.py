@@ -52,10 +52,10 @@ class System:
         with contextlib.suppress(BlockingIOError):
             os.write(self.wake_w, b"s")
 
-    def wait(self, timeout: float, sockets: Sequence[zmq.Socket] = ()) -> list[int]:
+    def wait(self, timeout: float, sockets: Sequence[zmq.Socket | int] = ()) -> list[int]:
         """The signals caught, after waiting up to `timeout` for one, or for a message on one
         of `sockets` (a router shard's: one asking for the whole server's status is answered
-        at once, not at the next tick)."""
+        at once, not at the next tick; or a file descriptor: the control socket's)."""
         poller = zmq.Poller()
         poller.register(self.wake_r, zmq.POLLIN)
         for sock in sockets:

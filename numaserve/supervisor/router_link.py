@@ -103,6 +103,10 @@ class ShardLinks:
         view.seq_floor = self.sent
         self.next_report = 0.0  # its first report with the next table
 
+    def want_reports(self) -> None:
+        """The next table asks every shard for its whole report."""
+        self.next_report = 0.0
+
     def receive(self, now: float) -> None:
         """Each shard's answers waiting now: its latest status, and the table it answers; and
         the whole server's status for a shard that asks for it."""

@@ -1,6 +1,7 @@
 """`numaserve start`: what surrounds the supervisor's loop. The plan, made once around the
-cores other servers hold, and our entry in the host's core ledger; the metrics endpoint; the
-routers' private runtime directory; all undone in reverse when the loop ends."""
+cores other servers hold, and our entry in the host's core ledger, with the control socket
+beside it that `numaserve status` and `stop` find there; the metrics endpoint; the routers'
+private runtime directory; all undone in reverse when the loop ends."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, led
 from numaserve.host.topology import read_topology
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.supervisor.arbiter import Supervisor
+from numaserve.supervisor.control import ControlSocket
 from numaserve.supervisor.processes import System
 from numaserve.wire import curve
 
@@ -43,7 +45,8 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
     if directory is None:
         log.warning(
             "no core ledger: neither $%s, %s nor $XDG_RUNTIME_DIR/numaserve is writable, so "
-            "other numaserve servers on this host cannot see this one's CPUs, nor it theirs",
+            "other numaserve servers on this host cannot see this one's CPUs, nor it theirs, "
+            "and `numaserve status` and `stop` cannot find its control socket",
             LEDGER_ENV,
             SYSTEM_DIR,
         )
@@ -56,8 +59,16 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
             topo, plan, holders = plan_around(
                 ledger, topo, config.placement, config.models, config.named
             )
+            control = None
             if ledger:
-                ledger.register(os.path.abspath(config_path), held_cpus(plan, topo))
+                control = ControlSocket(ledger.control_path())
+                cleanup.callback(control.close)
+                ledger.register(
+                    os.path.abspath(config_path),
+                    held_cpus(plan, topo),
+                    config.server.endpoint,
+                    str(control.path),
+                )
                 cleanup.callback(ledger.release)
         for holder in holders:
             log.info(
@@ -84,6 +95,7 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
             runtime_dir,
             system=system,
             monitor=monitor,
+            control=control,
             ledger=ledger,
             ports=ports,
         )

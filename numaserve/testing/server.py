@@ -66,7 +66,9 @@ class Server:
         """`prefix`: a command to run `numaserve start` under (strace, say); `curve`: the keys
         its clients use, where the config has server.curve. Each server has a core ledger of
         its own, so that servers a test runs side by side never see each other's CPUs,
-        unless `env` names one for them to share (NUMASERVE_LEDGER)."""
+        unless `env` names one for them to share (NUMASERVE_LEDGER). `self.env`: the
+        environment it runs in; the `numaserve` command run in it finds the server in that
+        ledger (`numaserve status` and `stop` ask its supervisor's control socket)."""
         self.curve = curve
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.metrics = f"127.0.0.1:{free_port()}"
@@ -75,11 +77,12 @@ class Server:
         text = with_metrics(with_metrics(config_text, self.metrics), self.http, "http")
         self.config.write_text(text.replace(ENDPOINT, self.endpoint))
         self.log_path = directory / f"{name}.log"
+        self.env = {**os.environ, LEDGER_ENV: str(directory / f"{name}.ledger"), **(env or {})}
         self.proc = subprocess.Popen(
             [*prefix, *numaserve_command(), "start", "--config", str(self.config)],
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, LEDGER_ENV: str(directory / f"{name}.ledger"), **(env or {})},
+            env=self.env,
         )
 
     def log(self) -> str:

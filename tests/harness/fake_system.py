@@ -23,6 +23,7 @@ from numaserve.host.ledger import Ledger
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.supervisor.arbiter import Supervisor
+from numaserve.supervisor.control import ControlSocket
 from numaserve.supervisor.processes import System
 from numaserve.wire import protocol
 from tests.harness.reports import report
@@ -250,6 +251,7 @@ class Rig:
         ledger: Ledger | None = None,  # a real one, in a test's directory
         http: str = "",  # server.http: off unless a test is about the HTTP fronts
         ports: Ports = AS_WRITTEN,  # what `numaserve start`'s command line moved
+        control: ControlSocket | None = None,  # a real one, in a test's directory
     ):
         self.config_path = directory / "numaserve.yaml"
         self.routers_setting = routers
@@ -279,6 +281,7 @@ class Rig:
             environ={},
             ledger=ledger,
             ports=ports,
+            control=control,
         )
 
     def _connect(self, endpoint: str) -> FakeRouter:
