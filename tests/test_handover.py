@@ -54,6 +54,19 @@ def test_a_draining_or_starting_peer_is_never_chosen(handover):
     assert handover.peer_for({"small"}, table({"shard": 1, "small": 4}, starting={1})) is None
 
 
+def test_the_ready_instances_at_peers_count_only_ready_peers_of_our_model(handover):
+    """What a shard adds to its own for `ping` (the HTTP /health)."""
+    peers = table(
+        {"shard": 0, "small": 5},  # ours: counted by the shard itself
+        {"shard": 1, "small": 2, "large": 1},
+        {"shard": 2, "small": 4},
+        {"shard": 3, "small": 8},  # another model's
+        stopping={2},
+    )
+    assert handover.ready_at_peers(peers) == 3
+    assert handover.ready_at_peers(None) == 0
+
+
 def test_a_shard_of_another_model_is_never_chosen(handover):
     peers = table({"shard": 3, "small": 8}, {"shard": 1, "small": 1})
     assert handover.peer_for({"small"}, peers) == 1

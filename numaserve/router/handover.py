@@ -58,20 +58,28 @@ class Handover:
         """A peer of our model, by the supervisor's slot `table`, that is itself ready (not
         starting, nor draining) and has a ready instance of each pool; the one with the most
         ready instances of them."""
+        best, most = None, 0
+        for peer, counts in sorted(self._ready(table).items()):
+            have = min((counts.get(name, 0) for name in pools), default=0)
+            if have > most:
+                best, most = peer, have
+        return best
+
+    def ready_at_peers(self, table: SlotTable | None) -> int:
+        """The ready instances of the peers that are themselves ready, by `table`."""
+        return sum(sum(counts.values()) for counts in self._ready(table).values())
+
+    def _ready(self, table: SlotTable | None) -> dict[int, dict[str, int]]:
+        """Each serving peer's ready instances, by pool."""
         if table is None:
-            return None  # no word from the supervisor yet: no peer is known to be ready
+            return {}  # no word from the supervisor yet: no peer is known to be ready
         serving = {shard for shard, state in table.routers if state == "ready"}
         ready: dict[int, dict[str, int]] = {peer: {} for peer in self.peers if peer in serving}
         for slot in table.slots:
             counts = ready.get(slot.shard)  # None: ours, another model's, not serving
             if counts is not None and slot.state == "ready":
                 counts[slot.pool] = counts.get(slot.pool, 0) + 1
-        best, most = None, 0
-        for peer, counts in sorted(ready.items()):
-            have = min((counts.get(name, 0) for name in pools), default=0)
-            if have > most:
-                best, most = peer, have
-        return best
+        return ready
 
     def take(
         self,

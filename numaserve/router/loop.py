@@ -265,7 +265,10 @@ class Router:
             extra = (
                 {"server": self.own_status(as_whole=True).to_wire()}
                 if request.op == "status"
-                else {"max_message_bytes": self.spec.server.max_message_bytes}
+                else {
+                    "max_message_bytes": self.spec.server.max_message_bytes,
+                    "ready": self.ready_instances(),
+                }
             )
             self._reply(envelope, protocol.ok_reply(request.id, **extra))
             return
@@ -427,6 +430,15 @@ class Router:
             self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))
 
     # -- status ----------------------------------------------------------------------------
+
+    def ready_instances(self) -> int:
+        """The instances of our model that can take work through this shard, for `ping`
+        (what an HTTP front's /health asks): its own, and, by the supervisor's latest table,
+        those of the ready peers it hands requests over to; none while it drains."""
+        if self.book.draining_until is not None:
+            return 0
+        own = sum(1 for w in self.dispatch.workers.values() if not w.stopping)
+        return own + (self.handover.ready_at_peers(self.table) if self.handover else 0)
 
     def own_status(self, as_whole: bool = False) -> Report:
         """This shard's state; where a supervisor runs, one entry per slot of its plan.

@@ -92,10 +92,12 @@ class InProcessRouter:
         start_workers: bool = True,
         frontend: str | None = None,
         endpoint: str | None = None,
+        local: str | None = None,
         **server_settings,
     ):
         """`frontend`: an address the router connects to as a shard does to its frontend,
-        instead of binding its own endpoint; `endpoint`: its own (default: a free port)."""
+        instead of binding its own endpoint; `endpoint`: its own (default: a free port);
+        `local`: the private socket an HTTP front connects to, as a shard's."""
         self.endpoint = endpoint or f"tcp://127.0.0.1:{free_port()}"
         server = ServerConfig(endpoint=self.endpoint, heartbeat_ms=500, **server_settings)
         spec = RouterSpec(
@@ -103,6 +105,7 @@ class InProcessRouter:
             pools=(PoolConfig(name="main", max_tokens=256),),
             server=server,
             frontend=frontend,
+            local=local,
         )
         self.spec = spec
         self.ctx = zmq.Context()

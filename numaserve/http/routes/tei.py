@@ -21,7 +21,6 @@ from numaserve.http.connection import Request, Response
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.processes.specs import HttpModel
-from numaserve.status.report import BadReport, Report
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
 from numaserve.wire.protocol import TRUNCATION_DIRECTIONS
@@ -313,9 +312,11 @@ def model_type(model: HttpModel) -> dict:
 
 
 async def health(app: App, request: Request) -> Response:
-    """200 while some instance of every model can serve; 503 (TEI's Unhealthy) when not."""
+    """200 while some instance of every model can serve; 503 (TEI's Unhealthy) when not.
+    Asked by `ping`, which a shard answers from what it knows (its ready instances and its
+    ready peers'), not by `status`, which builds the whole server's report."""
     try:
-        down = [m.name for m in app.models.values() if not await _serving(app, request, m)]
+        down = [m.name for m in app.models.values() if not await _serving(app, m)]
     except ApiError as e:
         return api_errors.tei(ApiError(503, e.message, "Unhealthy"))
     if down:
@@ -325,16 +326,16 @@ async def health(app: App, request: Request) -> Response:
     return Response(200, b"", content_type="text/plain")
 
 
-async def _serving(app: App, request: Request, model: HttpModel) -> bool:
-    future = app.upstream.call(model.name, {"op": "status"})
-    reply = await future
+async def _serving(app: App, model: HttpModel) -> bool:
+    reply = await app.upstream.call(model.name, {"op": "ping"})
     if reply.get("status") != "ok":
         raise api_errors.from_reply(reply.get("error") or {})
-    try:
-        report = Report.from_wire(reply.get("server"))
-    except BadReport as e:
-        raise ApiError(503, f"the shards' status cannot be read: {e}", "Unhealthy") from None
-    return any(p.ready for p in report.pools if (p.model_name or model.name) == model.name)
+    ready = reply.get("ready")
+    if not isinstance(ready, int):
+        raise ApiError(
+            503, f"a shard's ping without its ready instances: {ready!r:.40}", "Unhealthy"
+        )
+    return ready > 0
 
 
 @cache
