@@ -475,21 +475,20 @@ class Supervisor:
         fronts += [(front, f"http://{server.http}") for front in self.http]
         self.carry_out(liveness.fronts_ready(self.routers, fronts, routed, server.endpoint))
         instances = [*self.workers.values(), *([self.replacement] if self.replacement else [])]
-        rules = liveness.limits(self.config, draining=False)
-        self.carry_out(liveness.instances_heard(instances, routed, now, rules, self.stopping))
+        steady = liveness.limits(self.config, draining=False)
+        self.carry_out(liveness.instances_heard(instances, routed, now, steady, self.stopping))
+        # A router shard or HTTP front finishes what it holds before its kill timeout.
+        draining = liveness.limits(self.config, draining=True)
+        routers = set(self.routers)
         for child in self.all_children():
-            rules = liveness.limits(self.config, draining=self.drains(child))
-            action = child.timers(now, rules, may_restart=not self.stopping)
+            drains = (
+                child in routers
+                or isinstance(child.spec, HttpSpec)
+                or bool(self.reconcile and self.reconcile.waits_for(child))
+            )
+            action = child.timers(now, draining if drains else steady, not self.stopping)
             if action is not None:
                 self.carry_out([action])
-
-    def drains(self, child: Child) -> bool:
-        """A router shard or HTTP front finishes what it holds before its kill timeout."""
-        return (
-            child in self.routers
-            or isinstance(child.spec, HttpSpec)
-            or bool(self.reconcile and self.reconcile.waits_for(child))
-        )
 
     # -- carrying out what the parts decided -------------------------------------------------
 
