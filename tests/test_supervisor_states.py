@@ -322,6 +322,38 @@ def test_a_reload_of_a_broken_config_keeps_the_running_config(rig):
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
 
 
+def test_a_reload_that_would_move_running_instances_is_refused_and_they_serve_on(rig, caplog):
+    """One rule for both forms of config: a kept model's pools keep their shape until a
+    restart (a replacement pinned by a new plan could land on cores an old instance holds)."""
+    rig.start()
+    before = {name: rig.pid(name) for name in ("main-0", "main-1")}
+    rig.write_config(instances=3)
+    rig.step(signal.SIGHUP)
+    assert rig.sup.reconcile is None
+    assert "reload failed, keeping the running config" in caplog.text
+    assert "Restart the server for that" in caplog.text and "add it back" not in caplog.text
+    assert {name: rig.pid(name) for name in before} == before
+
+
+def test_a_reload_from_model_to_models_is_refused(rig, caplog):
+    rig.start()
+    rig.config_path.write_text(TWO_MODELS)
+    rig.step(signal.SIGHUP)
+    assert rig.sup.reconcile is None
+    assert "went from `model:` to `models:`" in caplog.text
+    assert rig.states() == {"main-0": "ready", "main-1": "ready"}
+
+
+def test_a_placement_setting_a_reload_cannot_apply_is_logged(rig, caplog):
+    rig.start()
+    rig.config_path.write_text(
+        rig.config_path.read_text().replace("placement:\n", "placement:\n  reserved_cores: 2\n")
+    )
+    rig.step(signal.SIGHUP)
+    assert "placement.reserved_cores changed" in caplog.text
+    assert rig.sup.reconcile is not None  # the rest applies: every instance renews
+
+
 def test_a_reload_keeps_the_ports_the_command_line_moved(tmp_path, caplog):
     rig = Rig(tmp_path, ports=Ports(zmq=6001, metrics=9999))
     rig.start()

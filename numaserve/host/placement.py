@@ -255,7 +255,7 @@ def _place_autos(
 def replan(
     current: Plan, topo: CPUTopology, placement: PlacementConfig, models: tuple[ServedModel, ...]
 ) -> Plan:
-    """A reload's plan for a `models:` config: the models still served keep their instances
+    """A reload's plan (either form of config): the models still served keep their instances
     where they are (they are not restarted for a neighbour's sake); the models new to the
     config are placed on the whole cores left free, those of removed models included, with
     no more cores reserved (their router shards share the reserved ones)."""

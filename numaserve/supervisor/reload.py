@@ -1,10 +1,11 @@
 """A reload (SIGHUP): what the config file read again wants, carried out by a Reconcile
 (reconcile.py) while the server serves.
 
-What a reload renews depends on what the file's models mean: a server whose requests name their
-model (`models:`) keeps the models it keeps where they are and renews only the instances whose
-model's settings changed, and may remove and add models; a server of one unnamed model
-(`model:`) renews every instance (new weights at the same path load too).
+One algorithm, whatever form the config is in (`model:` is one model named `default`): the
+models the file no longer names are removed, those it newly names are added on the cores left
+free, the kept ones stay where they are (their placement changes only at a restart), and each
+instance whose spec changed renews, one at a time. The one difference: a server of one unnamed
+model renews every instance, since new weights at the same path show in no spec.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from numaserve.config.ports import Ports
 from numaserve.config.precisions import needs_prepare
 from numaserve.config.schema import Config, ConfigError, load_config
 from numaserve.host.ledger import Ledger, held_cpus, without
-from numaserve.host.placement import PlacementError, Plan, plan_placement, replan
+from numaserve.host.placement import PlacementError, Plan, replan
 from numaserve.host.topology import CPUTopology
 from numaserve.processes.specs import Deployment, deployment
 from numaserve.supervisor.children import State
@@ -64,32 +65,29 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
     current, ledger, workers = running.config, site.ledger, running.workers
     try:
         config = site.ports.apply(load_config(site.config_path))
-        by_model = config.named and current.named
-        removed, added = model_changes(current, config) if by_model else ((), ())
-        with ledger.locked() if ledger and by_model else nullcontext():
-            plan = (
-                _replan(site, running.plan, config)
-                if by_model
-                else plan_placement(site.topo, config.placement, config.models, config.named)
+        removed, added = model_changes(current, config)
+        with ledger.locked() if ledger else nullcontext():
+            plan = _replan(site, running.plan, config)
+            new = site.deploy(
+                _keep_shards(config, current), plan, running.deployment.shard_numbers()
             )
-            shaped = _keep_shards(config, current) if by_model else config
-            new = site.deploy(shaped, plan, running.deployment.shard_numbers())
-            if ledger and by_model and plan != running.plan:  # ours until the reload ends
+            if ledger and plan != running.plan:  # ours until the reload ends
                 both = {*held_cpus(running.plan, site.topo), *held_cpus(plan, site.topo)}
                 ledger.update(tuple(sorted(both)))
     except (ConfigError, PlacementError, OSError) as e:
         log.error("reload failed, keeping the running config: %s", e, extra={"event": "reload"})
         return None
-    for change in _unapplied(current, config, running.deployment, new, by_model):
+    for change in _unapplied(current, config, running.deployment, new):
         log.warning("reload: %s; it applies at the next restart", change, extra={"event": "reload"})
-    # `model:`: every instance restarts (new weights at the same path load too). `models:`:
-    # only the instances whose model's settings changed; the others keep serving.
+    # An instance renews where its spec changed (its model's settings, its pool's). A server
+    # of one unnamed model (`model:`) renews every one: new weights at the same path show in
+    # no spec, and SIGHUP after copying them in (numaserve.testing's `reload` too) loads them.
     renew = deque(
         w.slot.name
         for w in new.workers
         if w.slot.name in workers
         and workers[w.slot.name].state == State.READY
-        and (not by_model or workers[w.slot.name].argv != w.argv())
+        and (not config.named or workers[w.slot.name].argv != w.argv())
     )
     kept = sorted(
         {w.slot.model for w in new.workers if w.slot.name in workers}
@@ -103,25 +101,28 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
             if names
         ),
         len(renew),
-        f"; unchanged, kept running: {', '.join(kept)}" if by_model and kept else "",
+        f"; unchanged, kept running: {', '.join(kept)}" if kept else "",
         extra={"event": "reload"},
     )
     return Reconcile(config, plan, new, renew, removed, added, resume=mood)
 
 
-def _unapplied(
-    current: Config, config: Config, running: Deployment, new: Deployment, by_model: bool
-) -> list[str]:
-    changes = unapplied_changes(running, new, by_model)
-    if by_model and config.server.routers != current.server.routers:
+def _unapplied(current: Config, config: Config, running: Deployment, new: Deployment) -> list[str]:
+    changes = unapplied_changes(running, new)
+    if config.server.routers != current.server.routers:
         changes.append("server.routers changed")
-    if by_model:
-        weights = {m.name: m.weight for m in current.models}
-        changes += [
-            f"model {m.name!r}'s weight changed (instances stay where they are)"
-            for m in config.models
-            if m.name in weights and m.weight != weights[m.name]
-        ]
+    placed = ("reserved_cores", "smt")
+    changes += [
+        f"placement.{key} changed (the instances kept stay where they are)"
+        for key in placed
+        if getattr(config.placement, key) != getattr(current.placement, key)
+    ]
+    weights = {m.name: m.weight for m in current.models}
+    changes += [
+        f"model {m.name!r}'s weight changed (instances stay where they are)"
+        for m in config.models
+        if m.name in weights and m.weight != weights[m.name]
+    ]
     return changes
 
 
@@ -141,8 +142,15 @@ def _keep_shards(config: Config, running: Config) -> Config:
 
 
 def model_changes(current: Config, new: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(removed, added) model names, for two `models:` configs. Raises PlacementError where a
-    kept model's pools would move its running instances: that needs a restart."""
+    """(removed, added) model names (a `model:` config's one model is `default`). Raises
+    ConfigError for a switch between `model:` and `models:`, and PlacementError where a kept
+    model's pools would move its running instances: each needs a restart."""
+    if new.named != current.named:
+        forms = ("`models:`", "`model:`") if current.named else ("`model:`", "`models:`")
+        raise ConfigError(
+            f"the config went from {forms[0]} to {forms[1]}, which changes how requests name "
+            "their model: restart the server for that"
+        )
     before = {m.name: m for m in current.models}
     after = {m.name: m for m in new.models}
 
@@ -153,35 +161,30 @@ def model_changes(current: Config, new: Config) -> tuple[tuple[str, ...], tuple[
 
     for name in before.keys() & after.keys():
         if shape(name, before) != shape(name, after):
+            readd = ", or remove the model in one reload and add it back in the next"
             raise PlacementError(
                 f"model {name!r}: its pools' names, instances, cores_per_instance or core_types "
-                "changed, which would move its running instances. Restart the server for that, "
-                "or remove the model in one reload and add it back in the next"
+                "changed, which would move its running instances. Restart the server for "
+                f"that{readd if new.named else ''}"
             )
     removed = tuple(name for name in before if name not in after)
     added = tuple(name for name in after if name not in before)
     return removed, added
 
 
-def unapplied_changes(current: Deployment, new: Deployment, by_model: bool = False) -> list[str]:
-    """What a reload cannot change while serving; it applies at the next restart.
-    `by_model`: two `models:` configs, where models may come and go: only the kept models'
-    shards are compared, the frontend's routes change live, and the kept models' instances
-    stay where they are (host/placement.replan)."""
-    changes = []
+def unapplied_changes(current: Deployment, new: Deployment) -> list[str]:
+    """What a reload cannot change while serving; it applies at the next restart. Only the
+    kept models' shards are compared (models may come and go), the frontend's routes change
+    live, and the kept models' instances stay where they are (host/placement.replan)."""
     kept = {r.model_name for r in current.routers} & {r.model_name for r in new.routers}
 
     def routers(d: Deployment) -> list[str]:
-        return [r.to_json() for r in d.routers if not by_model or r.model_name in kept]
+        return [r.to_json() for r in d.routers if r.model_name in kept]
 
     def frontend(d: Deployment) -> object:
-        if d.frontend is None or not by_model:
-            return d.frontend
-        return (d.frontend.endpoint, d.frontend.max_message_bytes, d.frontend.curve)
+        front = d.frontend
+        return front and (front.endpoint, front.max_message_bytes, front.curve)
 
     if routers(new) != routers(current) or frontend(new) != frontend(current):
-        changes.append("router and server settings changed")
-    names = {w.slot.name for w in new.workers}
-    if not by_model and names != {w.slot.name for w in current.workers}:
-        changes.append("the placement changed")
-    return changes
+        return ["router and server settings changed"]
+    return []
