@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -24,8 +25,11 @@ from pathlib import Path
 import pytest
 
 from numaserve.client import Client
+from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.host.pinning import read_numa_maps
 from numaserve.testing.load import RawLoad
+from numaserve.wire.control import ControlConnection
+from tests.harness.console import numaserve_exe
 from tests.harness.http import http_get
 from tests.harness.processes import still_running
 from tests.harness.vm_server import CONFIG
@@ -197,6 +201,29 @@ def test_systemctl_status_shows_the_supervisors_status_line():
     line = show("StatusText")["StatusText"]
     assert line.startswith("2 ready; routers ready"), line
     assert f'Status: "{line}"' in systemctl("status", "--no-pager", UNIT).stdout
+
+
+def test_numaserve_status_as_root_asks_the_units_supervisor_on_its_control_socket():
+    """As an operator runs it: root, with the system's ledger (/run/numaserve, not the test
+    run's), the supervisor running as its own user behind PrivateTmp and ProtectSystem."""
+    main_pid = int(show("MainPID")["MainPID"])
+    holder = Ledger(Path("/run/numaserve")).serving_at(ENDPOINT)
+    assert holder is not None and holder.pid == main_pid
+    socket_file = os.stat(holder.control)
+    assert oct(socket_file.st_mode & 0o777) == "0o600"
+    assert pwd.getpwuid(socket_file.st_uid).pw_name == "numaserve"
+    with ControlConnection(holder.control, timeout=120) as control:
+        assert control.ask("status")["status"]["supervisor"]["pid"] == main_pid
+    env = {k: v for k, v in os.environ.items() if k != LEDGER_ENV}
+    out = subprocess.run(
+        [numaserve_exe(), "status", "--json", "--endpoint", ENDPOINT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["supervisor"]["pid"] == main_pid
 
 
 def test_reload_under_client_load_fails_no_request():
