@@ -298,7 +298,7 @@ def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds
     rig.step(signal.SIGHUP)
     rig.step(seconds=0.3)
     rig.run_for(1.0)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.sup.workers["c.main-0"].cpus == (4,)  # not CPU 3, the other server's
     assert ours() == [0, 1, 2, 4]
 
@@ -311,7 +311,7 @@ def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds
     rig.step()
     rig.os.exit(b_worker, 0)
     rig.run_for(1.0)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert ours() == [0, 1, 4]  # b's core is free for other servers again
     ledger.release()
 
@@ -330,7 +330,7 @@ def test_a_reload_aborted_before_its_models_were_added_gives_their_cores_back(tm
     rig.os.exit(rig.os.pid_of("prepare"), 1)
     rig.step()
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert json.loads(entry.read_text())["cpus"] == [0, 1, 2]
     assert "c.main-0" not in rig.sup.workers
     ledger.release()

@@ -4,13 +4,21 @@ carries them out here (the Rig only builds a real deployment's children, and sta
 tests/test_supervisor_states.py runs the same decisions through the arbiter on a fake OS."""
 
 import signal
-from collections import deque
+from dataclasses import replace
 
 import pytest
 
 from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Announce, Child, Limits, Signal, Spawn, State, Terminate
-from numaserve.supervisor.reconcile import Abort, Reconcile, Replace, Started
+from numaserve.supervisor.reconcile import (
+    Abort,
+    Renew,
+    Replace,
+    Started,
+    Wanted,
+    advance,
+    to_renew,
+)
 from numaserve.supervisor.stop import Stop
 from tests.harness.fake_system import Rig
 
@@ -90,8 +98,8 @@ def test_an_exit_no_restart_can_fix_is_fatal(rig):
 
 def test_the_start_spawns_every_process_then_ends(rig):
     running = rig.sup.running()
-    start = Reconcile.start(running.config, running.plan, running.deployment)
-    actions = start.advance(running, now=0.0)
+    start = Wanted.start(running.config, running.plan, running.deployment)
+    actions = advance(start, running, now=0.0)
     spawned = [a.child.name for a in actions if isinstance(a, Spawn)]
     assert spawned == ["router", "main-0", "main-1"]
     assert actions[-1] == Started()
@@ -99,39 +107,42 @@ def test_the_start_spawns_every_process_then_ends(rig):
 
 def test_nothing_starts_while_the_model_is_prepared(rig):
     running = rig.sup.running()
-    start = Reconcile.start(running.config, running.plan, running.deployment)
-    preparing = type(running)(**{**running.__dict__, "preparing": True})
-    assert start.advance(preparing, now=0.0) == []
+    start = Wanted.start(running.config, running.plan, running.deployment)
+    assert advance(start, replace(running, preparing=True), now=0.0) == []
 
 
 def test_a_reload_renews_one_slot_at_a_time_and_swaps_once_the_new_one_is_ready(rig):
+    """How far it has come is read from what runs: the same question, asked again, has the
+    same answer until what runs changes."""
     for pid, child in enumerate([*rig.sup.routers, *rig.sup.workers.values()], start=10):
         started(child, pid, state=State.READY)
     rig.sup.workers["main-0"].restarts = 2
     running = rig.sup.running()
-    reload = Reconcile(
-        running.config, running.plan, running.deployment, deque(["main-0", "main-1"]), reshaped=True
-    )
-    (spawn,) = reload.advance(running, now=1.0)
-    new = spawn.child
-    assert spawn == Spawn(new) and new.name == "main-0" and new.restarts == 2
+    old = tuple(running.workers.values())
+    reload = Wanted(running.config, running.plan, running.deployment, old)
+    (renew,) = advance(reload, running, now=1.0)
+    (again,) = advance(reload, running, now=1.0)  # nothing was kept: the same step
+    assert again.new.name == "main-0" and again.new.spec == renew.new.spec
+    new = renew.new
+    assert renew == Renew(new) and new.name == "main-0" and new.restarts == 2
     assert new is not running.workers["main-0"]
     started(new, pid=20, now=1.0)
-    assert reload.advance(running, now=2.0) == []  # it is starting: nothing else moves
+    starting = replace(running, replacement=new)
+    assert advance(reload, starting, now=2.0) == []  # it is starting: nothing else moves
     new.change_state(State.READY, 3.0)
-    assert reload.advance(running, now=3.0) == [Replace(new)]
-    assert list(reload.renew) == ["main-1"]
+    assert advance(reload, starting, now=3.0) == [Replace(new)]
+    swapped = replace(starting, workers={**running.workers, "main-0": new}, replacement=None)
+    assert to_renew(reload, swapped) == ["main-1"]
 
 
 def test_a_replacement_not_ready_in_time_aborts_the_reload(rig):
     running = rig.sup.running()
-    reload = Reconcile(
-        running.config, running.plan, running.deployment, deque(["main-0"]), reshaped=True
-    )
-    (spawn,) = reload.advance(running, now=0.0)
-    started(spawn.child, pid=20, now=0.0)
-    assert reload.advance(running, now=60.0) == []
-    assert reload.advance(running, now=60.5) == [Abort("the new main-0 was not ready in time")]
+    reload = Wanted(running.config, running.plan, running.deployment, (running.workers["main-0"],))
+    (renew,) = advance(reload, running, now=0.0)
+    started(renew.new, pid=20, now=0.0)
+    starting = replace(running, replacement=renew.new)
+    assert advance(reload, starting, now=60.0) == []
+    assert advance(reload, starting, now=60.5) == [Abort("the new main-0 was not ready in time")]
 
 
 # -- a stop's order ------------------------------------------------------------------------------

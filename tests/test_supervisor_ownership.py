@@ -1,13 +1,14 @@
 """Who writes the supervisor's state, read from the source: the arbiter alone holds and writes
 the server's (its children, mood, config, reload and stop); each Child alone writes its own
-fields; and no function outside the arbiter takes the Supervisor. The other modules decide and
-return actions (tests/test_supervisor_decisions.py)."""
+fields; no function outside the arbiter takes the Supervisor; and reconcile keeps no progress
+of its own. The other modules decide and return actions (tests/test_supervisor_decisions.py)."""
 
 import ast
 import dataclasses
 from pathlib import Path
 
 from numaserve.supervisor.children import Child
+from numaserve.supervisor.reconcile import Running, Wanted
 from tests.import_graph import PACKAGE
 
 SUPERVISOR = PACKAGE / "supervisor"
@@ -106,7 +107,7 @@ def test_only_a_child_writes_its_own_fields():
 
 def test_only_the_arbiter_writes_the_server_s_state():
     state = supervisor_attributes()
-    assert {"workers", "mood", "config", "reconcile", "stop", "exit_code"} <= state
+    assert {"workers", "mood", "config", "wanted", "replacement", "stop", "exit_code"} <= state
     found = [
         f"{path.relative_to(PACKAGE)}:{line}: {obj}.{attr}"
         for path in sorted(PACKAGE.rglob("*.py"))
@@ -115,6 +116,24 @@ def test_only_the_arbiter_writes_the_server_s_state():
         if attr in state and path.is_relative_to(SUPERVISOR)
     ]
     assert found == []
+
+
+def every_attribute_written(path: Path) -> list[str]:
+    """`object.attribute` of each attribute assignment, `self`'s included."""
+    return [
+        ast.unparse(t)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in assigned(target)
+    ]
+
+
+def test_reconcile_keeps_no_progress_of_its_own():
+    """A start's or a reload's progress is read from what runs: reconcile.py writes no
+    attribute at all, and what it reads is frozen."""
+    assert every_attribute_written(SUPERVISOR / "reconcile.py") == []
+    assert Wanted.__dataclass_params__.frozen and Running.__dataclass_params__.frozen
 
 
 def test_the_checks_find_a_supervisor_parameter_and_a_write_from_outside(tmp_path):

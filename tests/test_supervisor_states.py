@@ -4,13 +4,13 @@ runs real processes in tests/test_supervisor.py (slow)."""
 
 import json
 import signal
-from collections import deque
 
 import pytest
 
 from numaserve.config.ports import Ports
 from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Child, State, TransitionError
+from numaserve.supervisor.reconcile import to_renew
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.stop import FAST_STOP_EXIT
 from tests.harness.fake_system import Rig, spec_of
@@ -254,12 +254,12 @@ def test_sighup_restarts_one_slot_at_a_time_each_old_one_after_its_replacement_i
     old = {name: rig.pid(name) for name in ("main-0", "main-1")}
     rig.step(signal.SIGHUP)
     assert rig.notifier.kinds()[-1] == "RELOADING"
-    new0 = rig.sup.reconcile.replacement.pid
+    new0 = rig.sup.replacement.pid
     rig.router.quiet.add(new0)  # hold the first replacement in STARTING
     assert rig.os.running[new0] == "main-0" and old["main-0"] in rig.os.running
     rig.run_for(1.0)
     assert rig.os.signals_to("main-0") == []  # the old one serves until its replacement is READY
-    assert list(rig.sup.reconcile.renew) == ["main-1"]
+    assert to_renew(rig.sup.wanted, rig.sup.running()) == ["main-0", "main-1"]  # both old
     rig.router.quiet.clear()
     rig.step(seconds=0.3)  # main-0's replacement is heard
     rig.step()
@@ -267,7 +267,7 @@ def test_sighup_restarts_one_slot_at_a_time_each_old_one_after_its_replacement_i
     assert rig.pid("main-0") == new0
     rig.os.exit(old["main-0"], 0)
     rig.run_for(1.0)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.pid("main-1") != old["main-1"]
     assert rig.os.signals_to("main-1") == [signal.SIGTERM]
     assert rig.notifier.kinds()[-1] == "READY"  # told again once the reload is done
@@ -282,12 +282,12 @@ def test_a_reload_is_done_only_once_the_router_shows_the_new_instances(rig):
     rig.step(seconds=0.3)  # main-1's
     rig.router.behind = True
     rig.run_for(1.0)
-    assert rig.sup.reconcile is not None
-    assert rig.sup.reconcile.renew == deque() and rig.sup.reconcile.replacement is None
+    assert rig.sup.wanted is not None
+    assert to_renew(rig.sup.wanted, rig.sup.running()) == [] and rig.sup.replacement is None
     rig.router.behind = False
     rig.step()
     rig.step()
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     pids = {s["name"]: s["pid"] for s in rig.router.tables[-1]["slots"]}
     assert pids == {name: rig.pid(name) for name in ("main-0", "main-1")}
 
@@ -296,9 +296,9 @@ def test_a_reload_whose_replacement_dies_is_aborted_and_the_old_instance_keeps_s
     rig.start()
     old = rig.pid("main-0")
     rig.step(signal.SIGHUP)
-    rig.os.exit(rig.sup.reconcile.replacement.pid, exitcodes.MODEL)
+    rig.os.exit(rig.sup.replacement.pid, exitcodes.MODEL)
     rig.step()
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.pid("main-0") == old
     assert rig.os.signals_to("main-0") == []
 
@@ -306,10 +306,10 @@ def test_a_reload_whose_replacement_dies_is_aborted_and_the_old_instance_keeps_s
 def test_a_reload_whose_replacement_is_not_ready_in_time_is_aborted(rig):
     rig.start()
     rig.step(signal.SIGHUP)
-    new = rig.sup.reconcile.replacement.pid
+    new = rig.sup.replacement.pid
     rig.router.quiet.add(new)
     rig.run_for(61, every=1.0)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert new not in rig.os.running
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
 
@@ -318,7 +318,7 @@ def test_a_reload_of_a_broken_config_keeps_the_running_config(rig):
     rig.start()
     rig.config_path.write_text("placement: {pools: nonsense}")
     rig.step(signal.SIGHUP)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
 
 
@@ -329,7 +329,7 @@ def test_a_reload_that_would_move_running_instances_is_refused_and_they_serve_on
     before = {name: rig.pid(name) for name in ("main-0", "main-1")}
     rig.write_config(instances=3)
     rig.step(signal.SIGHUP)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert "reload failed, keeping the running config" in caplog.text
     assert "Restart the server for that" in caplog.text and "add it back" not in caplog.text
     assert {name: rig.pid(name) for name in before} == before
@@ -339,7 +339,7 @@ def test_a_reload_from_model_to_models_is_refused(rig, caplog):
     rig.start()
     rig.config_path.write_text(TWO_MODELS)
     rig.step(signal.SIGHUP)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert "went from `model:` to `models:`" in caplog.text
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
 
@@ -351,7 +351,7 @@ def test_a_placement_setting_a_reload_cannot_apply_is_logged(rig, caplog):
     )
     rig.step(signal.SIGHUP)
     assert "placement.reserved_cores changed" in caplog.text
-    assert rig.sup.reconcile is not None  # the rest applies: every instance renews
+    assert rig.sup.wanted is not None  # the rest applies: every instance renews
 
 
 def test_a_reload_keeps_the_ports_the_command_line_moved(tmp_path, caplog):
@@ -367,9 +367,9 @@ def test_a_reload_keeps_the_ports_the_command_line_moved(tmp_path, caplog):
 def test_sigterm_during_a_reload_aborts_it_and_stops(rig):
     rig.start()
     rig.step(signal.SIGHUP)
-    replacement = rig.sup.reconcile.replacement.pid
+    replacement = rig.sup.replacement.pid
     rig.step(signal.SIGTERM)
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.os.signals_to("main-0")[0] == signal.SIGTERM  # the replacement, retired
     rig.os.exit(replacement, 0)
     rig.exit("router", 0)
@@ -389,17 +389,17 @@ def test_the_model_is_prepared_before_any_instance_starts(tmp_path):
     assert set(rig.os.running.values()) == {"prepare"}
     rig.run_for(30, every=5)
     assert set(rig.os.running.values()) == {"prepare"}  # a first build takes its time
-    assert rig.sup.reconcile is not None  # the start's, waiting for the artifact
+    assert rig.sup.wanted is not None  # the start's, waiting for the artifact
     rig.os.exit(rig.os.pid_of("prepare"), 0)
     rig.step()
     assert set(rig.os.running.values()) == {"router", "main-0", "main-1"}
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
 
 
 def test_the_start_is_a_reconcile_that_starts_every_process_in_its_first_step_and_ends(rig):
     rig.sup.begin()
     assert set(rig.os.running.values()) == {"router", "main-0", "main-1"}
-    assert rig.sup.reconcile is None  # from here on liveness restarts what exits
+    assert rig.sup.wanted is None  # from here on liveness restarts what exits
 
 
 def test_a_model_that_cannot_be_prepared_exits_with_the_model_code_and_starts_nothing(tmp_path):
@@ -441,14 +441,14 @@ def test_a_reload_that_changes_the_model_prepares_it_before_restarting_any_insta
     assert sorted(rig.os.running.values()) == ["main-0", "main-1", "prepare", "router"]
     rig.os.exit(rig.os.pid_of("prepare"), 0)
     rig.step()
-    assert rig.sup.reconcile.replacement is not None
+    assert rig.sup.replacement is not None
 
 
 def test_a_reload_whose_model_cannot_be_prepared_is_aborted(tmp_path):
     rig = reload_a_changed_onnx_model(tmp_path)
     rig.os.exit(rig.os.pid_of("prepare"), exitcodes.MODEL)
     rig.step()
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.states() == {"main-0": "ready", "main-1": "ready"}
 
 
@@ -494,7 +494,7 @@ def test_during_a_reload_each_slot_appears_once_as_the_instance_that_serves_it(r
     rig.start()
     old = rig.pid("main-0")
     rig.step(signal.SIGHUP)
-    rig.router.quiet.add(rig.sup.reconcile.replacement.pid)  # the replacement is still starting
+    rig.router.quiet.add(rig.sup.replacement.pid)  # the replacement is still starting
     rig.step(seconds=0.1)
     workers = [p for p in rig.monitor.latest.processes if p.kind == "worker"]
     assert [(p.name, p.pid) for p in workers] == [
@@ -525,14 +525,14 @@ def test_with_several_models_a_reload_restarts_only_the_changed_models_instances
     rig.config_path.write_text(TWO_MODELS.replace("name: b,", "name: b, max_length: 128,"))
 
     rig.step(signal.SIGHUP)
-    assert rig.sup.reconcile.replacement.name == "b.main-0"
-    assert not rig.sup.reconcile.renew  # a's instances are not in line
+    assert rig.sup.replacement.name == "b.main-0"
+    assert [old.name for old in rig.sup.wanted.renew] == ["b.main-0"]  # not a's
     rig.step(seconds=0.3)  # b's replacement is heard
     rig.step()
     rig.os.exit(before["b.main-0"], 0)
     rig.run_for(1.0)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.pid("b.main-0") != before["b.main-0"]
     assert {name: rig.pid(name) for name in ("a.main-0", "a.main-1")} == {
         name: before[name] for name in ("a.main-0", "a.main-1")
@@ -566,7 +566,7 @@ def test_a_reload_that_adds_a_model_starts_its_shard_and_instances_and_tells_the
     rig.step(seconds=0.3)
     rig.run_for(1.0)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.states()["c.main-0"] == "ready"
     assert {name: rig.pid(name) for name in kept} == kept
     assert not any(rig.os.signals_to(name) for name in kept)
@@ -597,7 +597,7 @@ def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances
     rig.step(seconds=0.3)
     rig.run_for(1.0)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert sorted(rig.sup.workers) == ["a.main-0", "a.main-1", "c.main-0", "d.main-0"]
     assert [v.child.name for v in rig.sup.shards] == ["router-0", "router-2", "router-3"]
 
@@ -611,7 +611,7 @@ def test_a_reload_that_adds_and_changes_models_rolls_the_changed_once_the_added_
     rig.step(signal.SIGHUP)
     rig.shards[-1].quiet.add("c.main-0")  # c is still loading its model
     rig.run_for(1.0)
-    assert rig.sup.reconcile.replacement is None  # a waits
+    assert rig.sup.replacement is None  # a waits
     rig.shards[-1].quiet.clear()
     for name in ("a.main-0", "a.main-1"):
         old = rig.pid(name)
@@ -619,7 +619,7 @@ def test_a_reload_that_adds_and_changes_models_rolls_the_changed_once_the_added_
         rig.os.exit(old, 0)
     rig.run_for(1.0)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert rig.pid("b.main-0") == b and rig.os.signals_to("b.main-0") == []
     assert len(rig.os.signals_to("a.main-0")) == len(rig.os.signals_to("a.main-1")) == 1
 
@@ -633,7 +633,7 @@ def test_a_reload_whose_added_model_does_not_fit_keeps_the_running_config(tmp_pa
 
     rig.step(signal.SIGHUP)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert "reload failed, keeping the running config: the added model(s) c do not fit" in (
         caplog.text
     )
@@ -647,7 +647,7 @@ def test_a_reload_that_would_move_a_kept_models_instances_is_refused(tmp_path, c
 
     rig.step(signal.SIGHUP)
 
-    assert rig.sup.reconcile is None
+    assert rig.sup.wanted is None
     assert "model 'a': its pools' names, instances" in caplog.text
 
 
@@ -685,7 +685,7 @@ def test_the_server_mood_follows_prepare_start_reload_and_stop(tmp_path):
     assert rig.sup.mood is Mood.RELOADING
     assert rig.sup.summary().startswith("reloading: ")
     rig.run_for(2.0)
-    assert rig.sup.reconcile is None and rig.sup.mood is Mood.SERVING
+    assert rig.sup.wanted is None and rig.sup.mood is Mood.SERVING
     rig.step(signal.SIGTERM)
     assert rig.sup.mood is Mood.STOPPING and rig.sup.summary().startswith("stopping: ")
 
@@ -695,9 +695,9 @@ def test_an_aborted_reload_leaves_the_mood_it_found(rig):
     rig.step(seconds=0.1)
     assert rig.sup.mood is Mood.SERVING
     rig.step(signal.SIGHUP)
-    rig.os.exit(rig.sup.reconcile.replacement.pid, exitcodes.MODEL)
+    rig.os.exit(rig.sup.replacement.pid, exitcodes.MODEL)
     rig.step()
-    assert rig.sup.reconcile is None and rig.sup.mood is Mood.SERVING
+    assert rig.sup.wanted is None and rig.sup.mood is Mood.SERVING
 
 
 def test_the_slot_table_carries_each_instances_live_affinity_so_no_shard_reads_proc(rig):

@@ -7,9 +7,9 @@ exited, a signal) and the clock; the server as a whole has one Mood (reporting.p
 
 The arbiter alone holds and writes the server's state (which children run, the mood, the
 config and plan that run, the reload or stop under way). The other modules decide and return
-actions: each child of its own timers (children.py), liveness who is ready or silent, a
-Reconcile the next step to a wanted deployment (the start's, a reload's), a Stop what to stop
-next; `carry_out` here is the one place they take effect. No function outside this module
+actions: each child of its own timers (children.py), liveness who is ready or silent,
+reconcile.advance the next step to a wanted deployment (the start's, a reload's) from what
+runs, a Stop what to stop next; `carry_out` here is the one place they take effect. No function outside this module
 takes the Supervisor (tests/test_supervisor_ownership.py).
 
 All of its effects go through a System (processes, signals, files, the clock), a RouterLink
@@ -36,10 +36,10 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
-from numaserve.processes.specs import HttpSpec
+from numaserve.processes.specs import HttpSpec, RouterSpec
 from numaserve.status.merge import server_status
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
-from numaserve.supervisor import liveness, reporting
+from numaserve.supervisor import liveness, reconcile, reporting
 from numaserve.supervisor.children import (
     Announce,
     Child,
@@ -57,7 +57,7 @@ from numaserve.supervisor.reconcile import (
     Adopt,
     Hold,
     Leave,
-    Reconcile,
+    Renew,
     Renewed,
     RenewHttp,
     Replace,
@@ -65,6 +65,7 @@ from numaserve.supervisor.reconcile import (
     Reshaped,
     Running,
     Started,
+    Wanted,
 )
 from numaserve.supervisor.reload import Site, needs_new_artifacts, plan_reload
 from numaserve.supervisor.reporting import Mood
@@ -123,9 +124,10 @@ class Supervisor:
         self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
         self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
+        self.replacement: Child | None = None  # a reload's new instance of a slot, starting
         self.mood = Mood.STARTING
         self.exit_code: int | None = None
-        self.reconcile: Reconcile | None = None  # the start's, or a reload's
+        self.wanted: Wanted | None = None  # the start's deployment, or a reload's
         self.final_table: int | None = None  # the slot table sent once a reload renewed all
         self.stop: Stop | None = None
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
@@ -153,7 +155,7 @@ class Supervisor:
 
     @property
     def reloading(self) -> bool:
-        return self.reconcile is not None and self.reconcile.reloading
+        return self.wanted is not None and self.wanted.reloading
 
     def front(self) -> list[Child]:
         """The processes between the clients and the workers: the shards, the frontend, and
@@ -168,11 +170,6 @@ class Supervisor:
             current.append(self.replacement)
         return current
 
-    @property
-    def replacement(self) -> Child | None:
-        """A reload's new instance of the slot it renews, while it starts."""
-        return self.reconcile.replacement if self.reconcile else None
-
     def running(self) -> Running:
         return Running(
             self.config,
@@ -183,6 +180,8 @@ class Supervisor:
             self.frontend,
             tuple(self.http),
             preparing=self.prepare is not None,
+            retired=tuple(self.retired),
+            replacement=self.replacement,
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -206,12 +205,12 @@ class Supervisor:
             self.site.config_path,
             extra={"event": "start"},
         )
-        self.reconcile = Reconcile.start(self.config, self.plan, self.deployment)
+        self.wanted = Wanted.start(self.config, self.plan, self.deployment)
         if any(needs_prepare(m.backend, m.quantize) for m in self.config.models):
             self.mood = Mood.PREPARING
             self.start_prepare()
         else:
-            self.carry_out(self.reconcile.advance(self.running(), self.system.now()))
+            self.advance(self.system.now())
 
     def step(self, signals: list[int]) -> None:
         """One turn of the loop: the signals caught since the last, then children that exited,
@@ -348,11 +347,11 @@ class Supervisor:
         """`numaserve prepare` exited with `code`: the start goes on, or the server cannot
         start; a reload goes on, or is aborted."""
         self.prepare = None
-        if not self.reconcile or self.stopping:
+        if not self.wanted or self.stopping:
             return
-        if self.reconcile.reloading and code != 0:
+        if self.wanted.reloading and code != 0:
             self.abort_reload(f"the changed model could not be prepared (exit {code})")
-        elif self.reconcile.reloading:
+        elif self.wanted.reloading:
             log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
         elif code != 0:
             log.error(
@@ -361,10 +360,10 @@ class Supervisor:
                 extra={"event": "fatal"},
             )
             self.exit_code = exitcodes.MODEL
-            self.reconcile = None  # nothing starts
+            self.wanted = None  # nothing starts
         else:
             self.mood = Mood.STARTING
-            self.carry_out(self.reconcile.advance(self.running(), self.system.now()))
+            self.advance(self.system.now())
 
     # -- the control socket: `numaserve status` and `stop` ----------------------------------
 
@@ -458,14 +457,18 @@ class Supervisor:
             code = liveness.cannot_serve(self.front(), list(self.workers.values()))
             if code is not None:
                 self.begin_stop("no instance can serve", code)
-        if self.reconcile:
-            self.carry_out(self.reconcile.advance(self.running(), now))
+        self.advance(now)
         if self.stop is not None:
             actions, self.exit_code = self.stop.advance(
                 self.http, self.routers, self.all_children(), now
             )
             self.carry_out(actions)
         self._notify(now)
+
+    def advance(self, now: float) -> None:
+        """The next step to the wanted deployment, if there is one under way."""
+        if self.wanted is not None:
+            self.carry_out(reconcile.advance(self.wanted, self.running(), now))
 
     def check_liveness(self, now: float) -> None:
         """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
@@ -477,15 +480,11 @@ class Supervisor:
         instances = [*self.workers.values(), *([self.replacement] if self.replacement else [])]
         steady = liveness.limits(self.config, draining=False)
         self.carry_out(liveness.instances_heard(instances, routed, now, steady, self.stopping))
-        # A router shard or HTTP front finishes what it holds before its kill timeout.
+        # A router shard (a removed model's too) or an HTTP front finishes what it holds before
+        # its kill timeout.
         draining = liveness.limits(self.config, draining=True)
-        routers = set(self.routers)
         for child in self.all_children():
-            drains = (
-                child in routers
-                or isinstance(child.spec, HttpSpec)
-                or bool(self.reconcile and self.reconcile.waits_for(child))
-            )
+            drains = isinstance(child.spec, (RouterSpec, HttpSpec))
             action = child.timers(now, draining if drains else steady, not self.stopping)
             if action is not None:
                 self.carry_out([action])
@@ -493,8 +492,8 @@ class Supervisor:
     # -- carrying out what the parts decided -------------------------------------------------
 
     def carry_out(self, actions: Iterable[Action]) -> None:
-        """The one place the decisions of the children, liveness, a Reconcile and a Stop
-        change the server."""
+        """The one place the decisions of the children, liveness, reconcile and a Stop change
+        the server."""
         for action in actions:
             match action:
                 case Spawn(child):
@@ -509,7 +508,7 @@ class Supervisor:
                     self.reshape(action)
 
     def reshape(self, action: Action) -> None:
-        """A Reconcile's step that changes which children run, or what runs."""
+        """A reconcile step that changes which children run, or what runs."""
         match action:
             case Adopt(child) if child.pool:
                 self.workers[child.name] = child
@@ -517,7 +516,11 @@ class Supervisor:
                 self.add_shard(child)
             case Leave(child, drain):
                 self.leave(child, drain)
+            case Renew(new):
+                self.replacement = new
+                self.spawn(new)
             case Replace(new):
+                self.replacement = None
                 old = self.workers[new.name]
                 self.workers[new.name] = new
                 self.retired.append(old)
@@ -528,13 +531,19 @@ class Supervisor:
                 self.signal(self.frontend, signal.SIGHUP)
             case RenewHttp(fronts):
                 self.renew_http(fronts)
+            case _:
+                self.progress(action)
+
+    def progress(self, action: Action) -> None:
+        """A reconcile step that changes what runs, or ends the start or reload."""
+        match action:
             case Hold(plan):
                 self.hold(plan)
             case Reshaped(plan, config, deployment):
                 # a retry compares with what runs now
                 self.plan, self.config, self.deployment = plan, config, deployment
             case Started():
-                self.reconcile = None  # liveness looks after them from here
+                self.wanted = None  # liveness looks after them from here
             case Renewed():
                 self.finish_reload()
             case Abort(why):
@@ -582,17 +591,17 @@ class Supervisor:
         """SIGHUP: the config file read again and its reload begun, unless one is under way."""
         if self.stopping:
             return
-        if self.reconcile or self.prepare:
-            what = "reload" if self.reconcile else "preparing the model"
+        if self.wanted or self.prepare:
+            what = "reload" if self.wanted else "preparing the model"
             log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
             return
-        self.reconcile = plan_reload(self.site, self.running(), self.mood)
-        if self.reconcile is None:
+        self.wanted = plan_reload(self.site, self.running(), self.mood)
+        if self.wanted is None:
             return
         self.final_table = None
         self.mood = Mood.RELOADING
         self.notifier.reloading("reloading")
-        if needs_new_artifacts(self.config, self.reconcile.config):
+        if needs_new_artifacts(self.config, self.wanted.config):
             self.start_prepare()
 
     def finish_reload(self) -> None:
@@ -605,24 +614,25 @@ class Supervisor:
         serving = [v for v in self.shards if v.child.state == State.READY]
         if not self.shards.all_acked(self.final_table, serving):
             return
-        self.config = self.reconcile.config
-        self.reconcile = None
+        self.config = self.wanted.config
+        self.wanted = None
         log.info("reload: done", extra={"event": "reload"})
         self.mood = Mood.STARTING  # READY=1 again for systemd, once it serves
 
     def abort_reload(self, why: str) -> None:
         """Back to what runs: the replacement starting and the model being prepared stop."""
-        reconcile, self.reconcile = self.reconcile, None
-        self.mood = reconcile.resume
-        if not reconcile.reshaped and reconcile.plan != self.plan:
+        wanted, self.wanted = self.wanted, None
+        self.mood = wanted.resume
+        if not wanted.reshaped(self.running()) and wanted.plan != self.plan:
             self.hold(self.plan)  # the cores it would have added are not ours
         if self.prepare is not None:
             self.retired.append(self.prepare)  # reaped as a replaced process
             self.terminate(self.prepare)
             self.prepare = None
-        if reconcile.replacement and reconcile.replacement.pid is not None:
-            self.retired.append(reconcile.replacement)
-            self.terminate(reconcile.replacement)
+        replacement, self.replacement = self.replacement, None
+        if replacement and replacement.pid is not None:
+            self.retired.append(replacement)
+            self.terminate(replacement)
         log.error(
             "reload aborted (%s); the running instances keep serving",
             why,
@@ -637,7 +647,7 @@ class Supervisor:
             return
         if self.reloading:
             self.abort_reload("stopping")
-        self.reconcile = None
+        self.wanted = None
         self.mood = Mood.STOPPING
         self.stop = Stop(code)
         if self.prepare:

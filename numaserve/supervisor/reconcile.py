@@ -6,23 +6,24 @@ their instances stop), add models (placed on the cores left free, with router sh
 own) and renew instances, one slot at a time, the old instance stopping only once its
 replacement is READY, so that capacity never drops by more than one instance.
 
-A `Reconcile` reads what runs (`Running`, the arbiter's, never written here) and the clock, and
-returns the actions that bring it one step nearer the wanted deployment; the arbiter carries
-them out. It writes only its own progress: which slots are still to renew, the replacement it
-started, the children of removed models it waits for.
+`advance` is a pure function of the `Wanted` deployment (plain data, decided once), what runs
+(`Running`, the arbiter's) and the clock: it returns the actions that bring what runs one step
+nearer, and the arbiter carries them out. It keeps no progress of its own: how far a reload
+has come is read from what runs (the removed models' children still in the running set or
+still alive among the retired ones, which config runs, the replacement starting, which slots
+still hold the instances it set out to replace).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from numaserve.config.schema import Config
 from numaserve.host.placement import Plan
-from numaserve.processes.specs import Deployment, FrontendSpec, WorkerSpec
+from numaserve.processes.specs import Deployment, FrontendSpec, RouterSpec, WorkerSpec
 from numaserve.supervisor.children import Child, ChildAction, Spawn, State, Terminate
 from numaserve.supervisor.reporting import Mood
 
@@ -41,6 +42,8 @@ class Running:
     frontend: Child | None
     http: tuple[Child, ...]
     preparing: bool  # `numaserve prepare` runs: no process changes before its artifacts
+    retired: tuple[Child, ...] = ()  # out of the running set, still to be reaped
+    replacement: Child | None = None  # a reload's new instance of a slot, while it starts
 
 
 # -- what a reconcile asks the arbiter to do, besides a child's own actions ----------------------
@@ -61,6 +64,13 @@ class Leave:
 
     child: Child
     drain: bool
+
+
+@dataclass(frozen=True)
+class Renew:
+    """A slot's new instance starts beside the old one, as the replacement."""
+
+    new: Child
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ Action = (
     ChildAction
     | Adopt
     | Leave
+    | Renew
     | Replace
     | Reroute
     | RenewHttp
@@ -130,156 +141,152 @@ Action = (
 )
 
 
-@dataclass
-class Reconcile:
-    """The running children brought to a wanted deployment, one step each turn of the loop:
-    the models leaving drain (their shards) and stop (their instances); then the frontend's
-    routes change and every wanted process not yet started starts (at start, all of them; on a
-    reload, the models it adds); once those are up, each slot in `renew` gets a new instance,
-    one at a time, its old one stopping once the new one is READY.
-
-    What is wanted is decided before (reload.plan_reload, or the start): this runs it, the
-    same way whatever form the config was written in."""
+@dataclass(frozen=True)
+class Wanted:
+    """A deployment to bring the running children to: the start's (every process, from none)
+    or a reload's (reload.plan_reload): the models leaving drain (their shards) and stop (their
+    instances); then the frontend's routes change and every wanted process not yet started
+    starts (at start, all of them; on a reload, the models it adds); once those are up, each
+    slot in `renew` gets a new instance, one at a time, its old one stopping once the new one
+    is READY. The same steps whatever form the config was written in."""
 
     config: Config
     plan: Plan
     deployment: Deployment
-    renew: deque[str]  # slots whose instance is still to be replaced, in plan order
+    renew: tuple[Child, ...] = ()  # the instances a reload replaces, in plan order
     removed: tuple[str, ...] = ()  # models leaving the server
     added: tuple[str, ...] = ()  # models new to it (at start: every one)
     reloading: bool = True  # False: the start, which renews nothing and has nothing to abort to
-    left: bool = False  # the removed models' children have left the running set
-    draining: list[Child] = field(default_factory=list)  # the removed models' shards
-    stopping: list[Child] = field(default_factory=list)  # and their instances, after them
-    reshaped: bool = False  # removed models stopped, added ones started
-    replacement: Child | None = None  # the new instance of the slot being restarted
     resume: Mood = Mood.SERVING  # the server's mood again if the reload is aborted
+
+    @classmethod
+    def start(cls, config: Config, plan: Plan, deployment: Deployment) -> Wanted:
+        """Every process of the deployment, from none."""
+        models = tuple(m.name for m in config.models)
+        return cls(config, plan, deployment, added=models, reloading=False)
 
     def spec(self, name: str) -> WorkerSpec:
         return next(w for w in self.deployment.workers if w.slot.name == name)
 
-    @classmethod
-    def start(cls, config: Config, plan: Plan, deployment: Deployment) -> Reconcile:
-        """Every process of the deployment, from none."""
-        models = tuple(m.name for m in config.models)
-        return cls(config, plan, deployment, deque(), added=models, reloading=False)
+    def reshaped(self, running: Running) -> bool:
+        """The removed models gone and the added ones taken up: its config is what runs."""
+        return running.config is self.config
 
-    def waits_for(self, child: Child) -> bool:
-        """A removed model's shard, still draining: it gets its drain timeout."""
-        return child in self.draining
 
-    def advance(self, running: Running, now: float) -> list[Action]:
-        """One step, each turn of the loop."""
-        if running.preparing:
-            return []  # no process changes before the new models' artifacts are ready
-        if not self.reshaped:
-            actions = self._reshape(running)
-            if not self.reshaped:
-                return actions
-            if not self.reloading:
-                return [*actions, Started()]
-            if any(isinstance(a, Adopt) and a.child.pool for a in actions):
-                return actions  # the changed models roll once the added ones are up
-            return actions + self._roll(running, now)
-        return self._roll(running, now)
+def to_renew(wanted: Wanted, running: Running) -> list[str]:
+    """The slots still to renew, in order: those whose slot still holds the instance the
+    reload set out to replace."""
+    return [old.name for old in wanted.renew if running.workers.get(old.name) is old]
 
-    def _roll(self, running: Running, now: float) -> list[Action]:
-        """The next slot's new instance, or the one starting watched."""
-        if any(
-            w.state == State.STARTING
-            for w in running.workers.values()
-            if w.model_name in self.added
-        ):
-            return []  # the changed models roll once the added ones are up
-        replacement = self.replacement
-        if replacement is None:
-            if not self.renew:
-                return [Renewed()]
-            name = self.renew.popleft()
-            self.replacement = Child.for_worker(self.spec(name), running.workers[name].restarts)
-            return [Spawn(self.replacement)]
-        if replacement.state == State.READY:
-            self.replacement = None
-            return [Replace(replacement)]
-        if (
-            replacement.state == State.STARTING
-            and now - replacement.started_at > self.config.supervisor.start_timeout_s
-        ):
-            return [Abort(f"the new {replacement.name} was not ready in time")]
-        return []
 
-    def _reshape(self, running: Running) -> list[Action]:
-        """Removed models out, then added models in; `reshaped` once done. The removed models'
-        shards drain first (their instances finish what they hold), then their instances
-        stop; only then do the frontend's routes change and the added models start, on cores
-        the removed ones may have held."""
-        actions: list[Action] = []
-        if self.removed and not self.left:
-            self.left = True
-            self.draining = [r for r in running.routers if r.model_name in self.removed]
-            self.stopping = [w for w in running.workers.values() if w.model_name in self.removed]
-            actions += [Leave(child, drain=True) for child in self.draining]
-            actions += [Leave(child, drain=False) for child in self.stopping]
-            return actions  # the shards have only now been told
-        if any(c.pid is not None for c in self.draining):
-            return actions
-        actions += [
-            Terminate(c) for c in self.stopping if c.pid is not None and c.term_sent_at is None
-        ]
-        if any(c.pid is not None for c in self.stopping):
-            return actions
-        self.reshaped = True
-        return actions + self._take_up(running)
+def advance(wanted: Wanted, running: Running, now: float) -> list[Action]:
+    """The next step, each turn of the loop."""
+    if running.preparing:
+        return []  # no process changes before the new models' artifacts are ready
+    if not wanted.reloading:
+        return [*_never_started(running, []), Started()]
+    if wanted.reshaped(running):
+        return _roll(wanted, running, now)
+    actions = _reshape(wanted, running)
+    if not any(isinstance(a, Reshaped) for a in actions):
+        return actions
+    if any(isinstance(a, Adopt) and a.child.pool for a in actions):
+        return actions  # the changed models roll once the added ones are up
+    return actions + _roll(wanted, running, now)
 
-    def _take_up(self, running: Running) -> list[Action]:
-        """The new shape: the frontend's routes, the added models' shards and instances, every
-        wanted process not yet started started, and our ledger entry."""
-        new, old = self.deployment, running.deployment
-        actions: list[Action] = []
-        frontend = old.frontend
-        if (
-            running.frontend
-            and frontend
-            and new.frontend
-            and new.frontend.routes != frontend.routes
-        ):
-            frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
-            actions.append(Reroute(frontend))
-        shards = {child.shard for child in running.routers}
-        joining = [
-            Child.for_shard(spec)
-            for spec in new.routers
-            if spec.model_name in self.added and spec.shard not in shards
-        ]
-        joining += [
-            Child.for_worker(spec)
-            for spec in new.workers
-            if spec.slot.model in self.added and spec.slot.name not in running.workers
-        ]
-        actions += [Adopt(child) for child in joining]
-        fresh = [
-            *running.routers,
-            *[c for c in joining if not c.pool],
-            *([running.frontend] if running.frontend else []),
-            *running.http,
-            *running.workers.values(),
-            *[c for c in joining if c.pool],
-        ]
-        # Never started: the start's every process, a reload's added ones.
-        actions += [
-            Spawn(c)
-            for c in fresh
-            if c.state is State.STOPPED and c.pid is None and not c.started_at
-        ]
-        if new.http != old.http:
-            actions.append(RenewHttp(tuple(Child.for_http(spec) for spec in new.http)))
-        if self.plan != running.plan:
-            actions.append(Hold(self.plan))
-        # What runs now: the kept shards as they were started (their settings apply at a
-        # restart), the added ones, and the new instances' specs.
-        kept = {*self.removed, *self.added}
-        routers = [s for s in old.routers if s.model_name not in kept]
-        routers += [s for s in new.routers if s.model_name in self.added]
-        routers.sort(key=lambda spec: spec.shard)
-        deployment = Deployment(tuple(routers), frontend, new.workers, new.http)
-        return [*actions, Reshaped(self.plan, self.config, deployment)]
+
+def _roll(wanted: Wanted, running: Running, now: float) -> list[Action]:
+    """The next slot's new instance, or the one starting watched."""
+    if any(
+        w.state == State.STARTING for w in running.workers.values() if w.model_name in wanted.added
+    ):
+        return []  # the changed models roll once the added ones are up
+    replacement = running.replacement
+    if replacement is None:
+        pending = to_renew(wanted, running)
+        if not pending:
+            return [Renewed()]
+        name = pending[0]
+        return [Renew(Child.for_worker(wanted.spec(name), running.workers[name].restarts))]
+    if replacement.state == State.READY:
+        return [Replace(replacement)]
+    if (
+        replacement.state == State.STARTING
+        and now - replacement.started_at > wanted.config.supervisor.start_timeout_s
+    ):
+        return [Abort(f"the new {replacement.name} was not ready in time")]
+    return []
+
+
+def _reshape(wanted: Wanted, running: Running) -> list[Action]:
+    """Removed models out, then added models in (ending with `Reshaped`). The removed models'
+    shards drain first (their instances finish what they hold), then their instances stop;
+    only then do the frontend's routes change and the added models start, on cores the
+    removed ones may have held."""
+    removed = set(wanted.removed)
+    shards = [r for r in running.routers if r.model_name in removed]
+    instances = [w for w in running.workers.values() if w.model_name in removed]
+    if shards or instances:  # the shards are only now told
+        return [Leave(c, drain=True) for c in shards] + [Leave(c, drain=False) for c in instances]
+    leaving = [
+        c
+        for c in running.retired
+        if isinstance(c.spec, (RouterSpec, WorkerSpec)) and c.model_name in removed
+    ]
+    if any(c.pid is not None and isinstance(c.spec, RouterSpec) for c in leaving):
+        return []  # its shards still drain
+    if any(c.pid is not None for c in leaving):
+        return [Terminate(c) for c in leaving if c.pid is not None and c.term_sent_at is None]
+    return _take_up(wanted, running)
+
+
+def _never_started(running: Running, joining: list[Child]) -> list[Spawn]:
+    """The start's every process, a reload's added ones: the shards first, the instances
+    last."""
+    fresh = [
+        *running.routers,
+        *[c for c in joining if not c.pool],
+        *([running.frontend] if running.frontend else []),
+        *running.http,
+        *running.workers.values(),
+        *[c for c in joining if c.pool],
+    ]
+    return [
+        Spawn(c) for c in fresh if c.state is State.STOPPED and c.pid is None and not c.started_at
+    ]
+
+
+def _take_up(wanted: Wanted, running: Running) -> list[Action]:
+    """The new shape: the frontend's routes, the added models' shards and instances, every
+    wanted process not yet started started, and our ledger entry."""
+    new, old = wanted.deployment, running.deployment
+    actions: list[Action] = []
+    frontend = old.frontend
+    if running.frontend and frontend and new.frontend and new.frontend.routes != frontend.routes:
+        frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
+        actions.append(Reroute(frontend))
+    shards = {child.shard for child in running.routers}
+    joining = [
+        Child.for_shard(spec)
+        for spec in new.routers
+        if spec.model_name in wanted.added and spec.shard not in shards
+    ]
+    joining += [
+        Child.for_worker(spec)
+        for spec in new.workers
+        if spec.slot.model in wanted.added and spec.slot.name not in running.workers
+    ]
+    actions += [Adopt(child) for child in joining]
+    actions += _never_started(running, joining)
+    if new.http != old.http:
+        actions.append(RenewHttp(tuple(Child.for_http(spec) for spec in new.http)))
+    if wanted.plan != running.plan:
+        actions.append(Hold(wanted.plan))
+    # What runs now: the kept shards as they were started (their settings apply at a
+    # restart), the added ones, and the new instances' specs.
+    changed = {*wanted.removed, *wanted.added}
+    routers = [s for s in old.routers if s.model_name not in changed]
+    routers += [s for s in new.routers if s.model_name in wanted.added]
+    routers.sort(key=lambda spec: spec.shard)
+    deployment = Deployment(tuple(routers), frontend, new.workers, new.http)
+    return [*actions, Reshaped(wanted.plan, wanted.config, deployment)]

@@ -1,4 +1,4 @@
-"""A reload (SIGHUP): what the config file read again wants, carried out by a Reconcile
+"""A reload (SIGHUP): what the config file read again wants, carried out step by step
 (reconcile.py) while the server serves.
 
 One algorithm, whatever form the config is in (`model:` is one model named `default`): the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from numaserve.host.placement import PlacementError, Plan, replan
 from numaserve.host.topology import CPUTopology
 from numaserve.processes.specs import Deployment, deployment
 from numaserve.supervisor.children import State
-from numaserve.supervisor.reconcile import Reconcile, Running
+from numaserve.supervisor.reconcile import Running, Wanted
 from numaserve.supervisor.reporting import Mood
 
 log = logging.getLogger("numaserve.supervisor")
@@ -58,7 +57,7 @@ def needs_new_artifacts(current: Config, new: Config) -> bool:
     )
 
 
-def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
+def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
     """The reload the config file asks for now, with what it cannot apply logged; None (and
     an error logged) where the file cannot be read or placed. `mood`: the server's, to go
     back to if the reload is aborted."""
@@ -82,8 +81,8 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
     # An instance renews where its spec changed (its model's settings, its pool's). A server
     # of one unnamed model (`model:`) renews every one: new weights at the same path show in
     # no spec, and SIGHUP after copying them in (numaserve.testing's `reload` too) loads them.
-    renew = deque(
-        w.slot.name
+    renew = tuple(
+        workers[w.slot.name]
         for w in new.workers
         if w.slot.name in workers
         and workers[w.slot.name].state == State.READY
@@ -91,7 +90,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
     )
     kept = sorted(
         {w.slot.model for w in new.workers if w.slot.name in workers}
-        - {workers[name].model_name for name in renew}
+        - {old.model_name for old in renew}
     )
     log.info(
         "reload: %srestarting %d instance(s) one at a time%s",
@@ -104,7 +103,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Reconcile | None:
         f"; unchanged, kept running: {', '.join(kept)}" if kept else "",
         extra={"event": "reload"},
     )
-    return Reconcile(config, plan, new, renew, removed, added, resume=mood)
+    return Wanted(config, plan, new, renew, removed, added, resume=mood)
 
 
 def _unapplied(current: Config, config: Config, running: Deployment, new: Deployment) -> list[str]:
