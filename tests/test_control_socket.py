@@ -25,6 +25,7 @@ import pytest
 from numaserve.config.addresses import reaches
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.supervisor.control import REQUEST_S, ControlSocket
+from numaserve.supervisor.start import open_control
 from numaserve.testing.cluster import free_port
 from numaserve.wire.control import ControlConnection, ControlError
 from tests.harness.console import numaserve
@@ -314,3 +315,12 @@ def test_the_wait_for_a_stop_is_bounded(tmp_path):
 def test_a_closed_control_socket_is_a_clear_error(tmp_path):
     with pytest.raises(ControlError, match="no supervisor listens on"):
         ControlConnection(str(tmp_path / "gone.sock"), timeout=1)
+
+
+def test_a_ledger_too_deep_for_a_socket_path_leaves_the_server_without_one_and_says_so(
+    tmp_path, caplog
+):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    assert open_control(Ledger(deep)) is None
+    assert "no control socket at" in caplog.text and "AF_UNIX path too long" in caplog.text

@@ -61,13 +61,14 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
             )
             control = None
             if ledger:
-                control = ControlSocket(ledger.control_path())
-                cleanup.callback(control.close)
+                control = open_control(ledger)
+                if control is not None:
+                    cleanup.callback(control.close)
                 ledger.register(
                     os.path.abspath(config_path),
                     held_cpus(plan, topo),
                     config.server.endpoint,
-                    str(control.path),
+                    str(control.path) if control else "",
                 )
                 cleanup.callback(ledger.release)
         for holder in holders:
@@ -100,6 +101,24 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
             ports=ports,
         )
         return supervisor.run()
+
+
+def open_control(ledger: Ledger) -> ControlSocket | None:
+    """The control socket beside our ledger entry; None, with a warning, where it cannot be
+    made (a Unix socket's path is at most 107 bytes, and $NUMASERVE_LEDGER may be longer):
+    the server serves all the same, and `numaserve status` asks it over its endpoint."""
+    try:
+        return ControlSocket(ledger.control_path())
+    except OSError as e:
+        log.warning(
+            "no control socket at %s (%s): `numaserve stop` cannot find this server; stop it "
+            "with SIGTERM, and set %s to a shorter directory",
+            ledger.control_path(),
+            e.strerror or e,
+            LEDGER_ENV,
+            extra={"event": "control"},
+        )
+        return None
 
 
 def check_http_port(address: str) -> None:
