@@ -907,7 +907,9 @@ def test_overload_is_429_with_retry_after_in_teis_shape(embedder):
 
 
 def test_sigterm_answers_the_requests_in_flight_then_stops(tmp_path):
-    s = server_.Server(tmp_path, PLAIN)
+    # A queue long enough for the three requests on a slow day: this is about the drain, not
+    # about shedding (max_queue_ms refused the third when one text took over 20 ms).
+    s = server_.Server(tmp_path, PLAIN.replace("max_batch: 1", "max_batch: 1, max_queue_ms: 60000"))
     s.wait_ready()
     outcomes: list = []
     threads = []

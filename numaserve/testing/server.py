@@ -116,10 +116,15 @@ class Server:
         path (`quantize: auto`, about 70 s for MiniLM on 2 cores) and builds its artifacts."""
 
         def ready():
-            inst = self.instances()
+            status = self.status()
+            inst = {i["name"]: i for i in status["instances"]}
             return (
                 inst
-                if inst and all(i["state"] == "ready" and i["routed"] for i in inst.values())
+                # With the supervisor's slot table: before it, a shard lists only the
+                # instances that have reached it, and one ready instance of two looked like all.
+                if status.get("supervisor")
+                and inst
+                and all(i["state"] == "ready" and i["routed"] for i in inst.values())
                 else None
             )
 
