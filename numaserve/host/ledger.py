@@ -7,8 +7,8 @@ server. The kernel drops a lock when its holder dies, however it dies (SIGKILL i
 entry whose lock can be taken belongs to a dead server, and is removed by whoever reads it next:
 no pid is ever trusted. Beside it, `server-<pid>.sock`: the supervisor's control socket, which
 the entry names with the server's endpoint, so that `numaserve status` and `stop` given an
-endpoint find the server on this host that serves it. `.lock` makes read, plan and register one step for servers starting
-at the same moment.
+endpoint find the server on this host that serves it. `.lock` makes read, plan and register
+one step for servers starting at the same moment.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ The arbiter alone holds and writes the server's state (which children run, the m
 config and plan that run, the reload or stop under way). The other modules decide and return
 actions: each child of its own timers (children.py), liveness who is ready or silent,
 reconcile.advance the next step to a wanted deployment (the start's, a reload's) from what
-runs, a Stop what to stop next; `carry_out` here is the one place they take effect. No function outside this module
-takes the Supervisor (tests/test_supervisor_ownership.py).
+runs, a Stop what to stop next; `carry_out` here is the one place they take effect. No
+function outside this module takes the Supervisor (tests/test_supervisor_ownership.py).
 
 All of its effects go through a System (processes, signals, files, the clock), a RouterLink
 per router shard and a Notifier, so that the tests drive the whole state machine with fakes.
@@ -378,10 +378,9 @@ class Supervisor:
                 self.shards.want_reports()
                 self.send_slots()
                 self.asked_status.append((request, self.shards.sent, now + STATUS_WAIT_S))
-        serving = [v for v in self.shards if v.child.state == State.READY]
         for asked in list(self.asked_status):
             request, table, deadline = asked
-            if self.shards.all_acked(table, serving) or now >= deadline:
+            if self.shards.serving_acked(table) or now >= deadline:
                 self.asked_status.remove(asked)
                 request.answer(self.status_answer())
 
@@ -611,8 +610,7 @@ class Supervisor:
         if self.final_table is None:
             self.send_slots()
             self.final_table = self.shards.sent
-        serving = [v for v in self.shards if v.child.state == State.READY]
-        if not self.shards.all_acked(self.final_table, serving):
+        if not self.shards.serving_acked(self.final_table):
             return
         self.config = self.wanted.config
         self.wanted = None

@@ -98,8 +98,7 @@ class ControlSocket:
                 log.warning(
                     "control socket: refused pid %d of uid %d", pid, uid, extra={"event": "control"}
                 )
-                self.send(peer, {"error": f"uid {uid} may not control this server"})
-                sock.close()
+                self.refuse(peer, f"uid {uid} may not control this server")
                 continue
             self.peers.append(peer)
 

@@ -17,7 +17,7 @@ import zmq
 
 from numaserve.status.merge import whole_server
 from numaserve.status.report import BadReport, Report, SlotTable
-from numaserve.supervisor.children import Child
+from numaserve.supervisor.children import Child, State
 from numaserve.wire import protocol
 
 REPORT_S = 1.0  # how often a shard sends its whole report, besides what liveness needs
@@ -152,6 +152,10 @@ class ShardLinks:
 
     def all_acked(self, seq: int, views: list[ShardView] | None = None) -> bool:
         return all(v.acked >= seq for v in (self.views if views is None else views))
+
+    def serving_acked(self, seq: int) -> bool:
+        """Every shard that serves (READY) has answered table `seq`: what it reports shows it."""
+        return self.all_acked(seq, [v for v in self.views if v.child.state == State.READY])
 
     def close(self) -> None:
         for view in self.views:
