@@ -1,12 +1,17 @@
-"""Real English prose that ships with every Python: the standard library's docstrings. Their
-first sentences (short texts) drive benchmarks with natural lengths; whole paragraphs and runs
-of them (2-300 words) are the prose of every length that accuracy is checked on
-(backends/gate.py), since int8's errors grow with length."""
+"""The texts numaserve judges and measures model paths on, all shipped with it.
+
+Real English prose that ships with every Python: the standard library's docstrings. Their
+first sentences drive benchmarks with natural lengths; whole paragraphs and runs of them
+(2-300 words) are prose of every length. Beside them, short texts as users send them
+(short_texts.txt: queries, titles, chat lines, 3-20 tokens), where int8's errors are largest:
+a vector of few tokens averages none of them out. The accuracy gate (backends/gate.py) judges
+each model path on both."""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.resources
 import inspect
 import json
 import re
@@ -151,6 +156,13 @@ def _read_docstrings(kind: str) -> list[tuple[str, str]]:
                 for text in filter(None, texts):
                     seen.setdefault(text, name)
     return [(module, text) for text, module in seen.items()]
+
+
+@functools.cache
+def short_texts() -> tuple[str, ...]:
+    """The shipped short texts (short_texts.txt), in its order."""
+    lines = importlib.resources.files("numaserve").joinpath("short_texts.txt").read_text("utf-8")
+    return tuple(line for line in lines.splitlines() if line and not line.startswith("#"))
 
 
 def stdlib_sentences(limit: int | None = None) -> list[str]:

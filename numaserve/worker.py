@@ -128,6 +128,19 @@ class Engine:
                 "keep_fp32": list(config.keep_fp32),
                 "chosen_by": "auto" if choice else "config",
                 **({"why": choice.why} if choice else {}),
+                # The pool's shorter texts' own paths, where auto found another faster and
+                # accurate there: texts of up to `last` tokens.
+                "shorter": [
+                    {
+                        "last": s.last,
+                        "backend": s.path.backend,
+                        "quantize": s.path.quantize,
+                        "keep_fp32": list(s.path.keep_fp32),
+                        "why": s.why,
+                    }
+                    for s in (choice.shorter if choice else ())
+                ],
+                **({"accuracy": self.model.accuracy} if self.model.accuracy else {}),
             },
         }
         return info | self.model.head.describe()

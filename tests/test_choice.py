@@ -21,7 +21,7 @@ from numaserve.backends.choice import (
     concrete,
     ensure_choice,
 )
-from numaserve.backends.gate import gate_texts
+from numaserve.backends.gate import Judgement, Span, gate_texts
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_passages
@@ -66,9 +66,17 @@ def kept_choices(cache) -> list:
     return [p for p in (cache / "choice").glob("*.json") if not p.name.startswith("gate-")]
 
 
+def longest_band(choice, pool: str) -> str:
+    """The key of a pool's longest band in the trials' times ("POOL FIRST-LAST tokens")."""
+    keys = {k for t in choice.trials for k in t.get("pools", {}) if k.split()[0] == pool}
+    return max(keys, key=lambda k: Span.parse(k.split(" ", 1)[1]).last)
+
+
 def raced(choice, pool: str = "default") -> list[dict]:
-    """The trials that raced for a pool, each with its per-round times there."""
-    return [t | t["pools"][pool] for t in choice.trials if pool in t.get("pools", {})]
+    """The trials that raced in a pool's longest band, which decides the pool's own path,
+    each with its per-round times there."""
+    key = longest_band(choice, pool)
+    return [t | t["pools"][key] for t in choice.trials if key in t.get("pools", {})]
 
 
 def test_auto_chooses_a_candidate_that_passes_the_gate_and_no_faster_one_is_clearly_ahead(
@@ -77,7 +85,9 @@ def test_auto_chooses_a_candidate_that_passes_the_gate_and_no_faster_one_is_clea
     trials = raced(classifier_choice)
     path = str(classifier_choice.for_pool().path)
     chosen = next(t for t in trials if t["path"] == path)
-    assert chosen["passed"] and all(t["passed"] for t in trials)  # only passing paths race
+    span = Span.parse(longest_band(classifier_choice, "default").split(" ", 1)[1])
+    # only the paths that pass in the band race there
+    assert all(Judgement.from_json(t["bands"]).passes(span) for t in trials)
     for rival in trials:
         # Against a rival faster in the median, the chosen path lost no round by more than
         # the rounds' spread: a lead within the noise goes to the path listed first.
@@ -99,7 +109,7 @@ def test_each_pool_races_on_texts_of_its_own_lengths_and_gets_its_own_choice(cla
     choice = choose(config, ISA, load_model, TEXTS, pools, Batching(8, 128))
     assert set(choice.pools) == {"short", "long"}
     batch = {}
-    for pool, band in (("short", "1-24"), ("long", "25-256")):
+    for pool, band in (("short", "17-24"), ("long", "65-256")):
         found = re.search(
             rf"texts of {band} tokens, alone and (\d+) at a time", choice.pools[pool].why
         )
@@ -117,7 +127,10 @@ def test_auto_tries_every_ctranslate2_onnxruntime_and_openvino_path_and_says_why
     ]
     assert [t["path"] for t in classifier_choice.trials] == expected
     fp32 = next(t for t in classifier_choice.trials if t["path"] == "onnxruntime none")
-    assert fp32["passed"] and "the same as fp32 for 48 of 48 texts" in fp32["figure"]
+    assert fp32["passed"] and all(
+        re.fullmatch(r"the same as fp32 for (\d+) of \1 texts: 100.0% .*", band["figure"])
+        for band in fp32["bands"].values()
+    )
     for trial in classifier_choice.trials:
         assert "figure" in trial or trial["skipped"]  # bf16 on a CPU without it, for one
 
@@ -243,7 +256,9 @@ def test_no_path_that_passes_is_a_clear_error_with_each_ones_figure():
         choose(config, ISA, worse_model, TEXTS[-16:])
     message = str(refused.value)
     assert message.startswith("quantize: auto: no model path of bundled:minilm passes")
-    assert "torch int8: cosine to fp32 >= 0.99 on" in message
+    assert re.search(
+        r"torch int8: 17-64 tokens: cosine to fp32 >= 0.99 on \S+ of \d+ texts", message
+    )
 
 
 def test_auto_says_which_candidate_it_builds_before_building_it(caplog):

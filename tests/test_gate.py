@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.backends.gate import Gate, gate_texts
+from numaserve.backends.gate import Gate, Judgement, Span, gate_corpus, gate_texts, length_bands
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.schema import ModelConfig
-from numaserve.corpus import passages, stdlib_passages
+from numaserve.corpus import passages, short_texts, stdlib_passages
 from numaserve.tasks.agreement import agreement_verdict, cosine_verdict, f1_verdict
 
 
@@ -85,6 +85,36 @@ def test_gate_texts_span_every_length_of_the_shipped_prose():
     assert len(texts) == 320 and words[0] <= 3 and words[-1] >= 150
 
 
+def test_a_pool_is_judged_in_each_band_of_lengths_it_spans():
+    assert length_bands(1, 256) == [Span(1, 8), Span(9, 16), Span(17, 64), Span(65, 256)]
+    assert length_bands(17, 32) == [Span(17, 32)]
+    assert length_bands(5, 16) == [Span(5, 8), Span(9, 16)]
+
+
+def test_a_path_that_fails_the_short_band_fails_however_well_the_others_pass():
+    from numaserve.tasks.agreement import Verdict
+
+    judgement = Judgement(
+        {
+            Span(1, 8): Verdict(False, "short: 95%"),
+            Span(9, 16): Verdict(True, "queries: 100%"),
+            Span(17, 512): Verdict(True, "passages: 100%"),
+        }
+    )
+    assert not judgement.passed
+    assert not judgement.passes(Span(1, 256)) and not judgement.passes(Span(5, 12))
+    assert judgement.passes(Span(9, 256))
+    assert Judgement.from_json(judgement.to_json()) == judgement
+
+
+def test_the_gate_holds_short_texts_as_users_send_them_beside_passages():
+    tokenizer = Tokenizer("bundled:minilm", 512)
+    lengths = [len(e.ids) for e in tokenizer.encode(gate_corpus())]
+    short = [n for n in lengths if n <= 20]
+    assert len(short_texts()) >= 200 and len(short) >= 250
+    assert sum(n <= 8 for n in lengths) >= 100 and max(lengths) > 256
+
+
 @pytest.fixture(scope="module")
 def minilm_gate():
     reference = load_model(ModelConfig(backend="torch", quantize="none"))
@@ -96,7 +126,9 @@ def minilm_gate():
 def test_fp32_onnx_passes_the_embedding_gate(minilm_gate, tmp_path, monkeypatch):
     monkeypatch.setenv("NUMASERVE_CACHE", str(tmp_path))
     verdict = minilm_gate.judge(load_model(ModelConfig(quantize="none")))
-    assert verdict.passed and "on 100.0% of 96 texts" in verdict.figure
+    assert verdict.passed
+    assert all("on 100.0% of" in v.figure for v in verdict.bands.values())
+    assert sum(int(v.figure.split(" of ")[1].split()[0]) for v in verdict.bands.values()) == 96
 
 
 def test_a_model_made_worse_fails_the_embedding_gate(minilm_gate):

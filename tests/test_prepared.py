@@ -5,13 +5,14 @@ artifacts, the real CLI."""
 
 import json
 import stat
+from dataclasses import replace
 
 import pytest
 
-from numaserve.backends import load_prepared, prepare_model
+from numaserve.backends import load_model, load_prepared, prepare_model
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
-from numaserve.backends.prepared import Prepared
+from numaserve.backends.prepared import BandPath, PoolPath, Prepared
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig, load_config
 from numaserve.processes.specs import record_path
@@ -58,6 +59,57 @@ def test_an_instance_loads_what_it_is_told_without_hashing_or_choosing(
     assert (model.config.backend, model.config.quantize) == ("onnxruntime", "none")
     assert str(model.artifact) == record.pools["default"].artifact
     assert model.run([[101, 7592, 102]])[0].label in model.labels
+
+
+def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_dir, cache, tmp_path):
+    int8 = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
+    fp32 = replace(int8, quantize="none")
+    long_path, short_path = (prepare_model(c, ISA).pools["default"] for c in (int8, fp32))
+    Prepared(
+        "m",
+        str(classifier_dir),
+        "0" * 64,
+        {
+            "default": PoolPath(
+                long_path.path,
+                long_path.artifact,
+                "texts of 9-256 tokens: the fastest",
+                (BandPath(8, short_path.path, short_path.artifact, "texts of 1-8 tokens"),),
+            )
+        },
+    ).write(tmp_path / "record.json")
+    auto = ModelConfig(path=str(classifier_dir), task="classify")
+    model = load_prepared(auto, "default", str(tmp_path / "record.json"), ISA, 1)
+    short, long = [101, *[7592] * 5, 102], [101, *[7592] * 20, 102]
+    alone = {
+        "fp32": load_model(fp32, ISA, 1, short_path.artifact),
+        "int8": load_model(int8, ISA, 1, long_path.artifact),
+    }
+    assert model.run([short, long]) == [alone["fp32"].run([short])[0], alone["int8"].run([long])[0]]
+    assert model.run([long, short]) == [alone["int8"].run([long])[0], alone["fp32"].run([short])[0]]
+    assert [(s.last, str(s.path)) for s in model.choice.shorter] == [(8, "onnxruntime none")]
+    assert model.labels == alone["int8"].labels
+
+
+def test_a_named_int8_is_served_and_says_what_it_costs_on_this_cpu(classifier_dir, cache, caplog):
+    caplog.set_level("INFO", logger="numaserve.backends")
+    config = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
+    pools = (Band("short", 0, 16), Band("long", 16, 128))
+    record = prepare_model(config, ISA, pools)
+    short, long = record.pools["short"].accuracy, record.pools["long"].accuracy
+    assert short.startswith("served as asked; on this CPU ")
+    assert "1-8 tokens: the same as fp32 for " in short and "; 9-16 tokens: " in short
+    assert "17-64 tokens: " in long and "; 65-" in long and "1-8" not in long
+    assert str(record.pools["long"].path) == "onnxruntime int8"  # served all the same
+    assert "judging it against fp32 on this CPU" in caplog.text
+    caplog.clear()
+    assert prepare_model(config, ISA, pools).pools["short"].accuracy == short  # judged once: kept
+    assert "judging it against fp32" not in caplog.text
+    assert prepare_model(replace(config, quantize="none"), ISA).pools["default"].accuracy is None
 
 
 def test_a_missing_artifact_is_a_clear_error_naming_it(classifier_dir, cache, tmp_path):

@@ -105,6 +105,47 @@ def test_the_status_says_what_runs_each_model_and_why():
     )
 
 
+def test_the_status_says_which_path_runs_a_pools_shorter_texts_and_what_a_named_int8_costs():
+    paths = {
+        "toxicity": {
+            "backend": "torch",
+            "quantize": "int8",
+            "keep_fp32": [],
+            "chosen_by": "config",
+            "shorter": [],
+            "accuracy": "served as asked; on this CPU below the gate's bar on texts of 1-8 tokens",
+        },
+        "embed": {
+            "backend": "ctranslate2",
+            "quantize": "int8",
+            "keep_fp32": [],
+            "chosen_by": "auto",
+            "why": "texts of 9-256 tokens: the fastest",
+            "shorter": [
+                {
+                    "last": 8,
+                    "backend": "onnxruntime",
+                    "quantize": "none",
+                    "keep_fp32": [],
+                    "why": "texts of 1-8 tokens: the fastest that passes the gate",
+                }
+            ],
+        },
+    }
+    lines = format_status(two_models(paths)).splitlines()
+    at = lines.index(
+        "model path of embed: ctranslate2 int8 (auto: texts of 9-256 tokens: the fastest)"
+    )
+    assert lines[at + 1] == (
+        "  texts of up to 8 tokens: onnxruntime none (auto: texts of 1-8 tokens: the fastest "
+        "that passes the gate)"
+    )
+    at = lines.index("model path of toxicity: torch int8 (as configured)")
+    assert lines[at + 1] == (
+        "  accuracy: served as asked; on this CPU below the gate's bar on texts of 1-8 tokens"
+    )
+
+
 def test_the_status_says_what_binds_each_instances_memory():
     instances = [
         instance("main-0", membind="cpuset"),

@@ -19,11 +19,13 @@ from numaserve.backends.choice import (
     Batching,
     ModelPath,
     PoolChoice,
+    Shorter,
     concrete,
     ensure_choice,
     named,
+    named_cost,
 )
-from numaserve.backends.prepared import PoolPath, Prepared
+from numaserve.backends.prepared import BandPath, PoolPath, Prepared
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 
@@ -37,38 +39,71 @@ def load_model(
     config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1, artifact: str | None = None
 ) -> Model:
     """The model for config.backend, running `threads` intra-op threads; `auto` settings
-    decided first (backends/choice.py), for one pool over every length. `artifact`: the one
-    `numaserve prepare` built for this path, loaded as it is. `model.choice` says why, where
-    auto chose."""
+    decided first (backends/choice.py), for one pool over every length (a pool whose
+    shorter texts run on another path gets a Banded model). `artifact`: the one `numaserve
+    prepare` built for this path, loaded as it is. `model.choice` says why, where auto chose."""
     config, choice = concrete(config, isa, load_model)
+    model = _load_path(config, isa, threads, artifact)
+    if choice and choice.shorter:
+        shorter = [(s.last, s.path.applied_to(config), None) for s in choice.shorter]
+        model = _banded(model, shorter, isa, threads)
+    model.choice = choice
+    return model
+
+
+def _load_path(config: ModelConfig, isa: tuple[str, ...], threads: int, artifact: str | None):
+    """The model of one named path."""
     if config.backend == "onnxruntime":
         from numaserve.backends.onnx import OnnxModel
 
-        model = OnnxModel(config, isa, threads, artifact)
-    elif config.backend == "openvino":
+        return OnnxModel(config, isa, threads, artifact)
+    if config.backend == "openvino":
         from numaserve.backends.openvino import OpenVinoModel
 
-        model = OpenVinoModel(config, isa, threads, artifact)
-    elif config.backend == "ctranslate2":
+        return OpenVinoModel(config, isa, threads, artifact)
+    if config.backend == "ctranslate2":
         from numaserve.backends.ct2 import Ct2Model
 
-        model = Ct2Model(config, isa, threads, artifact)
-    else:
-        from numaserve.backends.torch import TorchModel
+        return Ct2Model(config, isa, threads, artifact)
+    from numaserve.backends.torch import TorchModel
 
-        model = TorchModel(config, isa, threads)
-    model.choice = choice
-    return model
+    return TorchModel(config, isa, threads)
+
+
+def _banded(main, shorter: list[tuple[int, ModelConfig, str | None]], isa, threads: int):
+    """The pool's model and its shorter bands' [(last, config, artifact)], one model a path."""
+    from numaserve.backends.banded import Banded
+
+    loaded = {(main.config.backend, main.config.quantize, main.config.keep_fp32): main}
+    models = []
+    for last, config, artifact in shorter:
+        key = (config.backend, config.quantize, config.keep_fp32)
+        if key not in loaded:
+            loaded[key] = _load_path(config, isa, threads, artifact)
+        models.append((last, loaded[key]))
+    return Banded(main, models)
 
 
 def load_prepared(
     config: ModelConfig, pool: str, record: str, isa: tuple[str, ...], threads: int
 ) -> Model:
-    """An instance's model: its pool's path and artifact as `numaserve prepare` resolved them
-    (prepared.py), loaded with no hashing, judging or choosing."""
+    """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
+    them (prepared.py), loaded with no hashing, judging or choosing."""
     config, entry = Prepared.read(record).config_for(config, pool)
-    model = load_model(config, isa, threads, entry.artifact)
-    model.choice = PoolChoice(entry.path, entry.why) if entry.why else None
+    model = _load_path(config, isa, threads, entry.artifact)
+    if entry.shorter:
+        shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]
+        model = _banded(model, shorter, isa, threads)
+    model.choice = (
+        PoolChoice(
+            entry.path,
+            entry.why,
+            tuple(Shorter(b.last, b.path, b.why) for b in entry.shorter),
+        )
+        if entry.why
+        else None
+    )
+    model.accuracy = entry.accuracy
     return model
 
 
@@ -79,15 +114,17 @@ def prepare_model(
     batching: Batching = ALONE,
 ) -> Prepared | None:
     """Resolve the model once for every instance (`numaserve prepare`): its checkpoint, each
-    pool's path (the `auto` choice, made if none is kept) and that path's artifact (an ONNX
-    graph or a CTranslate2 conversion, built or verified), so that this work (minutes for a
-    large model on a slow CPU) runs before any instance starts, and never once per instance.
-    `pools`: the pools' bands (choice.bands); by default one over every length. None (logged)
-    when the model cannot be prepared."""
+    pool's paths (the `auto` choice, made if none is kept; a named precision other than fp32
+    judged by the gate, to say what it costs here) and their artifacts (an ONNX graph or a
+    CTranslate2 conversion, built or verified), so that this work (minutes for a large model
+    on a slow CPU) runs before any instance starts, and never once per instance. `pools`: the
+    pools' bands (choice.bands); by default one over every length. None (logged) when the
+    model cannot be prepared."""
     from numaserve.backends.artifacts import model_digest
 
     started = time.monotonic()
     pools = pools or (Band("default", 0, config.max_length),)
+    accuracy: dict[str, str] = {}
     try:
         directory = Path(resolve_model_path(config.path))
         digest = model_digest(directory)
@@ -96,14 +133,15 @@ def prepare_model(
             chosen = {b.pool: choice.pools[b.pool] for b in pools}
         else:
             c = named(config)
-            chosen = {
-                b.pool: PoolChoice(ModelPath(c.backend, c.quantize, c.keep_fp32), None)
-                for b in pools
-            }
+            path = ModelPath(c.backend, c.quantize, c.keep_fp32)
+            chosen = {b.pool: PoolChoice(path, None) for b in pools}
+            if c.quantize != "none":
+                accuracy = named_cost(c, isa, pools, load_model, digest)
         built: dict[ModelPath, str | None] = {}
         for c in chosen.values():
-            if c.path not in built:
-                built[c.path] = _prepare_artifact(c.path.applied_to(config), isa, digest)
+            for p in (c.path, *(s.path for s in c.shorter)):
+                if p not in built:
+                    built[p] = _prepare_artifact(p.applied_to(config), isa, digest)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})
         return None
@@ -111,7 +149,16 @@ def prepare_model(
         config.path,
         str(directory),
         digest,
-        {pool: PoolPath(c.path, built[c.path], c.why) for pool, c in chosen.items()},
+        {
+            pool: PoolPath(
+                c.path,
+                built[c.path],
+                c.why,
+                tuple(BandPath(s.last, s.path, built[s.path], s.why) for s in c.shorter),
+                accuracy.get(pool),
+            )
+            for pool, c in chosen.items()
+        },
     )
     for pool, entry in record.pools.items():
         log.info(
@@ -123,6 +170,16 @@ def prepare_model(
             f", artifact {entry.artifact}" if entry.artifact else "",
             extra={"event": "prepare"},
         )
+        for band in entry.shorter:
+            log.info(
+                "prepared %s, pool %s, texts of up to %d tokens: %s (auto: %s)",
+                config.path,
+                pool,
+                band.last,
+                band.path,
+                band.why,
+                extra={"event": "prepare"},
+            )
     log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
     return record
 

@@ -105,6 +105,7 @@ class Model:
     checks, padding, and the task's head after it."""
 
     choice = None  # backends/choice.py's Choice, where `quantize: auto` chose the model path
+    accuracy = None  # what a precision the config names costs here (choice.named_cost)
 
     def __init__(self, config: ModelConfig, facts: ModelFacts, width: int) -> None:
         """width: the output's features, the hidden size (embed) or the classes (classify)."""

@@ -17,6 +17,7 @@ under a lock, before any instance starts, and tells each instance its pool's pat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.backends.artifacts import write_atomically
+from numaserve.backends.gate import Judgement, Span, length_bands
 from numaserve.backends.race import Standing, race, ratios, winner
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.precisions import PRECISIONS
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from numaserve.backends.base import Model
 
 log = logging.getLogger("numaserve.backends")
-FORMAT = 2  # bump when the candidates or the gate change, so that old choices are made again
+FORMAT = 3  # bump when the candidates or the gate change, so that old choices are made again
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
 PROJECTIONS = ("*.output.dense",)
@@ -133,9 +135,27 @@ ALONE = Batching()  # each text alone: a server with max_batch 1, and the defaul
 
 
 @dataclass(frozen=True)
-class PoolChoice:
+class Shorter:
+    """The path a pool runs for its texts of at most `last` tokens (more than the previous
+    Shorter's), where its own path fails the gate on texts of these lengths."""
+
+    last: int
     path: ModelPath
+    why: str
+
+    def to_json(self) -> dict:
+        return {"last": self.last, "path": dataclasses.asdict(self.path), "why": self.why}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Shorter:
+        return cls(data["last"], ModelPath.from_json(data["path"]), data["why"])
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    path: ModelPath  # what runs the pool's texts, but those of `shorter`
     why: str  # one line for the log and `numaserve status`
+    shorter: tuple[Shorter, ...] = ()  # by length, shortest first
 
 
 @dataclass(frozen=True)
@@ -149,7 +169,11 @@ class Choice:
 
     def to_json(self) -> dict:
         pools = {
-            name: {"path": dataclasses.asdict(c.path), "why": c.why}
+            name: {
+                "path": dataclasses.asdict(c.path),
+                "why": c.why,
+                "shorter": [s.to_json() for s in c.shorter],
+            }
             for name, c in self.pools.items()
         }
         return {"pools": pools, "trials": self.trials}
@@ -157,7 +181,11 @@ class Choice:
     @classmethod
     def from_json(cls, data: dict) -> Choice:
         pools = {
-            name: PoolChoice(ModelPath.from_json(p["path"]), p["why"])
+            name: PoolChoice(
+                ModelPath.from_json(p["path"]),
+                p["why"],
+                tuple(Shorter.from_json(x) for x in p["shorter"]),
+            )
             for name, p in data["pools"].items()
         }
         return cls(pools, tuple(data["trials"]))
@@ -269,6 +297,66 @@ def ensure_choice(
     return kept_or_made(directory, f"{key}.lock", lambda: _read(kept), made, cannot)
 
 
+def named_cost(
+    config: ModelConfig, isa: tuple[str, ...], pools: tuple[Band, ...], load: Load, digest: str
+) -> dict[str, str]:
+    """What a precision the config names costs on this CPU, for each pool: the gate's verdict
+    in each band of its lengths, one line for the log, `numaserve status` and /info. It is
+    served all the same. Judged once and kept beside the auto choices (a read-only cache
+    judges at every prepare)."""
+    from numaserve.backends.artifacts import cache_root
+    from numaserve.backends.gate import Gate, gate_corpus
+    from numaserve.backends.tokenizer import Tokenizer
+
+    path = ModelPath(config.backend, config.quantize, config.keep_fp32)
+    key = hashlib.sha256(f"{verdicts_key(digest, config, isa)} {path}".encode()).hexdigest()
+    kept = cache_root() / "choice" / f"named-{key[:32]}.json"
+    try:
+        judgement = Judgement.from_json(json.loads(kept.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        log.info(
+            "%s as the config names it: judging it against fp32 on this CPU, to say what it "
+            "costs here (once; kept)",
+            path,
+            extra={"event": "prepare"},
+        )
+        judged = gate_config(config)
+        reference = load(dataclasses.replace(judged, backend="torch", quantize="none"), isa)
+        tokenizer = Tokenizer(judged.path, judged.max_length)
+        gate = Gate(judged.task, tokenizer, gate_corpus(), reference)
+        del reference
+        judgement = gate.judge(load(judged, isa))
+        with contextlib.suppress(OSError):  # a read-only cache: judged again next time
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(kept, json.dumps(judgement.to_json(), indent=1))
+    costs = {}
+    for band in pools:
+        span = Span(band.shortest + 1, band.longest)
+        inside = {
+            k: v
+            for k, v in judgement.bands.items()
+            if k.first <= span.last and span.first <= k.last
+        }
+        failed = [str(k) for k, v in inside.items() if not v.passed]
+        verdict = (
+            f"below the gate's bar on texts of {', '.join(failed)}"
+            if failed
+            else "within the gate's bars"
+        )
+        costs[band.pool] = f"served as asked; on this CPU {verdict}: " + "; ".join(
+            f"{k}: {v.figure}" for k, v in inside.items()
+        )
+        log.log(
+            logging.WARNING if failed else logging.INFO,
+            "%s, pool %s: %s",
+            path,
+            band.pool,
+            costs[band.pool],
+            extra={"event": "prepare"},
+        )
+    return costs
+
+
 def _read(path: Path) -> Choice | None:
     try:
         return Choice.from_json(json.loads(path.read_text()))
@@ -285,18 +373,18 @@ def choose(
     batching: Batching = ALONE,
     verdicts: Path | None = None,
 ) -> Choice:
-    """Build and judge each candidate on every text; then, for each pool, race those that
-    pass (race.py) on the texts of its lengths, as it runs them; each pool's winner.
-    `verdicts`: where the gate's verdicts are kept, so that another pool layout of the same
-    model on this CPU only races (the gate is most of a choice's time)."""
-    from numaserve.backends.gate import Gate, gate_texts
+    """Build and judge each candidate in each band of lengths (gate.py); then, for each band
+    of each pool, race those that pass there (race.py) on the texts of its lengths, as the
+    pool runs them; the pool runs each band's winner. `verdicts`: where the gate's verdicts
+    are kept, so that another pool layout of the same model on this CPU only races (the gate
+    is most of a choice's time)."""
+    from numaserve.backends.gate import Gate, gate_corpus
     from numaserve.backends.tokenizer import Tokenizer
-    from numaserve.corpus import stdlib_passages
     from numaserve.tasks import TASKS
 
     pools = pools or (Band("default", 0, config.max_length),)
     config = gate_config(config)
-    texts = texts or gate_texts(stdlib_passages())
+    texts = texts or gate_corpus()
     tokenizer = Tokenizer(config.path, config.max_length)
     paths = {str(p): p for p in candidates(config.backend)}
     if (trials := _read_trials(verdicts)) is not None:
@@ -307,78 +395,143 @@ def choose(
             extra={"event": "prepare"},
         )
         inputs = TASKS[config.task].gate_inputs(tokenizer, texts)
+        judged = {t["path"]: Judgement.from_json(t["bands"]) for t in trials if "bands" in t}
         passed = {
-            t["path"]: load(paths[t["path"]].applied_to(config), isa)
-            for t in trials
-            if t.get("passed")
+            name: load(paths[name].applied_to(config), isa)
+            for name, judgement in judged.items()
+            if any(v.passed for v in judgement.bands.values())
         }
     else:
         reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
         log.info(  # once the reference loads: a checkpoint without the task's head fails there
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
-            "against torch fp32",
+            "against torch fp32, in each band of lengths",
             config.path,
             extra={"event": "prepare"},
         )
         gate = Gate(config.task, tokenizer, texts, reference)
         del reference
-        trials, passed = judge(config, isa, load, gate)
+        trials, passed, judged = judge(config, isa, load, gate)
         inputs = gate.inputs
         if verdicts is not None:
             write_atomically(verdicts, json.dumps(trials, indent=1))
     if not passed:
         raise ModelLoadError(
             f"quantize: auto: no model path of {config.path} passes the accuracy gate: "
-            + "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
+            + _figures(trials)
         )
     trials = [dict(t) for t in trials]  # each race adds its times
-    chosen = race_pools(pools, batching, inputs, passed, trials, paths)
+    chosen = race_pools(pools, batching, inputs, Passed(passed, judged), trials, paths)
     return Choice(chosen, tuple(trials))
 
 
-def race_pools(pools, batching: Batching, inputs, passed: dict, trials: list, paths: dict) -> dict:
-    """Each pool's race among the paths that passed (their times added to `trials`), and
-    each pool's winner."""
-    from numaserve.backends.gate import run_as_a_pool
+@dataclass(frozen=True)
+class Passed:
+    """The candidates that pass the gate in some band, loaded, and every candidate's
+    judgement, by the path's name."""
 
+    models: dict
+    judged: dict[str, Judgement]
+
+    def where(self, span: Span) -> list[str]:
+        """Those that pass in every band the span overlaps."""
+        return [name for name in self.models if self.judged[name].passes(span)]
+
+
+def race_pools(
+    pools, batching: Batching, inputs, passed: Passed, trials: list, paths: dict
+) -> dict[str, PoolChoice]:
+    """Each pool's path for each band of its lengths: the race among the paths that pass
+    there (their times added to `trials`). The pool's longest band decides its own path,
+    which then runs ahead in the shorter bands' races, so that it wins where it is within
+    the noise of another (one model an instance, where it is accurate)."""
     chosen = {}
     for band in pools:
-        inputs_of_band = band_inputs(inputs, band)
-        batch = batching.size(statistics.median(len(e.ids) for e in inputs_of_band))
-        runners = {
-            name: partial(run_as_a_pool, model, batch=batch) for name, model in passed.items()
-        }
-        log.info(
-            "quantize: auto: pool %s: timing %d path(s) in turns on %d texts of its lengths, %s",
-            band.pool,
-            len(runners),
-            len(inputs_of_band),
-            f"in micro-batches of {batch}" if batch > 1 else "one at a time",
-            extra={"event": "prepare"},
-        )
-        standings = race(runners, inputs_of_band)
-        for standing in standings:
-            trial = next(t for t in trials if t["path"] == standing.name)
-            rounds = [round(x, 3) for x in standing.ms]
-            trial.setdefault("pools", {})[band.pool] = {
-                "ms": round(standing.median, 3),
-                "rounds": rounds,
-            }
-        best, fastest = winner(standings)
-        chosen[band.pool] = PoolChoice(
-            paths[best.name], _why(band, batch, best, fastest, standings, trials)
-        )
+        spans = length_bands(band.shortest + 1, band.longest)
+        won: list[tuple[Span, str, str]] = []  # (span, path, why), longest first
+        for span in reversed(spans):
+            names = passed.where(span)
+            if won and won[0][1] in names:
+                names = [won[0][1], *(n for n in names if n != won[0][1])]
+            if not names:
+                raise ModelLoadError(
+                    f"quantize: auto: no model path of this model passes the accuracy gate on "
+                    f"texts of {span} (pool {band.pool}): "
+                    + "; ".join(
+                        f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials
+                    )
+                )
+            best, why = _race_span(band, span, batching, inputs, passed.models, names, trials)
+            won.append((span, best, why))
+        chosen[band.pool] = _pool_choice(band, won[::-1], paths)
         log.info(
             "quantize: auto: pool %s chose %s: %s",
             band.pool,
-            best.name,
+            chosen[band.pool].path,
             chosen[band.pool].why,
             extra={"event": "prepare"},
         )
+        for shorter in chosen[band.pool].shorter:
+            log.info(
+                "quantize: auto: pool %s runs its texts of up to %d tokens on %s: %s",
+                band.pool,
+                shorter.last,
+                shorter.path,
+                shorter.why,
+                extra={"event": "prepare"},
+            )
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
             trial["ms"] = round(statistics.median(times), 3)
     return chosen
+
+
+def _race_span(band: Band, span: Span, batching: Batching, inputs, models: dict, names, trials):
+    """The race of `names` on the pool's texts of the span's lengths: (the winner, why)."""
+    from numaserve.backends.gate import run_as_a_pool
+
+    part = Band(band.pool, span.first - 1, span.last)
+    inputs_of_band = band_inputs(inputs, part)
+    batch = batching.size(statistics.median(len(e.ids) for e in inputs_of_band))
+    runners = {name: partial(run_as_a_pool, models[name], batch=batch) for name in names}
+    log.info(
+        "quantize: auto: pool %s, texts of %s: timing %d path(s) in turns on %d texts, %s",
+        band.pool,
+        span,
+        len(runners),
+        len(inputs_of_band),
+        f"in micro-batches of {batch}" if batch > 1 else "one at a time",
+        extra={"event": "prepare"},
+    )
+    standings = race(runners, inputs_of_band)
+    for standing in standings:
+        trial = next(t for t in trials if t["path"] == standing.name)
+        trial.setdefault("pools", {})[f"{band.pool} {span}"] = {
+            "ms": round(standing.median, 3),
+            "rounds": [round(x, 3) for x in standing.ms],
+        }
+    best, fastest = winner(standings)
+    return best.name, _why(part, batch, best, fastest, standings, trials)
+
+
+def _pool_choice(band: Band, won: list[tuple[Span, str, str]], paths: dict) -> PoolChoice:
+    """A pool's bands' winners, shortest first, as its path (the longest band's) and the
+    shorter bands' where another path won there (neighbours that agree run as one)."""
+    *rest, (longest, main, why) = won
+    shorter = tuple(
+        Shorter(span.last, paths[name], f"texts of {span}: {reason}")
+        for (span, name, reason), (_, after, _) in zip(rest, won[1:], strict=True)
+        if name != after
+    )
+    if rest:  # say which lengths the pool's own path serves, and that each band raced
+        first = shorter[-1].last + 1 if shorter else band.shortest + 1
+        why = f"texts of {first}-{band.longest} tokens (raced in each band; {longest}: {why})"
+    return PoolChoice(paths[main], why, shorter)
+
+
+def _figures(trials: list[dict]) -> str:
+    """Each candidate's figure, or why it was skipped, for an error."""
+    return "; ".join(f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials)
 
 
 def _read_trials(path: Path | None) -> list[dict] | None:
@@ -390,11 +543,12 @@ def _read_trials(path: Path | None) -> list[dict] | None:
         return None
 
 
-def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]:
-    """Each candidate's verdict (a trial each), and the models that pass, kept loaded."""
-    trials, passed = [], {}
+def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict, dict]:
+    """Each candidate's judgement (a trial each), the models that pass in some band, kept
+    loaded, and the judgements by path."""
+    trials, passed, judged = [], {}, {}
     paths = candidates(config.backend)
-    judging, judged = 0.0, 0  # seconds spent on the candidates built and judged, and how many
+    judging, count = 0.0, 0  # seconds spent on the candidates built and judged, and how many
     for number, path in enumerate(paths, 1):
         trial = {"path": str(path)}
         trials.append(trial)
@@ -403,7 +557,7 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
             number,
             len(paths),
             path,
-            _time_left(judging, judged, len(paths) - number + 1),
+            _time_left(judging, count, len(paths) - number + 1),
             extra={"event": "prepare"},
         )
         began = time.monotonic()
@@ -413,21 +567,27 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict]
             trial["skipped"] = str(e)
             log.info("quantize: auto: %s skipped: %s", path, e, extra={"event": "prepare"})
             continue
-        verdict = gate.judge(model)
-        judging, judged = judging + time.monotonic() - began, judged + 1
-        trial |= {"passed": verdict.passed, "figure": verdict.figure}
-        if verdict.passed:
+        judgement = gate.judge(model)
+        judging, count = judging + time.monotonic() - began, count + 1
+        trial |= {
+            "passed": judgement.passed,
+            "figure": judgement.figure,
+            "bands": judgement.to_json(),
+        }
+        judged[str(path)] = judgement
+        if any(v.passed for v in judgement.bands.values()):
             passed[str(path)] = model
+        failed = [str(span) for span, v in judgement.bands.items() if not v.passed]
         log.info(
-            "quantize: auto: candidate %d of %d, %s, %s the gate (%s)",
+            "quantize: auto: candidate %d of %d, %s, %s (%s)",
             number,
             len(paths),
             path,
-            "passes" if verdict.passed else "fails",
-            verdict.figure,
+            f"fails the gate on texts of {', '.join(failed)}" if failed else "passes the gate",
+            judgement.figure,
             extra={"event": "prepare"},
         )
-    return trials, passed
+    return trials, passed, judged
 
 
 def _time_left(spent: float, judged: int, left: int) -> str:
@@ -458,8 +618,15 @@ def gate_config(config: ModelConfig) -> ModelConfig:
 
 
 def _why(band: Band, batch: int, best: Standing, fastest: Standing, standings, trials) -> str:
-    """One line: the pool's path, its speed, its lead (or why a faster one lost), accuracy."""
-    figure = next(t["figure"] for t in trials if t["path"] == best.name)
+    """One line: the band's path, its speed, its lead (or why a faster one lost), and its
+    accuracy in the gate's bands the band overlaps."""
+    span = Span(band.shortest + 1, band.longest)
+    judged = next(t["bands"] for t in trials if t["path"] == best.name)
+    figure = "; ".join(
+        f"{k}: {v['figure']}"
+        for k, v in judged.items()
+        if Span.parse(k).first <= span.last and span.first <= Span.parse(k).last
+    )
     where = f"texts of {band.shortest + 1}-{band.longest} tokens, alone and {batch} at a time"
     rivals = [s for s in standings if s is not best]
     if best is fastest:

@@ -22,12 +22,30 @@ from numaserve.config.schema import ModelConfig
 
 
 @dataclass(frozen=True)
+class BandPath:
+    """What one pool's instances run for its texts of at most `last` tokens (more than the
+    band before's), where `quantize: auto` found another path faster and accurate there."""
+
+    last: int
+    path: ModelPath
+    artifact: str | None
+    why: str
+
+    @classmethod
+    def from_json(cls, data: dict) -> BandPath:
+        return cls(data["last"], ModelPath.from_json(data["path"]), data["artifact"], data["why"])
+
+
+@dataclass(frozen=True)
 class PoolPath:
     """What one pool's instances run."""
 
     path: ModelPath
     artifact: str | None  # the ONNX file or CTranslate2 directory; None: torch, from the checkpoint
     why: str | None = None  # where `quantize: auto` chose it; None: the config named it
+    shorter: tuple[BandPath, ...] = ()  # its shorter texts' paths, shortest first
+    # A precision the config names, judged by the accuracy gate: what it costs on this CPU.
+    accuracy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +61,13 @@ class Prepared:
     @classmethod
     def from_json(cls, data: dict) -> Prepared:
         pools = {
-            name: PoolPath(ModelPath.from_json(p["path"]), p["artifact"], p["why"])
+            name: PoolPath(
+                ModelPath.from_json(p["path"]),
+                p["artifact"],
+                p["why"],
+                tuple(BandPath.from_json(b) for b in p["shorter"]),
+                p["accuracy"],
+            )
             for name, p in data["pools"].items()
         }
         return cls(data["model"], data["directory"], data["digest"], pools)

@@ -44,6 +44,7 @@ def precision_problem(
 
 
 def needs_prepare(backend: str, quantize: str) -> bool:
-    """Whether `numaserve prepare` has work for this model: an ONNX artifact to build, or a
-    choice to make (`auto`). torch with a named precision loads the checkpoint as it is."""
-    return backend != "torch" or quantize == "auto"
+    """Whether `numaserve prepare` has work for this model: an ONNX artifact to build, a
+    choice to make (`auto`), or a precision below fp32 to judge (what it costs here). Only
+    torch in fp32 loads the checkpoint as it is, with nothing to prepare."""
+    return backend != "torch" or quantize != "none"

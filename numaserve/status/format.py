@@ -12,15 +12,26 @@ from numaserve.status.report import Instance, Report
 
 def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
     """What runs each model (its instances agree unless a reload is under way), and why."""
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple, list[str]] = {}
     for i in instances:
         if path := i.model_path:
-            keep = ",".join(path["keep_fp32"])
-            what = f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
             why = f"auto: {path['why']}" if path["chosen_by"] == "auto" else "as configured"
             model = f" of {i.model_name}" if several else ""
-            seen.setdefault((model, what), f"model path{model}: {what} ({why})")
-    return list(seen.values())
+            lines = [f"model path{model}: {_path_words(path)} ({why})"]
+            lines += [
+                f"  texts of up to {s['last']} tokens: {_path_words(s)} (auto: {s['why']})"
+                for s in path.get("shorter", ())
+            ]
+            if accuracy := path.get("accuracy"):
+                lines.append(f"  accuracy: {accuracy}")
+            seen.setdefault((model, _path_words(path)), lines)
+    return [line for lines in seen.values() for line in lines]
+
+
+def _path_words(path: dict) -> str:
+    """A model path as the config spells it: backend, precision, layers kept in fp32."""
+    keep = ",".join(path["keep_fp32"])
+    return f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
 
 
 def memory_lines(instances: Iterable[Instance]) -> list[str]:

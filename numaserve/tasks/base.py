@@ -163,6 +163,10 @@ class Task:
         """The encoded inputs the gate runs, from its texts: each text alone."""
         return tokenizer.encode(texts)
 
+    def gate_lengths(self, inputs: list) -> list[int]:
+        """Each answer's length in tokens, for the gate's bands: here an answer per input."""
+        return [len(e.ids) for e in inputs]
+
     def gate_answers(self, results: list, inputs: list, texts: list[str], labels, tokenizer):
         """What the gate compares with fp32's, from the head's results: the results."""
         return results

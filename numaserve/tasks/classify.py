@@ -94,10 +94,20 @@ class Classify(Task):
         )
 
     def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
-        return [r.label for r in results]
+        """Each text's label and its probabilities."""
+        return [(r.label, r.probs) for r in results]
 
     def gate_verdict(self, answers: list, reference: list) -> Verdict:
-        return agreement_verdict(answers, reference, "texts")
+        """The label, as users act on it; the largest probability difference, to show how
+        near a flip the rest came."""
+        verdict = agreement_verdict([a[0] for a in answers], [r[0] for r in reference], "texts")
+        drift = max(
+            max(abs(x - y) for x, y in zip(a[1], r[1], strict=True))
+            for a, r in zip(answers, reference, strict=True)
+        )
+        return Verdict(
+            verdict.passed, f"{verdict.figure}; largest probability difference {drift:.4f}"
+        )
 
 
 CLASSIFY = Classify()

@@ -12,6 +12,7 @@ from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option
 from numaserve.wire.protocol import check_text
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
+TOP = 3  # the top documents whose order the gate reports
 
 # What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
 # activation its config names (Sigmoid unless it says otherwise).
@@ -134,15 +135,28 @@ class Rerank(Task):
             [(q, texts[(i + k) % len(texts)]) for i, q in enumerate(queries) for k in range(n)]
         )
 
+    def gate_lengths(self, inputs: list) -> list[int]:
+        """Each query's longest pair."""
+        n = GATE_DOCUMENTS
+        return [max(len(e.ids) for e in inputs[i : i + n]) for i in range(0, len(inputs), n)]
+
     def gate_answers(self, results, inputs, texts, labels, tokenizer) -> list:
-        """The top document of each query."""
+        """Each query's documents, best first."""
         n = GATE_DOCUMENTS
         return [
-            max(range(n), key=lambda k: results[i + k].score) for i in range(0, len(results), n)
+            tuple(sorted(range(n), key=lambda k: -results[i + k].score))
+            for i in range(0, len(results), n)
         ]
 
     def gate_verdict(self, answers: list, reference: list) -> Verdict:
-        return agreement_verdict(answers, reference, "queries")
+        """The top document, as users act on it; and how often the top three came in
+        fp32's order."""
+        verdict = agreement_verdict([a[0] for a in answers], [r[0] for r in reference], "queries")
+        same = sum(a[:TOP] == r[:TOP] for a, r in zip(answers, reference, strict=True))
+        return Verdict(
+            verdict.passed,
+            f"{verdict.figure}; the top {TOP} in fp32's order for {same / len(answers):.1%}",
+        )
 
 
 RERANK = Rerank()

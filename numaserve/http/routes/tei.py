@@ -278,6 +278,24 @@ async def info(app: App, request: Request) -> Response:
             "model_sha": record.get("digest"),  # the checkpoint's files (no commit here)
             "model_dtype": ",".join(dtypes),  # each pool's, where they differ
             "model_paths": {pool: f"{p['backend']} {p['quantize']}" for pool, p in paths.items()},
+            # A pool's shorter texts on paths of their own (quantize: auto), and what a
+            # precision the config names costs on this CPU (the accuracy gate's verdicts).
+            "model_paths_shorter": {
+                pool: [
+                    {
+                        "last_tokens": b["last"],
+                        "path": f"{b['path']['backend']} {b['path']['quantize']}",
+                    }
+                    for b in p["shorter"]
+                ]
+                for pool, p in record.get("pools", {}).items()
+                if p.get("shorter")
+            },
+            "model_accuracy": {
+                pool: p["accuracy"]
+                for pool, p in record.get("pools", {}).items()
+                if p.get("accuracy")
+            },
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,
