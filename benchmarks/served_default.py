@@ -31,6 +31,7 @@ from pathlib import Path
 from numaserve.host.cpulist import parse_cpulist
 from numaserve.host.topology import read_topology
 from numaserve.loadgen.bench import closed_loop, drawing, numaserve_target
+from numaserve.status.format import path_summary
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """\
@@ -60,7 +61,7 @@ def serve_and_load(name: str, texts: list[str], args, work: Path) -> float:
     everywhere = os.sched_getaffinity(0)
     try:
         ready = server.wait_ready(timeout=900)
-        paths = {"{backend} {quantize}".format(**i["model_path"]) for i in ready.values()}
+        paths = {path_summary(i["model_path"]) for i in ready.values()}
         if args.client_cpus:  # this thread, and the client threads it starts, inherit it
             os.sched_setaffinity(0, parse_cpulist(args.client_cpus))
         connect = numaserve_target([server.endpoint], timeout=30)

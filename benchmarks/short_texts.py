@@ -1,24 +1,26 @@
-"""The default model path on short texts, model alone: how accurate and how fast, on this
-CPU's int8 kernels or on an AVX2-only CPU's (--avx2).
+"""The frontier of model paths on short texts and on passages, model alone: how accurate
+and how fast each is, the default among them, on this CPU's int8 kernels or on an AVX2-only
+CPU's (--avx2).
 
-What runs is what a start of configs/default.yaml runs: `numaserve prepare` (the per-band
-gate, the race) for the pool, then its instance's model as prepare resolved it (one path, or
-one per band of lengths). Against torch fp32:
-- accuracy on short sentences the gate never judged (the standard library's first sentences
-  of at most 24 tokens): the share at cosine >= 0.99 and the lowest;
-- with `--sts DIR` (SemEval STS 2016's five `*.test.tsv`, as benchmarks/sts.py reads them:
-  sentences of 14 tokens at the median), Spearman x 100 over all pairs, and the share of its
-  sentences at cosine >= 0.99;
-- speed on those short sentences, one pinned core, batch 1: the default, ONNX Runtime int8
-  (as this ISA builds it) and CTranslate2 int8 alone, in alternating rounds (race.py); each
-  one's time per text and its ratio to ONNX Runtime int8's, round by round.
+The default is what a start of configs/default.yaml runs: `numaserve prepare` (the per-band
+gate, the race) for its pool, then its instance's model as prepare resolved it (one path, or
+one per band of lengths). Beside it, every path in PATHS: each one offered, and int8 with more
+layers kept in fp32. Against torch fp32, on texts the gate never judged:
+- short: the standard library's first sentences of at most 24 tokens;
+- long: 120 of its docstring passages of 65-256 tokens;
+each path's share at cosine >= 0.99 and its lowest; its time per text at batch 1 on one
+pinned core, all paths in alternating rounds (race.py), and its ratio to ONNX Runtime int8's
+round by round (median). With `--sts DIR` (SemEval STS 2016's five `*.test.tsv`, as
+benchmarks/sts.py reads them; 14 tokens at the median), Spearman x 100 over all pairs, and
+the share of its sentences at cosine >= 0.99.
 
 `--avx2`: chosen and run as on an AVX2-only CPU (AMD EPYC before Zen 4): the ISA told to the
 choice is `avx2` (ONNX Runtime's int8 keeps 7-bit weights, as it does there), and
 CTranslate2's kernels must be forced in the environment, `CT2_USE_MKL=0
 ONEDNN_MAX_CPU_ISA=AVX2` (its oneDNN path, as on a non-Intel CPU, capped at AVX2: its int8
-products then saturate in int16). ONNX Runtime's own kernels are this CPU's: with 7-bit
-weights their products are exact on either, so its accuracy is AVX2's, its speed is not.
+products then saturate in int16, and it runs no int16). ONNX Runtime's and OpenVINO's kernels
+stay this CPU's: with 7-bit weights ONNX Runtime's products are exact on either, so its
+accuracy is AVX2's; its speed is not.
 
 Run:  .venv/bin/python -m benchmarks.short_texts [--avx2] [--sts DIR] [--rounds 5] [--cpu 1]
           [--json FILE]
@@ -111,6 +113,46 @@ def paths_of(entry) -> list[str]:
     return [f"<= {b.last} tokens: {b.path}" for b in entry.shorter] + [str(entry.path)]
 
 
+# Every path offered, and int8 with more layers kept in fp32 (not offered): the frontier.
+PATHS = (
+    "onnxruntime int8",
+    "onnxruntime int8 keep_fp32 *.output.dense",
+    "onnxruntime int8 keep_fp32 *.output.dense,*.attention.self.*",
+    "onnxruntime int8 keep_fp32 *.output.dense,*.intermediate.dense",
+    "ctranslate2 int8",
+    "ctranslate2 int16",
+    "onnxruntime none",
+    "openvino none",
+    "ctranslate2 none",
+)
+
+
+def load_path(name: str, isa: tuple[str, ...]):
+    """A path as ModelPath spells it, loaded for one thread; None where it cannot run here."""
+    from numaserve.backends import load_model
+    from numaserve.config.model_paths import ModelLoadError
+    from numaserve.config.schema import ModelConfig
+
+    backend, quantize, *keep = name.split()
+    globs = tuple(keep[1].split(",")) if keep else ()
+    try:
+        return load_model(ModelConfig(backend=backend, quantize=quantize, keep_fp32=globs), isa, 1)
+    except ModelLoadError as e:
+        print(f"{name}: cannot run here: {e}")
+        return None
+
+
+def long_passages(tokenizer, count: int = 120) -> list[str]:
+    """Passages of 65-256 tokens the gate does not judge on, spread over those lengths."""
+    from numaserve.backends.gate import gate_corpus, gate_texts
+    from numaserve.corpus import stdlib_passages
+
+    judged = set(gate_corpus())
+    texts = [t for t in stdlib_passages() if t not in judged]
+    lengths = [len(e.ids) for e in tokenizer.encode(texts)]
+    return gate_texts([t for t, n in zip(texts, lengths, strict=True) if 65 <= n <= 256], count)
+
+
 def sts(directory: Path, models: dict, tokenizer) -> dict:
     """Spearman x 100 over all pairs, and each model's sentences against the first's."""
     from benchmarks.sts import read_sets, spearman
@@ -152,6 +194,22 @@ def speed(models: dict, encoded, rounds: int) -> dict:
     }
 
 
+def table(result: dict) -> None:
+    """Each path's accuracy and speed on short and long texts, one line each."""
+    print(
+        f"{'path':62s} {'short: >=0.99  lowest   ms  x ORT int8':40s} long: >=0.99  lowest   ms  x ORT int8"
+    )
+    for name in result["short"]:
+        if name == "texts":
+            continue
+        cells = []
+        for kind in ("short", "long"):
+            f = result[kind][name]
+            x = sorted(f["vs onnxruntime int8"])[len(f["vs onnxruntime int8"]) // 2]
+            cells.append(f"{f['share']:7.1%} {f['lowest']:.4f} {f['ms']:5.2f} {x:5.2f}x")
+        print(f"{name:62s}       {cells[0]:34s}       {cells[1]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--avx2", action="store_true", help="as on an AVX2-only CPU")
@@ -181,21 +239,25 @@ def main() -> None:
     tokenizer = Tokenizer(served.model.path, served.model.max_length)
     result["default"] = paths_of(entry)
     print(f"the default here: {', '.join(result['default'])}")
-    models = {
-        "fp32": load_model(ModelConfig(backend="torch", quantize="none"), isa, 1),
-        "default": model,
-        "onnxruntime int8": load_model(ModelConfig(quantize="int8"), isa, 1),
-        "ctranslate2 int8": load_model(ModelConfig(backend="ctranslate2", quantize="int8"), isa, 1),
+    models = {"fp32": load_model(ModelConfig(backend="torch", quantize="none"), isa, 1)}
+    models["default"] = model
+    models |= {name: m for name in PATHS if (m := load_path(name, isa)) is not None}
+    texts = {
+        "short": tokenizer.encode(held_out_short_sentences(tokenizer)),
+        "long": tokenizer.encode(long_passages(tokenizer)),
     }
-    encoded = tokenizer.encode(held_out_short_sentences(tokenizer))
-    found = {name: vectors(m, encoded) for name, m in models.items()}
-    result["short sentences"] = {
-        name: accuracy(cosines(v, found["fp32"])) for name, v in found.items() if name != "fp32"
-    } | {"texts": len(encoded)}
+    for kind, encoded in texts.items():
+        found = {name: vectors(m, encoded) for name, m in models.items()}
+        result[kind] = {"texts": len(encoded)} | {
+            name: accuracy(cosines(v, found["fp32"])) for name, v in found.items() if name != "fp32"
+        }
     if args.sts:
         result["sts16"] = sts(args.sts, models, tokenizer)
     del models["fp32"]
-    result["speed"] = speed(models, encoded, args.rounds)
+    for kind, encoded in texts.items():
+        for name, figures in speed(models, encoded, args.rounds).items():
+            result[kind][name] |= figures
+    table(result)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

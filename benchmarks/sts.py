@@ -28,6 +28,7 @@ from scipy.stats import spearmanr
 from numaserve.client import Client
 from numaserve.config.model_paths import resolve_model_path
 from numaserve.host.topology import read_topology
+from numaserve.status.format import path_summary
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """\
@@ -83,7 +84,7 @@ def served(name: str, sets: dict, work: Path) -> tuple[dict[str, float], list[st
     server = Server(work, config, name=name.replace(" ", "-"))
     try:
         ready = server.wait_ready(timeout=900)
-        paths = sorted({"{backend} {quantize}".format(**i["model_path"]) for i in ready.values()})
+        paths = sorted({path_summary(i["model_path"]) for i in ready.values()})
 
         def embed(texts: list[str]) -> np.ndarray:
             with Client(server.endpoint, timeout=60) as client:

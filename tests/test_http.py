@@ -373,7 +373,14 @@ def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
     (instance,) = embedder.instances().values()
     path = instance["model_path"]
     assert info["model_paths"] == {"main": f"{path['backend']} {path['quantize']}"}
-    assert info["model_dtype"] == DTYPES[path["quantize"]] != "auto"
+    # and the paths of the pool's shorter texts, where auto chose another for them
+    shorter = [
+        {"last_tokens": s["last"], "path": f"{s['backend']} {s['quantize']}"}
+        for s in path["shorter"]
+    ]
+    assert info["model_paths_shorter"] == ({"main": shorter} if shorter else {})
+    dtypes = {DTYPES[p["quantize"]] for p in (path, *path["shorter"])}
+    assert info["model_dtype"] == ",".join(sorted(dtypes)) and "auto" not in dtypes
     assert len(info["model_sha"]) == 64
 
 

@@ -130,6 +130,8 @@ def test_the_server_loads_the_artifact_built_before_the_boot(
     log = server.log()
     assert "building the ONNX artifact" not in log, log
     assert f"artifact {artifacts_built_before_the_boot}/onnx/" in log, log
+    # The named int8's cost, judged before the boot too: read, not judged again (torch)
+    assert "onnxruntime int8, pool " in log and "judging it against fp32" not in log, log
 
 
 def test_each_router_shard_runs_and_keeps_its_memory_on_its_own_node(shards, workers):

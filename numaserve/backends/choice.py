@@ -80,6 +80,9 @@ CANDIDATES = (
     ModelPath("ctranslate2", "int8"),
     ModelPath("onnxruntime", "int8"),
     ModelPath("onnxruntime", "int8", PROJECTIONS),
+    # int16 products (MKL's, on Intel CPUs only; skipped elsewhere): accurate where int8 is
+    # not, on short texts, and about twice fp32's speed there (docs/accuracy.md#the-gate).
+    ModelPath("ctranslate2", "int16"),
     ModelPath("onnxruntime", "none"),
     ModelPath("openvino", "bf16"),
     ModelPath("openvino", "none"),
@@ -305,8 +308,6 @@ def named_cost(
     served all the same. Judged once and kept beside the auto choices (a read-only cache
     judges at every prepare)."""
     from numaserve.backends.artifacts import cache_root
-    from numaserve.backends.gate import Gate, gate_corpus
-    from numaserve.backends.tokenizer import Tokenizer
 
     path = ModelPath(config.backend, config.quantize, config.keep_fp32)
     key = hashlib.sha256(f"{verdicts_key(digest, config, isa)} {path}".encode()).hexdigest()
@@ -321,30 +322,21 @@ def named_cost(
             extra={"event": "prepare"},
         )
         judged = gate_config(config)
-        reference = load(dataclasses.replace(judged, backend="torch", quantize="none"), isa)
-        tokenizer = Tokenizer(judged.path, judged.max_length)
-        gate = Gate(judged.task, tokenizer, gate_corpus(), reference)
-        del reference
-        judgement = gate.judge(load(judged, isa))
+        judgement = reference_gate(judged, isa, load).judge(load(judged, isa))
         with contextlib.suppress(OSError):  # a read-only cache: judged again next time
             kept.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(kept, json.dumps(judgement.to_json(), indent=1))
     costs = {}
     for band in pools:
         span = Span(band.shortest + 1, band.longest)
-        inside = {
-            k: v
-            for k, v in judgement.bands.items()
-            if k.first <= span.last and span.first <= k.last
-        }
-        failed = [str(k) for k, v in inside.items() if not v.passed]
+        failed = [str(k) for k, v in judgement.within(span).items() if not v.passed]
         verdict = (
             f"below the gate's bar on texts of {', '.join(failed)}"
             if failed
             else "within the gate's bars"
         )
-        costs[band.pool] = f"served as asked; on this CPU {verdict}: " + "; ".join(
-            f"{k}: {v.figure}" for k, v in inside.items()
+        costs[band.pool] = (
+            f"served as asked; on this CPU {verdict}: {judgement.figure_within(span)}"
         )
         log.log(
             logging.WARNING if failed else logging.INFO,
@@ -378,14 +370,13 @@ def choose(
     pool runs them; the pool runs each band's winner. `verdicts`: where the gate's verdicts
     are kept, so that another pool layout of the same model on this CPU only races (the gate
     is most of a choice's time)."""
-    from numaserve.backends.gate import Gate, gate_corpus
+    from numaserve.backends.gate import gate_corpus
     from numaserve.backends.tokenizer import Tokenizer
     from numaserve.tasks import TASKS
 
     pools = pools or (Band("default", 0, config.max_length),)
     config = gate_config(config)
     texts = texts or gate_corpus()
-    tokenizer = Tokenizer(config.path, config.max_length)
     paths = {str(p): p for p in candidates(config.backend)}
     if (trials := _read_trials(verdicts)) is not None:
         log.info(
@@ -394,6 +385,7 @@ def choose(
             config.path,
             extra={"event": "prepare"},
         )
+        tokenizer = Tokenizer(config.path, config.max_length)
         inputs = TASKS[config.task].gate_inputs(tokenizer, texts)
         judged = {t["path"]: Judgement.from_json(t["bands"]) for t in trials if "bands" in t}
         passed = {
@@ -402,15 +394,13 @@ def choose(
             if any(v.passed for v in judgement.bands.values())
         }
     else:
-        reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
+        gate = reference_gate(config, isa, load, texts)
         log.info(  # once the reference loads: a checkpoint without the task's head fails there
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
             "against torch fp32, in each band of lengths",
             config.path,
             extra={"event": "prepare"},
         )
-        gate = Gate(config.task, tokenizer, texts, reference)
-        del reference
         trials, passed, judged = judge(config, isa, load, gate)
         inputs = gate.inputs
         if verdicts is not None:
@@ -516,17 +506,32 @@ def _race_span(band: Band, span: Span, batching: Batching, inputs, models: dict,
 
 def _pool_choice(band: Band, won: list[tuple[Span, str, str]], paths: dict) -> PoolChoice:
     """A pool's bands' winners, shortest first, as its path (the longest band's) and the
-    shorter bands' where another path won there (neighbours that agree run as one)."""
-    *rest, (longest, main, why) = won
+    shorter runs of bands another path won (neighbours that agree run as one)."""
+    runs: list[list] = []  # [first, last, path, why of its longest band]
+    for span, name, why in won:
+        if runs and runs[-1][2] == name:
+            runs[-1][1:] = [span.last, name, why]
+        else:
+            runs.append([span.first, span.last, name, why])
+    *rest, (first, _, main, why) = runs
     shorter = tuple(
-        Shorter(span.last, paths[name], f"texts of {span}: {reason}")
-        for (span, name, reason), (_, after, _) in zip(rest, won[1:], strict=True)
-        if name != after
+        Shorter(last, paths[name], f"texts of {a}-{last} tokens (raced in each band; {reason})")
+        for a, last, name, reason in rest
     )
-    if rest:  # say which lengths the pool's own path serves, and that each band raced
-        first = shorter[-1].last + 1 if shorter else band.shortest + 1
-        why = f"texts of {first}-{band.longest} tokens (raced in each band; {longest}: {why})"
+    if len(won) > 1:  # say which lengths the pool's own path serves, and that each band raced
+        why = f"texts of {first}-{band.longest} tokens (raced in each band; {why})"
     return PoolChoice(paths[main], why, shorter)
+
+
+def reference_gate(config: ModelConfig, isa, load: Load, texts: list[str] | None = None):
+    """The gate for config's checkpoint, task and settings (gate_config's), with the fp32
+    reference's answers, on `texts` or the gate's own."""
+    from numaserve.backends.gate import Gate, gate_corpus
+    from numaserve.backends.tokenizer import Tokenizer
+
+    reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
+    tokenizer = Tokenizer(config.path, config.max_length)
+    return Gate(config.task, tokenizer, texts or gate_corpus(), reference)
 
 
 def _figures(trials: list[dict]) -> str:
@@ -622,11 +627,7 @@ def _why(band: Band, batch: int, best: Standing, fastest: Standing, standings, t
     accuracy in the gate's bands the band overlaps."""
     span = Span(band.shortest + 1, band.longest)
     judged = next(t["bands"] for t in trials if t["path"] == best.name)
-    figure = "; ".join(
-        f"{k}: {v['figure']}"
-        for k, v in judged.items()
-        if Span.parse(k).first <= span.last and span.first <= Span.parse(k).last
-    )
+    figure = Judgement.from_json(judged).figure_within(span)
     where = f"texts of {band.shortest + 1}-{band.longest} tokens, alone and {batch} at a time"
     rivals = [s for s in standings if s is not best]
     if best is fastest:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from numaserve.backends.tokenizer import Tokenizer
 from numaserve.tasks import TASKS
 from numaserve.tasks.agreement import Verdict
+
+if TYPE_CHECKING:  # an instance reads verdicts (choice.py) and never tokenizes
+    from numaserve.backends.tokenizer import Tokenizer
 
 GATE_TEXTS = 320  # passages, spread over their lengths; every short text joins them
 # Where one band of lengths (tokens, the special ones counted) ends and the next begins:
@@ -53,6 +56,9 @@ class Span:
     def holds(self, tokens: int) -> bool:
         return self.first <= tokens <= self.last
 
+    def overlaps(self, other: Span) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
     @classmethod
     def parse(cls, text: str) -> Span:
         first, last = text.split()[0].split("-")
@@ -80,11 +86,16 @@ class Judgement:
     def figure(self) -> str:
         return "; ".join(f"{span}: {v.figure}" for span, v in self.bands.items())
 
+    def within(self, span: Span) -> dict[Span, Verdict]:
+        """The verdicts of the bands the span overlaps."""
+        return {band: v for band, v in self.bands.items() if band.overlaps(span)}
+
     def passes(self, span: Span) -> bool:
         """Whether it passes in every band the span overlaps."""
-        return all(
-            v.passed for b, v in self.bands.items() if b.first <= span.last and span.first <= b.last
-        )
+        return all(v.passed for v in self.within(span).values())
+
+    def figure_within(self, span: Span) -> str:
+        return "; ".join(f"{band}: {v.figure}" for band, v in self.within(span).items())
 
     def to_json(self) -> dict:
         return {

@@ -34,6 +34,12 @@ def _path_words(path: dict) -> str:
     return f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
 
 
+def path_summary(path: dict) -> str:
+    """What an instance runs, on one line: its shorter texts' paths first, as READY says it."""
+    shorter = [f"up to {s['last']} tokens {_path_words(s)}, " for s in path.get("shorter", ())]
+    return "".join(shorter) + (f"beyond {_path_words(path)}" if shorter else _path_words(path))
+
+
 def memory_lines(instances: Iterable[Instance]) -> list[str]:
     """How each instance's memory is bound to its node, instances alike on one line."""
     bound: dict[str, list[str]] = {}

@@ -270,13 +270,15 @@ async def info(app: App, request: Request) -> Response:
     model = app.model_of(request, {})
     settings, server = model.model, app.spec.server
     record = prepared(model)
-    paths = {pool: p["path"] for pool, p in record.get("pools", {}).items()}
-    dtypes = sorted({DTYPES[p["quantize"]] for p in paths.values()}) or [DTYPES[settings.quantize]]
+    pools = record.get("pools", {})
+    paths = {pool: p["path"] for pool, p in pools.items()}
+    every = [*paths.values(), *(b["path"] for p in pools.values() for b in p["shorter"])]
+    dtypes = sorted({DTYPES[p["quantize"]] for p in every}) or [DTYPES[settings.quantize]]
     return ok(
         {
             "model_id": settings.path,
             "model_sha": record.get("digest"),  # the checkpoint's files (no commit here)
-            "model_dtype": ",".join(dtypes),  # each pool's, where they differ
+            "model_dtype": ",".join(dtypes),  # each path's, where they differ
             "model_paths": {pool: f"{p['backend']} {p['quantize']}" for pool, p in paths.items()},
             # A pool's shorter texts on paths of their own (quantize: auto), and what a
             # precision the config names costs on this CPU (the accuracy gate's verdicts).
@@ -288,14 +290,10 @@ async def info(app: App, request: Request) -> Response:
                     }
                     for b in p["shorter"]
                 ]
-                for pool, p in record.get("pools", {}).items()
-                if p.get("shorter")
+                for pool, p in pools.items()
+                if p["shorter"]
             },
-            "model_accuracy": {
-                pool: p["accuracy"]
-                for pool, p in record.get("pools", {}).items()
-                if p.get("accuracy")
-            },
+            "model_accuracy": {pool: p["accuracy"] for pool, p in pools.items() if p["accuracy"]},
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,
