@@ -34,6 +34,16 @@ def _set_for_the_run(variable: str, root: Path):
 
 
 @pytest.fixture
+def choice_cache(tmp_path, monkeypatch):
+    """A cache of this test's own for `quantize: auto`'s choices (harness/caches.py)."""
+    from tests.harness.caches import own_choices
+
+    mine = own_choices(tmp_path / "cache")
+    monkeypatch.setenv("NUMASERVE_CACHE", str(mine))
+    return mine
+
+
+@pytest.fixture
 def sysfs():
     """Path of a committed sysfs fixture tree, by machine name."""
     return lambda name: SYSFS / name

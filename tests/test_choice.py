@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.backends.artifacts import cache_root
 from numaserve.backends.choice import (
     ALONE,
     CANDIDATES,
@@ -39,20 +38,6 @@ class CountingLoads:
     def __call__(self, config, isa):
         self.calls += 1
         return load_model(config, isa)
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A cache of this test's own for the choices, over the run's artifacts: what is kept
-    of a choice is what these tests are about, and the artifacts are built once a run."""
-    run_cache = cache_root()
-    mine = tmp_path / "cache"
-    mine.mkdir()
-    for kind in ("onnx", "ct2"):
-        (run_cache / kind).mkdir(parents=True, exist_ok=True)
-        (mine / kind).symlink_to(run_cache / kind)
-    monkeypatch.setenv("NUMASERVE_CACHE", str(mine))
-    return mine
 
 
 @pytest.fixture(scope="module")
@@ -135,22 +120,24 @@ def test_auto_tries_every_ctranslate2_onnxruntime_and_openvino_path_and_says_why
         assert "figure" in trial or trial["skipped"]  # bf16 on a CPU without it, for one
 
 
-def test_a_kept_choice_is_read_back_without_loading_anything(classifier_dir, cache, monkeypatch):
+def test_a_kept_choice_is_read_back_without_loading_anything(
+    classifier_dir, choice_cache, monkeypatch
+):
     config = ModelConfig(path=str(classifier_dir), task="classify")
     monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)  # a quicker gate
     first, again = CountingLoads(), CountingLoads()
     made = ensure_choice(config, ISA, first)
     assert first.calls >= 4 and ensure_choice(config, ISA, again) == made and again.calls == 0
-    (kept,) = kept_choices(cache)
+    (kept,) = kept_choices(choice_cache)
     kept_path = json.loads(kept.read_text())["pools"]["default"]["path"]
     assert kept_path["backend"] == made.for_pool().path.backend
 
 
-def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch):
+def test_a_damaged_kept_choice_is_made_again(classifier_dir, choice_cache, monkeypatch):
     config = ModelConfig(path=str(classifier_dir), task="classify")
     monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
     ensure_choice(config, ISA, load_model)
-    (kept,) = kept_choices(cache)
+    (kept,) = kept_choices(choice_cache)
     kept.write_text('{"pools": ')
     loads = CountingLoads()
     ensure_choice(config, ISA, loads)
@@ -158,7 +145,7 @@ def test_a_damaged_kept_choice_is_made_again(classifier_dir, cache, monkeypatch)
 
 
 def test_another_pool_layout_races_again_on_the_gates_kept_verdicts(
-    classifier_dir, cache, monkeypatch
+    classifier_dir, choice_cache, monkeypatch
 ):
     config = ModelConfig(path=str(classifier_dir), task="classify")
     monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)

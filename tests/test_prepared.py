@@ -61,7 +61,9 @@ def test_an_instance_loads_what_it_is_told_without_hashing_or_choosing(
     assert model.run([[101, 7592, 102]])[0].label in model.labels
 
 
-def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_dir, cache, tmp_path):
+def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(
+    classifier_dir, choice_cache, tmp_path
+):
     int8 = ModelConfig(
         path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
     )
@@ -93,7 +95,9 @@ def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_di
     assert model.labels == alone["int8"].labels
 
 
-def test_a_named_int8_is_served_and_says_what_it_costs_on_this_cpu(classifier_dir, cache, caplog):
+def test_a_named_int8_is_served_and_says_what_it_costs_on_this_cpu(
+    classifier_dir, choice_cache, caplog
+):
     caplog.set_level("INFO", logger="numaserve.backends")
     config = ModelConfig(
         path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"

@@ -1,13 +1,17 @@
-"""`quantize: auto`: for each pool, the fastest model path (a backend and a precision) that
-passes the accuracy gate (gate.py) on this CPU, measured once, at `numaserve prepare`, and kept.
+"""`quantize: auto`: for each pool and each band of its lengths, the fastest model path (a
+backend and a precision) that passes the accuracy gate (gate.py) there on this CPU, measured
+once, at `numaserve prepare`, and kept.
 
 Which path is fastest depends on the CPU (AMX, AVX512_BF16, VNNI or AVX2 alone), on the model
 and on the texts' lengths (bf16 on AMX pays on long texts, int8 on short ones); which one is
-accurate enough depends on the model and on the CPU's int8 kernels. So each candidate is
-built and judged against the checkpoint in fp32 on the gate's texts; those that pass then race
-(race.py) for each pool, on the gate's texts of that pool's lengths, alone and in the
-micro-batches the pool runs under load, in alternating rounds; a pool gets the fastest, unless
-its lead is within the rounds' noise, where the path listed first (less memory) wins. The
+accurate enough depends on the model, the CPU's int8 kernels and the lengths too (int8 loses
+most on the shortest texts). So each candidate is built and judged against the checkpoint in
+fp32 in each band of lengths; then, in each band of each pool's lengths, those that pass there
+race (race.py) on the gate's texts of those lengths, alone and in the micro-batches the pool
+runs under load, in alternating rounds. The pool's longest band decides its own path; a
+shorter band runs another (PoolChoice.shorter; banded.py) only where the pool's own fails
+there or loses by more than the rounds' noise; and where two are within the noise, the one
+listed first (less memory) wins. The
 choice is kept in CACHE/choice/KEY.json, where KEY hashes the model's files, the settings that
 change the answer, the CPU's ISA extensions, the runtimes' versions and the pools' bands:
 another CPU, runtime, checkpoint or pool layout chooses again. `numaserve prepare` makes it,
