@@ -61,9 +61,7 @@ def test_an_instance_loads_what_it_is_told_without_hashing_or_choosing(
     assert model.run([[101, 7592, 102]])[0].label in model.labels
 
 
-def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(
-    classifier_dir, choice_cache, tmp_path
-):
+def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_dir, tmp_path):
     int8 = ModelConfig(
         path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
     )
