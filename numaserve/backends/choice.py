@@ -113,6 +113,10 @@ class Band:
     def holds(self, tokens: int) -> bool:
         return self.shortest < tokens <= self.longest
 
+    @property
+    def span(self) -> Span:
+        return Span(self.shortest + 1, self.longest)
+
     def distance(self, tokens: int) -> int:
         return max(0, self.shortest + 1 - tokens, tokens - self.longest)
 
@@ -332,7 +336,7 @@ def named_cost(
             write_atomically(kept, json.dumps(judgement.to_json(), indent=1))
     costs = {}
     for band in pools:
-        span = Span(band.shortest + 1, band.longest)
+        span = band.span
         failed = [str(k) for k, v in judgement.within(span).items() if not v.passed]
         verdict = (
             f"below the gate's bar on texts of {', '.join(failed)}"
@@ -395,7 +399,7 @@ def choose(
         passed = {
             name: load(paths[name].applied_to(config), isa)
             for name, judgement in judged.items()
-            if any(v.passed for v in judgement.bands.values())
+            if judgement.passes_any
         }
     else:
         gate = reference_gate(config, isa, load, texts)
@@ -441,7 +445,7 @@ def race_pools(
     the noise of another (one model an instance, where it is accurate)."""
     chosen = {}
     for band in pools:
-        spans = length_bands(band.shortest + 1, band.longest)
+        spans = length_bands(band.span.first, band.span.last)
         won: list[tuple[Span, str, str]] = []  # (span, path, why), longest first
         for span in reversed(spans):
             names = passed.where(span)
@@ -449,11 +453,8 @@ def race_pools(
                 names = [won[0][1], *(n for n in names if n != won[0][1])]
             if not names:
                 raise ModelLoadError(
-                    f"quantize: auto: no model path of this model passes the accuracy gate on "
-                    f"texts of {span} (pool {band.pool}): "
-                    + "; ".join(
-                        f"{t['path']}: {t.get('figure') or t.get('skipped')}" for t in trials
-                    )
+                    f"quantize: auto: no model path passes the accuracy gate on texts of {span} "
+                    f"(pool {band.pool}): {_figures(trials)}"
                 )
             best, why = _race_span(band, span, batching, inputs, passed.models, names, trials)
             won.append((span, best, why))
@@ -584,7 +585,7 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict,
             "bands": judgement.to_json(),
         }
         judged[str(path)] = judgement
-        if any(v.passed for v in judgement.bands.values()):
+        if judgement.passes_any:
             passed[str(path)] = model
         failed = [str(span) for span, v in judgement.bands.items() if not v.passed]
         log.info(
@@ -629,10 +630,10 @@ def gate_config(config: ModelConfig) -> ModelConfig:
 def _why(band: Band, batch: int, best: Standing, fastest: Standing, standings, trials) -> str:
     """One line: the band's path, its speed, its lead (or why a faster one lost), and its
     accuracy in the gate's bands the band overlaps."""
-    span = Span(band.shortest + 1, band.longest)
+    span = band.span
     judged = next(t["bands"] for t in trials if t["path"] == best.name)
     figure = Judgement.from_json(judged).figure_within(span)
-    where = f"texts of {band.shortest + 1}-{band.longest} tokens, alone and {batch} at a time"
+    where = f"texts of {span}, alone and {batch} at a time"
     rivals = [s for s in standings if s is not best]
     if best is fastest:
         line = f"the fastest that passes the gate on {where}: {best.median:.2f} ms a text"

@@ -86,6 +86,11 @@ class Judgement:
     def figure(self) -> str:
         return "; ".join(f"{span}: {v.figure}" for span, v in self.bands.items())
 
+    @property
+    def passes_any(self) -> bool:
+        """Whether it passes in some band: a path some pool's band may run."""
+        return any(v.passed for v in self.bands.values())
+
     def within(self, span: Span) -> dict[Span, Verdict]:
         """The verdicts of the bands the span overlaps."""
         return {band: v for band, v in self.bands.items() if band.overlaps(span)}
@@ -117,11 +122,11 @@ class Gate:
         self.inputs = self.task.gate_inputs(tokenizer, texts)
         self.reference = self.answers(reference)
         lengths = self.task.gate_lengths(self.inputs)
-        self.bands = {  # each band's answers, by their index
+        rows = {  # each band's answers, by their index
             span: [i for i, n in enumerate(lengths) if span.holds(n)]
             for span in length_bands(1, max(lengths))
         }
-        self.bands = {span: rows for span, rows in self.bands.items() if rows}
+        self.bands = {span: r for span, r in rows.items() if r}
 
     def judge(self, candidate) -> Judgement:
         """The candidate's verdict in each band (its speed is race.py's to measure)."""
