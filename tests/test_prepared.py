@@ -3,8 +3,10 @@ pool's model path and artifact, written where the server's instances read it, an
 an instance exactly as told, with no hashing, judging or choosing. Real checkpoints, real
 artifacts, the real CLI."""
 
+import importlib.metadata
 import json
 import stat
+import sys
 from dataclasses import replace
 
 import pytest
@@ -20,6 +22,7 @@ from tests.harness.console import numaserve
 from tests.harness.router_side import ISA
 
 NAMED = dict(task="classify", backend="onnxruntime", quantize="none")
+INT8 = dict(NAMED, quantize="int8")
 
 
 @pytest.fixture
@@ -112,6 +115,56 @@ def test_a_named_int8_is_served_and_says_what_it_costs_on_this_cpu(
     assert prepare_model(config, ISA, pools).pools["short"].accuracy == short  # judged once: kept
     assert "judging it against fp32" not in caplog.text
     assert prepare_model(replace(config, quantize="none"), ISA).pools["default"].accuracy is None
+
+
+def as_installed_without_torch(monkeypatch):
+    """This process as the container image's runtime: no torch to import, and neither torch
+    nor openvino installed. Faked in this process (sys.modules and the packages' metadata);
+    the image itself is tests/test_container.py's."""
+    real = importlib.metadata.version
+
+    def version(package):
+        if package in ("torch", "openvino"):
+            raise importlib.metadata.PackageNotFoundError(package)
+        return real(package)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delitem(sys.modules, "numaserve.backends.torch", raising=False)
+
+
+def test_a_named_precision_judged_where_it_was_built_is_found_without_torch(
+    classifier_dir, choice_cache, monkeypatch, caplog
+):
+    config = ModelConfig(path=str(classifier_dir), **INT8)
+    judged = prepare_model(config, ISA).pools["default"].accuracy
+    as_installed_without_torch(monkeypatch)
+    caplog.set_level("INFO", logger="numaserve.backends")
+    assert prepare_model(config, ISA).pools["default"].accuracy == judged
+    assert "judging it against fp32" not in caplog.text
+
+
+def test_a_named_precision_not_judged_on_this_cpu_is_served_unjudged_without_torch(
+    classifier_dir, choice_cache, monkeypatch, caplog
+):
+    config = ModelConfig(path=str(classifier_dir), **INT8)
+    prepare_model(config, ISA)  # its artifact built, as the image's build stage does
+    for judgement in (choice_cache / "choice").glob("named-*.json"):
+        judgement.unlink()  # as on a CPU the build stage did not run on
+    as_installed_without_torch(monkeypatch)
+    record = prepare_model(config, ISA)
+    assert str(record.pools["default"].path) == "onnxruntime int8"
+    assert record.pools["default"].accuracy == (
+        "served as asked; not judged on this CPU (its fp32 reference needs torch)"
+    )
+    assert "not judged on this CPU, served as asked" in caplog.text
+    assert "No module named 'torch'" in caplog.text or "import of torch halted" in caplog.text
+
+
+def test_a_backend_not_installed_is_a_clear_error(classifier_dir, cache, monkeypatch):
+    as_installed_without_torch(monkeypatch)
+    with pytest.raises(ModelLoadError, match=r"model\.backend torch cannot run here"):
+        load_model(ModelConfig(path=str(classifier_dir), task="classify", backend="torch"))
 
 
 def test_a_missing_artifact_is_a_clear_error_naming_it(classifier_dir, cache, tmp_path):

@@ -26,7 +26,7 @@ from numaserve.backends.choice import (
     named_cost,
 )
 from numaserve.backends.prepared import BandPath, PoolPath, Prepared
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import MissingRuntime, ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 
 if TYPE_CHECKING:
@@ -53,21 +53,28 @@ def load_model(
 
 def _load_path(config: ModelConfig, isa: tuple[str, ...], threads: int, artifact: str | None):
     """The model of one named path."""
-    if config.backend == "onnxruntime":
-        from numaserve.backends.onnx import OnnxModel
+    try:
+        if config.backend == "onnxruntime":
+            from numaserve.backends.onnx import OnnxModel
 
-        return OnnxModel(config, isa, threads, artifact)
-    if config.backend == "openvino":
-        from numaserve.backends.openvino import OpenVinoModel
+            return OnnxModel(config, isa, threads, artifact)
+        if config.backend == "openvino":
+            from numaserve.backends.openvino import OpenVinoModel
 
-        return OpenVinoModel(config, isa, threads, artifact)
-    if config.backend == "ctranslate2":
-        from numaserve.backends.ct2 import Ct2Model
+            return OpenVinoModel(config, isa, threads, artifact)
+        if config.backend == "ctranslate2":
+            from numaserve.backends.ct2 import Ct2Model
 
-        return Ct2Model(config, isa, threads, artifact)
-    from numaserve.backends.torch import TorchModel
+            return Ct2Model(config, isa, threads, artifact)
+        from numaserve.backends.torch import TorchModel
 
-    return TorchModel(config, isa, threads)
+        return TorchModel(config, isa, threads)
+    except ModuleNotFoundError as e:
+        raise MissingRuntime(
+            f"model.backend {config.backend} cannot run here: {e} (installed without it, as "
+            "the container image is without torch). Install numaserve with its dependencies, "
+            "or name a backend this installation has"
+        ) from e
 
 
 def _banded(main, shorter: list[tuple[int, ModelConfig, str | None]], isa, threads: int):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.gate import Judgement, Span, length_bands
 from numaserve.backends.race import Standing, race, ratios, winner
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import MissingRuntime, ModelLoadError, resolve_model_path
 from numaserve.config.precisions import PRECISIONS
 from numaserve.config.schema import ModelConfig
 
@@ -253,6 +253,29 @@ def verdicts_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
     return key.hexdigest()[:32]
 
 
+def named_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
+    """What a named precision's judgement was made for: the checkpoint, the task, the path,
+    the CPU, and the versions of numaserve and of the path's own runtime only, so
+    that an installation without the others (the container image's runtime) finds what its
+    build judged on the same CPU."""
+    versions = {}
+    for package in ("numaserve", config.backend):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    settings = {
+        "format": FORMAT,
+        "task": config.task,
+        "path": str(ModelPath(config.backend, config.quantize, config.keep_fp32)),
+        "isa": sorted(isa),
+        "versions": versions,
+    }
+    key = hashlib.sha256(digest.encode())
+    key.update(json.dumps(settings, sort_keys=True).encode())
+    return key.hexdigest()[:32]
+
+
 def choice_key(
     digest: str,
     config: ModelConfig,
@@ -314,12 +337,13 @@ def named_cost(
     """What a precision the config names costs on this CPU, for each pool: the gate's verdict
     in each band of its lengths, one line for the log, `numaserve status` and /info. It is
     served all the same. Judged once and kept beside the auto choices (a read-only cache
-    judges at every prepare)."""
+    judges at every prepare). Where the fp32 reference cannot run (no torch, as in the
+    container image), a judgement kept for this CPU is read, or the lines say it was not
+    judged: the precision is served all the same."""
     from numaserve.backends.artifacts import cache_root
 
     path = ModelPath(config.backend, config.quantize, config.keep_fp32)
-    key = hashlib.sha256(f"{verdicts_key(digest, config, isa)} {path}".encode()).hexdigest()
-    kept = cache_root() / "choice" / f"named-{key[:32]}.json"
+    kept = cache_root() / "choice" / f"named-{named_key(digest, config, isa)}.json"
     try:
         judgement = Judgement.from_json(json.loads(kept.read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -330,7 +354,21 @@ def named_cost(
             extra={"event": "prepare"},
         )
         judged = gate_config(config)
-        judgement = reference_gate(judged, isa, load).judge(load(judged, isa))
+        try:
+            gate = reference_gate(judged, isa, load)
+        except MissingRuntime as e:
+            log.warning(
+                "%s: not judged on this CPU, served as asked: the gate's fp32 reference runs "
+                "under torch, which this installation cannot import (%s). "
+                "`numaserve prepare` from a full installation on this CPU says what it costs "
+                "here (docs/accuracy.md#a-named-precision)",
+                path,
+                e.__cause__ or e,
+                extra={"event": "prepare"},
+            )
+            unjudged = "served as asked; not judged on this CPU (its fp32 reference needs torch)"
+            return {band.pool: unjudged for band in pools}
+        judgement = gate.judge(load(judged, isa))
         with contextlib.suppress(OSError):  # a read-only cache: judged again next time
             kept.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(kept, json.dumps(judgement.to_json(), indent=1))

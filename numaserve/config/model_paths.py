@@ -19,6 +19,10 @@ class ModelLoadError(RuntimeError):
     """The model (or its tokenizer) cannot be loaded. Retrying will not help."""
 
 
+class MissingRuntime(ModelLoadError):
+    """The backend's runtime is not installed here (an image without torch, say)."""
+
+
 def resolve_model_path(path: str) -> str:
     """The model's directory: a local one, a bundled model's, or a hub id's snapshot in the
     local Hugging Face cache; a ModelLoadError that says which is missing."""
