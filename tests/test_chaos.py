@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numaserve.client import Client
+from numaserve.config.schema import ServerConfig
 from numaserve.testing.load import RawLoad
 from numaserve.wire import protocol
 from tests.harness import server as server_
@@ -211,7 +212,7 @@ def test_10000_fuzzed_messages_crash_nothing_and_lose_no_legitimate_request(fuzz
             sock.recv_multipart()  # replies, if any, are not checked: survival is
 
     send()
-    limit = 4 << 20  # server.max_message_bytes
+    limit = ServerConfig().max_message_bytes
     for size in (limit - 64, limit + 64):  # just under and just over the limit
         body = {"id": "big", "op": "embed", "texts": ["word " * ((size - 40) // 5)]}
         sock.send_multipart([protocol.VERSION, msgpack.packb(body)])

@@ -286,3 +286,17 @@ def test_placement_pools_with_models_are_an_error():
 )
 def test_each_models_mistakes_name_its_key(yaml_text, expected):
     assert error(yaml_text).startswith(f"my.yaml: {expected}")
+
+
+def test_an_http_body_limit_over_the_message_limit_is_refused_with_both_sizes():
+    text = "server: {max_message_bytes: 1048576, http_max_body_bytes: 2097152}"
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="my.yaml")
+    assert "server.http_max_body_bytes (2,097,152) is over server.max_message_bytes" in str(e.value)
+    assert "(1,048,576)" in str(e.value)
+
+
+def test_the_default_limits_take_2048_texts_of_4_kb():
+    server = parse_config("").server
+    assert server.max_texts == 2048 and server.http_max_body_bytes >= 2048 * 4096
+    assert server.max_message_bytes >= server.http_max_body_bytes

@@ -52,7 +52,7 @@ TEI = json_schema(json.loads((Path(__file__).parent / "fixtures/tei/openapi.json
 EMBEDDER = """
 model: {{path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8}}
 server: {{endpoint: "@ENDPOINT@", max_batch: 1, http_api_keys_file: "{keys}",
-          http_read_timeout_s: 1}}
+          http_read_timeout_s: 1, max_message_bytes: 4194304, http_max_body_bytes: 2097152}}
 placement: {{pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
 """
 PLAIN = """
@@ -671,9 +671,33 @@ def test_huge_headers_are_431_and_garbage_400(embedder):
 
 def test_too_many_inputs_is_413_in_teis_shape(embedder):
     with authed(embedder) as http:
-        answer = http.post("/embed", json={"inputs": ["a"] * 65})
-    assert answer.status_code == 413
+        answer = http.post("/embed", json={"inputs": ["a"] * 2049})  # server.max_texts: 2048
+        info = http.get("/info").json()
+    assert answer.status_code == 413 and info["max_client_batch_size"] == 2048
     valid(answer.json(), "ErrorResponse")
+
+
+def test_a_2048_text_request_is_answered_in_order_as_each_text_alone(embedder):
+    texts = [f"request text {i}: " + "a few words " * (i % 5) for i in range(2048)]
+    with authed(embedder) as http:
+        answer = http.post("/embed", json={"inputs": texts}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    vectors = np.float32(answer.json())
+    sample = list(range(0, 2048, 97))
+    alone = np.stack(zmq_vectors(embedder, [texts[i] for i in sample]))
+    assert vectors.shape == (2048, 384)
+    assert np.array_equal(vectors[sample], alone)  # max_batch 1: each ran alone, bit for bit
+
+
+def test_token_vectors_larger_than_the_request_limit_come_back_whole(embedder):
+    """A reply the router sends the HTTP front is not held to server.max_message_bytes."""
+    long = "words of a long passage " * 40  # cut at max_length 128
+    with authed(embedder) as http:
+        answer = http.post("/embed_all", json={"inputs": [long] * 64}, timeout=120)
+    assert answer.status_code == 200, answer.text[:300]
+    rows = answer.json()
+    assert len(rows) == 64 and all(len(r) == 128 and len(r[0]) == 384 for r in rows)
+    # 64 x 128 x 384 float32: 12.6 MB, over this server's max_message_bytes (4 MiB)
 
 
 def front_rss(pid: int) -> int:

@@ -54,20 +54,27 @@ class Shard:
         self.book.start([b"client"], request)
         return request
 
-    def run_jobs(self, results=None, error=None):
-        """Every job answered as an instance would, until none is left to schedule."""
-        for _ in range(100):
+    def run_jobs(self, results=None, error=None, rounds=100):
+        """Every job answered as an instance would, until none is left to schedule (or
+        `rounds` rounds); the jobs' texts, in the order they ran."""
+        ran = []
+        for _ in range(rounds):
+            if self.book.feeding:  # as the loop does before it schedules
+                self.book.feed(time.monotonic())
             jobs = self.dispatch.schedule(time.monotonic())
             if not jobs:
-                return
+                return ran
             for job in jobs:
+                ran += [(i.owner.request.id, i.index) for i in job.items]
                 body = {"type": protocol.RESULT, "job": job.id}
                 if error is not None:
                     body["error"] = error
                 else:
                     body["results"] = results or [{"score": float(len(i.ids))} for i in job.items]
                 self.book.on_result(body, time.monotonic())
-        raise AssertionError("jobs kept coming")
+        if rounds == 100:
+            raise AssertionError("jobs kept coming")
+        return ran
 
     def codes(self) -> list[str]:
         return [body["error"]["code"] if "error" in body else "ok" for _, body in self.replies]
@@ -108,12 +115,82 @@ def test_results_are_cached_under_the_model_that_computed_them(tokenizer):
     assert sum(len(pool.queue) for pool in shard.dispatch.pools) == 1
 
 
-def test_a_request_that_does_not_fit_the_queue_is_refused_whole_as_overloaded(tokenizer):
+def test_a_request_whose_first_piece_does_not_fit_the_queue_is_refused_whole(tokenizer):
     shard = Shard(tokenizer, queue_size=2)
     shard.instance()
-    shard.ask("one", "two", "three", "four")  # an idle instance takes one more than the queue
+    shard.ask("one", "two", request_id=1)  # two queued, the instance idle: room for one more
+    shard.ask("three", "four", "five", request_id=2)  # its first piece: two texts
     assert shard.codes() == ["overloaded"]
-    assert all(not pool.queue for pool in shard.dispatch.pools)
+    assert [len(pool.queue) for pool in shard.dispatch.pools] == [2, 0]
+
+
+def test_a_big_request_is_queued_a_piece_at_a_time_and_answered_whole_in_order(tokenizer):
+    shard = Shard(tokenizer, queue_size=4)
+    shard.instance()
+    texts = [f"text number {i}" for i in range(10)]
+    shard.ask(*texts)
+    piece = shard.dispatch.piece()  # two batches of one for the one instance
+    assert piece == 2 and len(shard.dispatch.pools[0].queue) == piece
+    shard.run_jobs()
+    [(_, body)] = shard.replies
+    scores = [r["score"] for r in body["results"]]
+    assert scores == [float(len(e.ids)) for e in shard.book.tokenizer.encode(texts)]
+    assert not shard.book.feeding and not shard.book.active
+
+
+def test_a_query_behind_a_big_request_waits_for_one_piece_not_the_whole_request(tokenizer):
+    shard = Shard(tokenizer, queue_size=64)
+    shard.instance()
+    shard.ask(*[f"bulk text {i}" for i in range(40)], request_id=1)
+    shard.ask("a query", request_id=2)
+    ran = shard.run_jobs()
+    assert ran.index((2, 0)) == shard.dispatch.piece()  # after the first piece, not the 40
+    assert shard.codes() == ["ok", "ok"]
+    assert [body["id"] for _, body in shard.replies] == [2, 1]
+
+
+def test_a_big_request_starved_of_room_is_answered_overloaded_after_max_queue_ms(tokenizer):
+    shard = Shard(tokenizer, queue_size=2)
+    shard.instance()
+    shard.ask(*[f"bulk text {i}" for i in range(10)], request_id=1)  # its first piece: two
+
+    def finish(job):
+        body = {"type": protocol.RESULT, "job": job.id, "results": [{"score": 1.0}]}
+        shard.book.on_result(body, time.monotonic())
+
+    for other in (2, 3):  # each of its two texts runs, and another's queue behind it
+        [job] = shard.dispatch.schedule(time.monotonic())
+        finish(job)
+        shard.ask(f"query {other}", request_id=other)
+    [_running] = shard.dispatch.schedule(time.monotonic())  # busy with another's text
+    shard.ask("query 4", request_id=4)  # and the queue full of others'
+    shard.book.feed(time.monotonic())
+    assert shard.replies == [] and shard.book.feeding
+    shard.book.expire(time.monotonic() + 1.0)  # max_queue_ms: 1000
+    [body] = [body for _, body in shard.replies if body["id"] == 1]
+    assert body["error"]["code"] == "overloaded"
+    assert "waited server.max_queue_ms=1000 ms for room in the queue" in body["error"]["message"]
+    assert not shard.book.feeding
+
+
+def test_a_failed_piece_fails_the_request_naming_the_text(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.ask(*[f"text {i}" for i in range(6)])
+    shard.run_jobs(rounds=1)
+    shard.run_jobs(error={"code": "internal", "message": "the forward pass failed"})
+    [(_, body)] = shard.replies
+    assert body["error"] == {"code": "internal", "message": "text 1: the forward pass failed"}
+    assert not shard.book.feeding and all(not pool.queue for pool in shard.dispatch.pools)
+
+
+def test_a_cancelled_big_request_queues_no_more_of_its_texts(tokenizer):
+    shard = Shard(tokenizer, queue_size=64)
+    shard.instance()
+    request = shard.ask(*[f"text {i}" for i in range(40)])
+    shard.book.cancel([b"client"], request.id)
+    assert shard.run_jobs() == []  # its queued piece is skipped, its backlog dropped
+    assert shard.replies == [] and not shard.book.feeding
 
 
 def test_texts_no_live_instance_can_take_fail_as_no_instance(tokenizer):

@@ -177,7 +177,14 @@ def test_an_op_the_model_does_not_do_is_a_bad_request(client):
         ({"id": 1, "op": "summarize", "texts": ["x"]}, "unknown op 'summarize'"),
         ({"id": 2, "op": "embed", "texts": []}, "needs texts"),
         ({"id": 3, "op": "embed", "texts": ["fine", "  "]}, "text 1 is empty"),
-        ({"id": 4, "op": "embed", "texts": ["x"] * 65}, "65 texts in one request; the limit is 64"),
+        (
+            {"id": 4, "op": "embed", "texts": ["x"] * 2049},
+            "2049 texts in one request; the limit is 2048",
+        ),
+        (
+            {"id": 41, "op": "embed", "texts": ["x"] * 65, "token_vectors": True},
+            "65 texts ask for token_vectors; the limit is 64",
+        ),
         ({"id": 5, "op": "embed", "texts": [7]}, "text 0 is not a string"),
         ({"id": 6, "op": "embed", "texts": ["x"], "deadline": 5}, "unknown key 'deadline'"),
         (

@@ -90,8 +90,10 @@ class ServerConfig:
     max_batch: int = field(default=8, metadata=_bounds(1, 256))
     max_batch_tokens: int = field(default=128, metadata=_bounds(1))
     max_wait_ms: int = field(default=0, metadata=_bounds(0, 1000))
-    max_texts: int = field(default=64, metadata=_bounds(1, 10_000))  # texts in one request
-    max_message_bytes: int = field(default=4 << 20, metadata=_bounds(SMALLEST_MESSAGE_LIMIT))
+    # Texts in one request. A request of more than a few micro-batches is queued a piece at
+    # a time and spread over every instance (docs/configuration.md#big-requests).
+    max_texts: int = field(default=2048, metadata=_bounds(1, 100_000))
+    max_message_bytes: int = field(default=16 << 20, metadata=_bounds(SMALLEST_MESSAGE_LIMIT))
     heartbeat_ms: int = field(default=500, metadata=_bounds(10, 60_000))
     heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))
     # Router shards: auto is one per NUMA node that holds instances, behind one endpoint.
@@ -107,7 +109,7 @@ class ServerConfig:
     http: str = field(default="127.0.0.1:8080", metadata={"empty": True})
     http_api_keys_file: str | None = None  # one key per line; re-read when it changes
     http_processes: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
-    http_max_body_bytes: int = field(default=2 << 20, metadata=_bounds(1024, 1 << 30))  # 413
+    http_max_body_bytes: int = field(default=8 << 20, metadata=_bounds(1024, 1 << 30))  # 413
     http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))  # 408
 
 
@@ -430,6 +432,13 @@ def _check_server(config: Config, source: str) -> None:
             f"{source}: server.http: {server.http} can be reached from other hosts, by anyone; "
             "set server.http_api_keys_file (docs/http.md#api-keys), or server.insecure: true "
             "where a firewall, a private network or a proxy in front already keeps others out"
+        )
+    if server.http and server.http_max_body_bytes > server.max_message_bytes:
+        raise ConfigError(
+            f"{source}: server.http_max_body_bytes ({server.http_max_body_bytes:,}) is over "
+            f"server.max_message_bytes ({server.max_message_bytes:,}): the HTTP front sends "
+            "each body on to a router shard as one message of about its size; raise "
+            "max_message_bytes or lower the body limit"
         )
 
 

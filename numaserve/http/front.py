@@ -61,7 +61,7 @@ class Front:
         self.ctx = context()
         retry = max(MIN_RETRY_AFTER_S, 2 * spec.server.max_queue_ms / 1000 + 5)
         shards = {m.name: m.shards for m in spec.models}
-        self.upstream = Upstream(self.ctx, shards, retry, spec.server.max_message_bytes)
+        self.upstream = Upstream(self.ctx, shards, retry)
         self.keys = ApiKeys(spec.server.http_api_keys_file)
         self.stats = Stats(spec.index)
         self.app = App(spec, self.upstream, self.keys, self.stats, ROUTES)

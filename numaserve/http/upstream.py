@@ -44,14 +44,12 @@ class Upstream:
         ctx: zmq.Context,
         shards: dict[str, tuple[str, ...]],
         retry_after_s: float,
-        max_message_bytes: int,
     ):
         """`shards`: each model's shards' private sockets, by model name."""
         self.sockets: dict[str, zmq.Socket] = {}
         for model, endpoints in shards.items():
             sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
-            sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
             # Queue nothing for a shard that is not there: a send with none connected fails at
             # once (answered no_instance) instead of waiting for one to come up.
             sock.setsockopt(zmq.IMMEDIATE, 1)

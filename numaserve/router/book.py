@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.router.cache import ResultCache
@@ -33,6 +35,11 @@ TOKENS_PER_BYTE, SPECIAL_TOKENS = 2, 8
 ERROR_CODES = {c.value: c for c in ErrorCode}
 
 Reply = Callable[[list[bytes], dict], None]
+
+
+def which_text(item: Item, message: str) -> str:
+    """An error of one text, naming it where its request holds several."""
+    return f"text {item.index}: {message}" if len(item.owner.encoded) > 1 else message
 
 
 class RequestBook:
@@ -70,6 +77,7 @@ class RequestBook:
         self.model_key = model_key
         self.live_keys: tuple[str, ...] = (model_key,)
         self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
+        self.feeding: dict[int, Pending] = {}  # those with texts in a backlog, oldest first
         self.deadlines = Deadlines()
         self.counters = {
             "requests": 0,
@@ -87,7 +95,8 @@ class RequestBook:
     # -- receipt ---------------------------------------------------------------------------
 
     def start(self, envelope: list[bytes], request: Request) -> None:
-        """Tokenize, answer from the cache what it holds, and queue the rest, all or none."""
+        """Tokenize, answer from the cache what it holds, and queue the rest: all of it, or
+        a big request's first piece (its backlog follows as room opens, `feed`), or none."""
         now = time.monotonic()
         if self._surely_refused(request):  # shed load before the costly part
             self.error(envelope, request, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE, now)
@@ -108,7 +117,8 @@ class RequestBook:
         if not misses:
             self.complete(pending)
             return
-        refused = self.dispatch.admit(misses, now, hold=now < self.hold_until)
+        piece = self.dispatch.piece()
+        refused = self.dispatch.admit(misses[:piece], now, hold=now < self.hold_until)
         if refused is ErrorCode.OVERLOADED:
             self.fail(pending, refused, OVERLOADED_MESSAGE)
         elif refused is ErrorCode.NO_INSTANCE:
@@ -117,8 +127,38 @@ class RequestBook:
             pending.remaining = len(misses)
             self.active[id(pending)] = pending
             self.changed = True
+            if len(misses) > piece:
+                pending.backlog = deque(misses[piece:])
+                self.feeding[id(pending)] = pending
             if deadline is not None:
                 self.deadlines.add(pending)
+
+    def feed(self, now: float) -> None:
+        """Queue the next piece of each big request whose queued texts went to instances,
+        oldest request first: a piece as large as the queue has room for, up to
+        `Dispatcher.piece` of its texts queued or running at once."""
+        piece = self.dispatch.piece()
+        hold = now < self.hold_until
+        for pending in list(self.feeding.values()):
+            backlog = pending.backlog
+            size = min(piece - (pending.remaining - len(backlog)), len(backlog))
+            refused = ErrorCode.OVERLOADED
+            while size > 0:  # the largest part of the piece that has room
+                refused = self.dispatch.admit(list(islice(backlog, size)), now, hold=hold)
+                if refused is not ErrorCode.OVERLOADED:
+                    break
+                size //= 2
+            if refused is ErrorCode.NO_INSTANCE:
+                self.fail(pending, refused, "no ready instance can serve texts this long")
+            elif refused is None:
+                for _ in range(size):
+                    backlog.popleft()
+                pending.starved_since = None
+                self.changed = True
+                if not backlog:
+                    del self.feeding[id(pending)]
+            elif pending.remaining == len(backlog) and pending.starved_since is None:
+                pending.starved_since = now  # none of its texts queued, and no room for more
 
     def cancel(self, envelope: list[bytes], request_id) -> None:
         """Its client gave up on a request (an HTTP client hung up): it is forgotten, never
@@ -181,7 +221,7 @@ class RequestBook:
         elif len(results) != len(job.items):
             for item in job.items:
                 message = "an instance returned the wrong number of results"
-                self.fail(item.owner, ErrorCode.INTERNAL, message)
+                self.fail(item.owner, ErrorCode.INTERNAL, which_text(item, message))
         else:
             self._job_done(job, results, self.key_of(worker))
 
@@ -191,7 +231,7 @@ class RequestBook:
             return
         code = ERROR_CODES.get(error.get("code"), ErrorCode.INTERNAL)
         for item in job.items:
-            self.fail(item.owner, code, str(error.get("message")))
+            self.fail(item.owner, code, which_text(item, str(error.get("message"))))
 
     def _job_done(self, job: Job, results: list, computed_by: str) -> None:
         for item, result in zip(job.items, results, strict=True):
@@ -282,7 +322,9 @@ class RequestBook:
         """Forget an answered request: memory follows what is in flight, not what was."""
         pending.done = True
         pending.results = pending.encoded = []
+        pending.backlog = None
         self.active.pop(id(pending), None)
+        self.feeding.pop(id(pending), None)
         self.deadlines.answered(pending)
 
     # -- the clock -------------------------------------------------------------------------
@@ -297,6 +339,13 @@ class RequestBook:
                 self.fail(pending, ErrorCode.DEADLINE_EXCEEDED, message)
             if expired:
                 self.dispatch.drop_done()
+        for pending in list(self.feeding.values()):
+            if pending.starved_since is not None and (
+                now - pending.starved_since >= self.max_queue_ms / 1000
+            ):
+                wait = f"server.max_queue_ms={self.max_queue_ms} ms"
+                message = f"its texts not yet queued waited {wait} for room in the queue"
+                self.fail(pending, ErrorCode.OVERLOADED, f"{message}; retry later")
         for item in self.dispatch.overdue(now):
             if self.dispatch.servable(item.pool):
                 code, why = ErrorCode.OVERLOADED, "without reaching an instance; retry later"

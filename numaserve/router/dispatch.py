@@ -6,6 +6,8 @@ Rules (tested in tests/test_dispatch.py):
 - when its pool has no idle instance, a larger pool's idle instance may take it (spillover);
 - each pool's queue is bounded: a request that does not fit is refused whole (overloaded),
   and a text that has waited max_queue_wait is taken out (for the router to answer overloaded);
+  a big request is queued a piece at a time (`piece`: the book feeds the next as room opens),
+  so that it never fills a queue and the requests behind it wait for one piece, not all;
 - a job whose instance dies is retried once on another instance, then fails;
 - micro-batching: an idle instance takes up to max_batch queued texts of similar length,
   waiting at most max_wait for a batch to fill; no more than its share of the queue (the
@@ -137,6 +139,13 @@ class Dispatcher:
         return self._capacity(pool)[0] > 0
 
     # -- admission -------------------------------------------------------------------------
+
+    def piece(self) -> int:
+        """How many of one request's texts may be queued at once: two micro-batches for each
+        live instance (every instance kept busy, with one batch ready behind each), within a
+        queue. The rest of a big request waits in its own backlog (book.py feeds it)."""
+        live = sum(1 for w in self.workers.values() if not w.stopping)
+        return min(self.queue_size, 2 * self.max_batch * max(1, live))
 
     def room(self, pool: int) -> int:
         return self._capacity(pool)[1]

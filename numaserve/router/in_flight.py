@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 from numaserve.wire.requests import Request
@@ -18,8 +19,12 @@ class Pending:
     results: list
     deadline: float | None  # None once its deadline has left the heap
     received: float = 0.0
-    remaining: int = 0
+    remaining: int = 0  # texts not yet answered: queued, running, or in the backlog
     done: bool = False
+    # A big request's texts not yet queued (book.feed queues them a piece at a time), and
+    # since when the queue has had no room for its next piece.
+    backlog: deque | None = None
+    starved_since: float | None = None
 
 
 class Deadlines:

@@ -210,6 +210,8 @@ class Router:
     def _schedule(self, now: float) -> None:
         if self.book.changed or self.dispatch.max_wait:
             self.book.changed = False
+            if self.book.feeding:
+                self.book.feed(now)
             self._send_jobs(self.dispatch.schedule(now))
 
     def _drain(self, sock: zmq.Socket, handle, limit: int, yield_to=None) -> int:
@@ -267,6 +269,7 @@ class Router:
                 if request.op == "status"
                 else {
                     "max_message_bytes": self.spec.server.max_message_bytes,
+                    "max_texts": self.spec.server.max_texts,
                     "ready": self.ready_instances(),
                 }
             )

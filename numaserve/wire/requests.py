@@ -30,6 +30,9 @@ OWNERS = {
 REQUEST_KEYS = (*COMMON_KEYS, *OWNERS)
 # A deadline longer than this is a mistake (or an attack on the deadline heap): refused.
 MAX_DEADLINE_MS = 3_600_000
+# A request's texts whose token vectors (embed's token_vectors) one reply may hold: each text's
+# are up to max_length vectors, so their reply grows hundreds of times faster than pooled ones'.
+TOKEN_VECTOR_TEXTS = 64
 
 Text = str | tuple[str, str]  # a text, or a pair (a, b) for a task that takes pairs
 
@@ -118,6 +121,11 @@ def parse_request(body: dict, max_texts: int) -> Request:
         owners = " and ".join(OWNERS[misplaced[0]])
         raise bad(f"{keys} {verb} for {owners}, not {task.name}")
     options = task.options(body, bad)
+    if options.get("token_vectors") and len(texts) > TOKEN_VECTOR_TEXTS:
+        raise bad(
+            f"{len(texts)} texts ask for token_vectors; the limit is {TOKEN_VECTOR_TEXTS} a "
+            "request (a text's token vectors are up to max_length times its vector's size)"
+        )
     return Request(request_id, op, texts, deadline, model, options, truncate, direction)
 
 
