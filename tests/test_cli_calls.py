@@ -81,6 +81,13 @@ def test_numaserve_endpoint_in_the_environment_is_the_default_endpoint(router):
 
 
 def test_a_text_over_the_servers_size_limit_is_refused_with_both_sizes(router):
-    out = numaserve("embed", "-", "--endpoint", router.endpoint, stdin="x" * (5 << 20))
+    out = numaserve("embed", "-", "--endpoint", router.endpoint, stdin="x" * (17 << 20))
     assert out.returncode == 1
-    assert "too_large" in out.stderr and "4,194,304" in out.stderr
+    assert "too_large" in out.stderr and "16,777,216" in out.stderr
+
+
+def test_embed_file_longer_than_the_servers_max_texts_is_answered_whole(router, tmp_path):
+    lines = tmp_path / "texts.txt"
+    lines.write_text("".join(f"line {i} of the file\n" for i in range(2500)))  # max_texts: 2048
+    out = numaserve("embed", "--file", str(lines), "--endpoint", router.endpoint)
+    assert len(tokens_of(out)) == 2500

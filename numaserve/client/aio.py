@@ -19,7 +19,7 @@ from numaserve.client.arguments import (
     rerank_fields,
     results,
 )
-from numaserve.client.calls import WATCH_POLL_S, Calls, Link
+from numaserve.client.calls import WATCH_POLL_S, Calls, Link, joined
 from numaserve.client.errors import NumaserveError, Timeout
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
@@ -41,7 +41,7 @@ class AsyncClient(Calls):
         prompt_name: str | None = None,
     ):
         batch, single = as_batch(texts, pairs=False)
-        body = await self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        body = await self.call_texts("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
     async def embed_tokens(
@@ -52,17 +52,19 @@ class AsyncClient(Calls):
     ):
         batch, single = as_batch(texts, pairs=False)
         fields = {"token_vectors": True, **prompt_field(prompt_name)}
-        return results("embed", await self.call("embed", batch, deadline_ms, **fields), single)
+        return results(
+            "embed", await self.call_texts("embed", batch, deadline_ms, **fields), single
+        )
 
     async def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         batch, single = as_batch(texts, pairs=False)
-        return results("sparse", await self.call("sparse", batch, deadline_ms), single)
+        return results("sparse", await self.call_texts("sparse", batch, deadline_ms), single)
 
     async def classify(
         self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False
     ):
         batch, single = as_batch(texts)
-        body = await self.call("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
+        body = await self.call_texts("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
         return results("classify", body, single)
 
     async def rerank(
@@ -85,7 +87,7 @@ class AsyncClient(Calls):
     ):
         batch, single = as_batch(texts, pairs=False)
         check_aggregation(aggregation)
-        body = await self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        body = await self.call_texts("ner", batch, deadline_ms, aggregation=aggregation)
         return results("ner", body, single)
 
     async def status(self) -> dict:
@@ -96,12 +98,21 @@ class AsyncClient(Calls):
         await self.call("ping")
         return time.perf_counter() - start
 
+    async def call_texts(self, op: str, texts: list, deadline_ms=None, **fields) -> dict:
+        """`call` for a list of texts, in as many requests as the server's limits need, one
+        after another (each spread over the server's instances): one reply, in order.
+        `deadline_ms` holds for each request."""
+        if self.texts_unknown(texts):
+            self.learn(await self.call("ping"))
+        pieces = self.pieces(texts, fields)
+        return joined([await self.call(op, p, deadline_ms, **fields) for p in pieces])
+
     async def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         check_deadline(deadline_ms)
         body = self.request(op, texts, deadline_ms, **fields)
         frames = protocol.pack(body)
         if self.limit_unknown(frames, self.max_message_bytes):
-            self.max_message_bytes = (await self.call("ping")).get("max_message_bytes", 0) or 0
+            self.learn(await self.call("ping"))
         if (too_large := self.too_large(op, frames)) is not None:
             raise too_large
         if self.pool.resolve_due():

@@ -18,7 +18,7 @@ from numaserve.client.arguments import (
     rerank_fields,
     results,
 )
-from numaserve.client.calls import WATCH_POLL_S, Calls, Link
+from numaserve.client.calls import WATCH_POLL_S, Calls, Link, joined
 from numaserve.client.errors import NumaserveError, Timeout
 from numaserve.tasks.ner import DEFAULT_AGGREGATION
 from numaserve.tasks.rerank import Ranked
@@ -42,7 +42,7 @@ class Client(Calls):
         one of the model's own prompts, put before each text (the model's default where
         None, as sentence-transformers does)."""
         batch, single = as_batch(texts, pairs=False)
-        body = self.call("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        body = self.call_texts("embed", batch, deadline_ms, **prompt_field(prompt_name))
         return results("embed", body, single)
 
     def embed_tokens(
@@ -55,20 +55,20 @@ class Client(Calls):
         TEI's /embed_all answers), a list of them for a list. Never from the cache."""
         batch, single = as_batch(texts, pairs=False)
         fields = {"token_vectors": True, **prompt_field(prompt_name)}
-        return results("embed", self.call("embed", batch, deadline_ms, **fields), single)
+        return results("embed", self.call_texts("embed", batch, deadline_ms, **fields), single)
 
     def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
         index), a list of them for a list."""
         batch, single = as_batch(texts, pairs=False)
-        return results("sparse", self.call("sparse", batch, deadline_ms), single)
+        return results("sparse", self.call_texts("sparse", batch, deadline_ms), single)
 
     def classify(self, texts: Texts, deadline_ms: float | None = None, raw_scores: bool = False):
         """One Classification for a string or a pair (a tuple of two strings), a list of them
         for a list. `raw_scores`: each with the model's logits too, before the softmax (or
         a multi-label model's sigmoid)."""
         batch, single = as_batch(texts)
-        body = self.call("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
+        body = self.call_texts("classify", batch, deadline_ms, **raw_scores_field(raw_scores))
         return results("classify", body, single)
 
     def rerank(
@@ -95,7 +95,7 @@ class Client(Calls):
         none, simple, first, average or max, as transformers' pipeline has them."""
         batch, single = as_batch(texts, pairs=False)
         check_aggregation(aggregation)
-        body = self.call("ner", batch, deadline_ms, aggregation=aggregation)
+        body = self.call_texts("ner", batch, deadline_ms, aggregation=aggregation)
         return results("ner", body, single)
 
     def status(self) -> dict:
@@ -107,12 +107,21 @@ class Client(Calls):
         self.call("ping")
         return time.perf_counter() - start
 
+    def call_texts(self, op: str, texts: list, deadline_ms=None, **fields) -> dict:
+        """`call` for a list of texts, in as many requests as the server's limits need, one
+        after another (each spread over the server's instances): one reply, in order.
+        `deadline_ms` holds for each request."""
+        if self.texts_unknown(texts):
+            self.learn(self.call("ping"))
+        pieces = self.pieces(texts, fields)
+        return joined([self.call(op, p, deadline_ms, **fields) for p in pieces])
+
     def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         check_deadline(deadline_ms)
         body = self.request(op, texts, deadline_ms, **fields)
         frames = protocol.pack(body)
         if self.limit_unknown(frames, self.max_message_bytes):
-            self.max_message_bytes = self.call("ping").get("max_message_bytes", 0) or 0
+            self.learn(self.call("ping"))
         if (too_large := self.too_large(op, frames)) is not None:
             raise too_large
         if self.pool.resolve_due():

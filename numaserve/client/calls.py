@@ -27,7 +27,12 @@ from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys
+from numaserve.wire.requests import TOKEN_VECTOR_TEXTS
 
+# A list longer than this (or larger than protocol.SMALLEST_MESSAGE_LIMIT) is split by the
+# server's limits, asked once (its ping reply): no server takes fewer by default.
+FEW_TEXTS = 64
+REQUEST_FIELDS_BYTES = 4096  # a request's bytes besides its texts, and more
 WATCH_POLL_S = 0.05  # how often a new connection's monitor is read while a reply is awaited
 
 
@@ -81,6 +86,7 @@ class Calls:
         # None: ask the server (its ping reply) once a request is larger than any limit may be;
         # 0: a server that does not say
         self.max_message_bytes = max_message_bytes
+        self.max_texts: int | None = None  # the server's server.max_texts, asked as above
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self.pool = Endpoints(self.endpoints, resolve_every)
@@ -234,6 +240,39 @@ class Calls:
             "shorter texts in each request"
         )
 
+    def learn(self, ping: dict) -> None:
+        """The server's limits, from its ping reply (0: a server that does not say)."""
+        self.max_message_bytes = ping.get("max_message_bytes", 0) or 0
+        self.max_texts = ping.get("max_texts", 0) or 0
+
+    def texts_unknown(self, texts: list) -> bool:
+        """Whether to ask the server's limits before splitting `texts` into requests."""
+        return self.max_texts is None and (
+            len(texts) > FEW_TEXTS
+            or (
+                self.max_message_bytes is None
+                and sum(map(_size, texts)) > protocol.SMALLEST_MESSAGE_LIMIT
+            )
+        )
+
+    def pieces(self, texts: list, fields: dict) -> list[list]:
+        """`texts` as requests the server takes: at most its max_texts each (64 where they
+        ask for token vectors), and each within its max_message_bytes (a text over that is
+        sent alone, and refused as such)."""
+        most = self.max_texts or len(texts)
+        if fields.get("token_vectors"):
+            most = min(most, TOKEN_VECTOR_TEXTS)
+        budget = (self.max_message_bytes or 0) - REQUEST_FIELDS_BYTES
+        pieces, piece, size = [], [], 0
+        for text in texts:
+            grown = size + _size(text)
+            if piece and (len(piece) == most or (budget > 0 and grown > budget)):
+                pieces.append(piece)
+                piece, grown = [], _size(text)
+            piece.append(text)
+            size = grown
+        return [*pieces, piece]
+
     @staticmethod
     def limit_unknown(frames: list[bytes], limit: int | None) -> bool:
         """Whether to ask the server's limit before sending these frames."""
@@ -257,6 +296,17 @@ class Calls:
             if isinstance(e, MOVE_ON) and len(self.pool.addresses) > 1:
                 return e
             raise
+
+
+def _size(text) -> int:
+    """A text's (or a pair's) bytes in a request, with msgpack's framing of each string."""
+    parts = text if isinstance(text, (tuple, list)) else (text,)
+    return sum(len(p.encode()) + 5 for p in parts) + 1
+
+
+def joined(replies: list[dict]) -> dict:
+    """The replies to a list's pieces as one reply: every result, in the list's order."""
+    return {**replies[0], "results": [r for reply in replies for r in reply["results"]]}
 
 
 class Failures:
