@@ -237,3 +237,47 @@ def test_a_stopping_instance_gets_no_work():
     add_worker(d, "short-0", "short")
     d.workers[b"short-0"].stopping = True
     assert d.admit([item(d, 10)], now=0) is ErrorCode.NO_INSTANCE
+
+
+# -- priorities -----------------------------------------------------------------------------
+
+
+def bulk_item(d, tokens, owner=None):
+    text = item(d, tokens, owner)
+    text.bulk = True
+    return text
+
+
+def run_one_by_one(d, batches: int) -> list[bool]:
+    """Which priority each of `batches` batches on one instance came from (True: bulk)."""
+    taken = []
+    for i in range(batches):
+        (job,) = d.schedule(now=i)
+        taken += [job.items[0].bulk]
+        d.finish(job.id, now=i)
+    return taken
+
+
+def test_an_interactive_text_runs_before_bulk_texts_queued_earlier():
+    d = dispatcher(queue_size=16)
+    add_worker(d, "short-0", "short")
+    assert d.admit([bulk_item(d, 10) for _ in range(5)], now=0) is None
+    assert d.admit([item(d, 10)], now=1) is None
+    assert run_one_by_one(d, 2) == [False, True]
+
+
+def test_bulk_gets_every_eighth_batch_while_interactive_texts_keep_waiting():
+    d = dispatcher(queue_size=64)
+    add_worker(d, "short-0", "short")
+    d.admit([bulk_item(d, 10) for _ in range(4)], now=0)
+    d.admit([item(d, 10) for _ in range(30)], now=0)
+    assert run_one_by_one(d, 16) == ([False] * 7 + [True]) * 2
+
+
+def test_bulk_is_shed_when_its_own_queue_is_full_and_interactive_still_gets_in():
+    d = dispatcher(queue_size=4)
+    add_worker(d, "short-0", "short")
+    d.schedule(now=0)  # nothing yet: the instance stays idle
+    assert d.admit([bulk_item(d, 10) for _ in range(5)], now=0) is None  # 4 queued + the idle one
+    assert d.admit([bulk_item(d, 10)], now=0) is ErrorCode.OVERLOADED
+    assert d.admit([item(d, 10) for _ in range(4)], now=0) is None

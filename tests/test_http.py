@@ -854,6 +854,22 @@ def test_numaserve_status_shows_the_http_front(embedder):
     assert f"HTTP front http-0: ready, pid {pid}" in format_status(Report.from_wire(status))
 
 
+def test_a_request_marked_bulk_is_served_and_counted_as_bulk(embedder):
+    with authed(embedder) as http:
+        marked = http.post("/embed", json={"inputs": "bulk work"}, headers={"X-Priority": "bulk"})
+        wrong = http.post("/embed", json={"inputs": "x"}, headers={"X-Priority": "urgent"})
+    assert marked.status_code == 200 and len(marked.json()[0]) == 384
+    assert wrong.status_code == 400 and "X-Priority is interactive or bulk" in wrong.text
+    deadline = time.monotonic() + 10
+    while 'priority="bulk"' not in (
+        text := httpx.get(f"http://{embedder.metrics}/metrics", timeout=10).text
+    ):
+        assert time.monotonic() < deadline, "no bulk reply counted"
+        time.sleep(0.5)
+    bulk = [li for li in text.splitlines() if li.startswith("numaserve_requests_total{")]
+    assert any('op="embed"' in li and 'priority="bulk"' in li for li in bulk)
+
+
 def test_the_fronts_requests_are_counted_in_the_metrics(embedder):
     with authed(embedder) as http:
         http.post("/embed", json={"inputs": "counted"})

@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
+from numaserve.config.keys_file import KeysFileError, read_keys
 from numaserve.config.schema import ConfigError, parse_config
 from numaserve.http import api_errors
 from numaserve.http.api_errors import ApiError
@@ -58,6 +59,22 @@ def test_a_request_needs_a_listed_key_as_a_bearer_token(tmp_path):
         with pytest.raises(ApiError) as refused:
             keys.check(header)
         assert refused.value.status == 401
+
+
+def test_a_key_marked_bulk_makes_its_requests_bulk_by_default(tmp_path):
+    path = tmp_path / "keys"
+    indexer = "i" * 24
+    path.write_text(f"{KEY}\n{indexer}   bulk\n")
+    keys = ApiKeys(str(path))
+    keys.check(f"Bearer {indexer}")
+    assert keys.is_bulk(f"Bearer {indexer}") and not keys.is_bulk(f"Bearer {KEY}")
+
+
+def test_a_keys_file_line_with_another_word_after_the_key_is_refused_naming_it(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY}\n{'k' * 20} batch\n")
+    with pytest.raises(KeysFileError, match="line 2: after the key comes nothing, or `bulk`"):
+        read_keys(str(path))
 
 
 def test_a_key_too_short_to_be_listed_is_refused_saying_so(tmp_path):

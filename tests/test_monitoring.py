@@ -25,6 +25,8 @@ def shard_status(ready=1, queue=0) -> Report:
     metrics.replied("embed", "ok", 0.0004)
     metrics.replied("embed", "overloaded", 0.00001)
     metrics.replied("bogus", "bad_request")
+    metrics.replied("embed", "ok", 0.02, bulk=True)
+    metrics.replied("embed", "overloaded", 0.00001, bulk=True)
     metrics.dispatched(0, [0.001, 0.003], tokens=17)
     metrics.forward_pass("short-0", 0.004)
     return report(
@@ -87,7 +89,10 @@ def test_an_op_no_server_knows_is_counted_as_unknown_so_clients_cannot_add_serie
     metrics = RouterMetrics(["main"])
     for op in ("embed", "x" * 100, None, 7):
         metrics.replied(op, "bad_request")
-    assert metrics.wire()["replies"] == [["embed", "bad_request", 1], ["unknown", "bad_request", 3]]
+    assert metrics.wire()["replies"] == [
+        ["embed", "bad_request", "interactive", 1],
+        ["unknown", "bad_request", "interactive", 3],
+    ]
 
 
 def test_a_forward_pass_time_that_is_not_a_plausible_float_is_ignored():
@@ -100,21 +105,23 @@ def test_a_forward_pass_time_that_is_not_a_plausible_float_is_ignored():
 # -- exposition -----------------------------------------------------------------------------
 
 
-def test_requests_are_counted_by_shard_op_and_code():
+INTERACTIVE, BULK = ("priority", "interactive"), ("priority", "bulk")
+
+
+def test_requests_are_counted_by_shard_op_code_and_priority():
     got = samples(snapshot())
-    assert (
-        got[
-            ("numaserve_requests_total", (("code", "ok"), DEFAULT, ("op", "embed"), ("shard", "0")))
-        ]
-        == 2
-    )
-    unknown = (("code", "bad_request"), DEFAULT, ("op", "unknown"), ("shard", "0"))
+    ok = (("code", "ok"), DEFAULT, ("op", "embed"))
+    assert got[("numaserve_requests_total", (*ok, INTERACTIVE, ("shard", "0")))] == 2
+    assert got[("numaserve_requests_total", (*ok, BULK, ("shard", "0")))] == 1
+    shed = (("code", "overloaded"), DEFAULT, ("op", "embed"), BULK, ("shard", "0"))
+    assert got[("numaserve_requests_total", shed)] == 1
+    unknown = (("code", "bad_request"), DEFAULT, ("op", "unknown"), INTERACTIVE, ("shard", "0"))
     assert got[("numaserve_requests_total", unknown)] == 1
 
 
 def test_latency_buckets_are_cumulative_and_end_in_inf():
     got = samples(snapshot())
-    labels = (DEFAULT, ("op", "embed"), ("shard", "0"))
+    labels = (DEFAULT, ("op", "embed"), INTERACTIVE, ("shard", "0"))
     bucket = "numaserve_request_duration_seconds_bucket"
     assert got[(bucket, (("le", "0.0001"), *labels))] == 1  # the overloaded one
     assert got[(bucket, (("le", "0.0005"), *labels))] == 2

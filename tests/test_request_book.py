@@ -49,8 +49,8 @@ class Shard:
         self.book.instances_changed()
         return identity
 
-    def ask(self, *texts, op="embed", request_id=1, deadline_ms=None, **options):
-        request = Request(request_id, op, tuple(texts), deadline_ms, options=options)
+    def ask(self, *texts, op="embed", request_id=1, deadline_ms=None, bulk=False, **options):
+        request = Request(request_id, op, tuple(texts), deadline_ms, options=options, bulk=bulk)
         self.book.start([b"client"], request)
         return request
 
@@ -338,3 +338,16 @@ def test_a_cancelled_request_is_never_answered_and_its_queued_texts_never_run(to
     assert busy and ran == [1]
     assert [body["id"] for _, body in shard.replies] == [1]
     assert shard.book.counters["cancelled"] == 1 and not shard.book.active
+
+
+def test_a_bulk_request_queued_first_runs_after_a_query_that_came_later(tokenizer):
+    shard = Shard(tokenizer, queue_size=64)
+    shard.instance()
+    shard.ask(*[f"bulk text {i}" for i in range(4)], request_id=1, bulk=True)
+    shard.ask("a query", request_id=2)
+    ran = shard.run_jobs()
+    assert ran[0] == (2, 0) and [body["id"] for _, body in shard.replies] == [2, 1]
+    assert shard.book.metrics.replies == {
+        ("embed", "ok", "bulk"): 1,
+        ("embed", "ok", "interactive"): 1,
+    }

@@ -185,6 +185,10 @@ def test_an_op_the_model_does_not_do_is_a_bad_request(client):
             {"id": 41, "op": "embed", "texts": ["x"] * 65, "token_vectors": True},
             "65 texts ask for token_vectors; the limit is 64",
         ),
+        (
+            {"id": 42, "op": "embed", "texts": ["x"], "priority": "urgent"},
+            "priority must be interactive (the default) or bulk",
+        ),
         ({"id": 5, "op": "embed", "texts": [7]}, "text 0 is not a string"),
         ({"id": 6, "op": "embed", "texts": ["x"], "deadline": 5}, "unknown key 'deadline'"),
         (

@@ -27,7 +27,7 @@ from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys
-from numaserve.wire.requests import TOKEN_VECTOR_TEXTS
+from numaserve.wire.requests import PRIORITIES, TOKEN_VECTOR_TEXTS
 
 # A list longer than this (or larger than protocol.SMALLEST_MESSAGE_LIMIT) is split by the
 # server's limits, asked once (its ping reply): no server takes fewer by default.
@@ -48,7 +48,9 @@ class Calls:
     server's limit can be); `resolve_every`: seconds between lookups of the host names;
     `truncate`: whether the server cuts a text over the model's limit (True) or refuses it
     (False), over its model.truncate; None leaves that to the server. `truncation_direction`:
-    which end a cut takes away, "right" (the default: the text's start is kept) or "left"."""
+    which end a cut takes away, "right" (the default: the text's start is kept) or "left".
+    `priority`: "interactive" (the server's default: someone waits for it) or "bulk" (indexing,
+    backfills: served after interactive requests, and shed first under load)."""
 
     def __init__(
         self,
@@ -62,6 +64,7 @@ class Calls:
         resolve_every: float = RESOLVE_EVERY_S,
         truncate: bool | None = None,
         truncation_direction: str | None = None,
+        priority: str | None = None,
     ):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
@@ -79,6 +82,9 @@ class Calls:
             raise ValueError(
                 f"truncation_direction: 'right', 'left' or None; got {truncation_direction!r}"
             )
+        if priority not in (None, *PRIORITIES):
+            raise ValueError(f"priority: 'interactive', 'bulk' or None; got {priority!r}")
+        self.priority = priority
         self.timeout, self.retries, self.curve = timeout, retries, curve
         self.connect_timeout = connect_timeout
         self.model, self.truncate = model, truncate
@@ -105,6 +111,7 @@ class Calls:
                 "model": self.model,
                 "truncate": self.truncate,
                 "truncation_direction": self.truncation_direction,
+                "priority": self.priority,
             }
             body |= {k: v for k, v in settings.items() if v is not None}
         for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():

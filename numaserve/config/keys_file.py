@@ -1,5 +1,6 @@
 """The HTTP API's keys file (server.http_api_keys_file): one key per line, `#` comments, each
-key at least 16 characters (shorter ones are too easy to guess). Read by the HTTP fronts, which
+key at least 16 characters (shorter ones are too easy to guess); `KEY bulk` makes its
+requests bulk unless they say otherwise (an indexing job's key). Read by the HTTP fronts, which
 serve by it, and by `numaserve start`, which refuses a file they could not serve by."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class KeysFileError(ValueError):
 class KeysFile:
     keys: tuple[str, ...]  # those long enough, the ones served by
     short_lines: tuple[int, ...]  # the lines whose key is too short to be accepted
+    bulk: frozenset[str] = frozenset()  # keys whose requests are bulk by default
 
     def short_keys_problem(self, path: str) -> str | None:
         if not self.short_lines:
@@ -36,13 +38,20 @@ def read_keys(path: str) -> KeysFile:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise KeysFileError(f"server.http_api_keys_file: cannot read {path}: {e}") from None
-    keys, short = [], []
+    keys, short, bulk = [], [], set()
     for number, line in enumerate(lines, 1):
-        key = line.strip()
-        if not key or key.startswith("#"):
+        if not line.split() or line.split()[0].startswith("#"):
             continue
+        key, *words = line.split()
+        if words not in ([], ["bulk"]):
+            raise KeysFileError(
+                f"server.http_api_keys_file: {path}: line {number}: after the key comes "
+                f"nothing, or `bulk` (its requests are bulk by default); got {' '.join(words)!r}"
+            )
         if len(key) < MIN_KEY_CHARS:
             short.append(number)
-        else:
-            keys.append(key)
-    return KeysFile(tuple(keys), tuple(short))
+            continue
+        keys.append(key)
+        if words:
+            bulk.add(key)
+    return KeysFile(tuple(keys), tuple(short), frozenset(bulk))

@@ -18,6 +18,7 @@ from numaserve.http.keys import ApiKeys
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
 from numaserve.processes.specs import HttpModel, HttpSpec
+from numaserve.wire.requests import PRIORITIES
 
 
 class App:
@@ -89,6 +90,8 @@ class App:
             raise ApiError(499, "the client closed the connection")
         self.check_count(texts)
         body = {"op": op, "texts": texts}
+        if self.bulk(request):
+            body["priority"] = "bulk"
         if self.spec.named:
             body["model"] = model.name
         body.update((k, v) for k, v in options.items() if v is not None)
@@ -99,6 +102,15 @@ class App:
         if reply.get("status") != "ok":
             raise api_errors.from_reply(reply.get("error") or {})
         return reply["results"]
+
+    def bulk(self, request: Request) -> bool:
+        """The request's priority: its X-Priority header, else its API key's default."""
+        priority = request.headers.get("x-priority")
+        if priority is None:
+            return self.keys.is_bulk(request.headers.get("authorization"))
+        if priority.strip().lower() not in PRIORITIES:
+            raise ApiError(400, f"X-Priority is interactive or bulk; got {priority[:40]!r}")
+        return priority.strip().lower() == "bulk"
 
     def check_count(self, texts: list) -> None:
         """More inputs than server.max_texts in one request is 413, before any is read."""

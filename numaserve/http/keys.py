@@ -25,6 +25,7 @@ class ApiKeys:
     def __init__(self, path: str | None):
         self.path = path
         self.digests: frozenset[bytes] = frozenset()
+        self.bulk: frozenset[bytes] = frozenset()  # keys whose requests are bulk by default
         self.stamp: tuple | None = None
         self.checked = 0.0
         if path:
@@ -52,6 +53,7 @@ class ApiKeys:
         if problem := read.short_keys_problem(self.path):  # refused at start; edited since
             log.error("%s; the file's other keys apply", problem)
         self.digests = frozenset(_digest(k) for k in read.keys)
+        self.bulk = frozenset(_digest(k) for k in read.bulk)
         self.stamp = stamp
         log.info("API keys: %d from %s", len(self.digests), self.path)
 
@@ -74,6 +76,12 @@ class ApiKeys:
             )
         if _digest(key.strip()) not in self.digests:
             raise ApiError(401, "the API key is not one this server accepts")
+
+    def is_bulk(self, authorization: str | None) -> bool:
+        """Whether the request's key (checked already) is marked `bulk` in the file."""
+        if not self.bulk:
+            return False
+        return _digest((authorization or "").partition(" ")[2].strip()) in self.bulk
 
 
 def _digest(key: str) -> bytes:

@@ -183,13 +183,13 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
 def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     replies = CounterMetricFamily(
         "numaserve_requests",
-        "Requests answered, by op and result code (ok, or the error's code).",
-        labels=["shard", "model_name", "op", "code"],
+        "Requests answered, by op, result code (ok, or the error's code) and priority.",
+        labels=["shard", "model_name", "op", "code", "priority"],
     )
     latency = HistogramMetricFamily(
         "numaserve_request_duration_seconds",
         "Time in the router from a request's receipt to its reply (queued, computed or cached).",
-        labels=["shard", "model_name", "op"],
+        labels=["shard", "model_name", "op", "priority"],
     )
     counters = {
         "client_disconnects": "Client connections closed (left, or over max_message_bytes).",
@@ -205,10 +205,10 @@ def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     }
     for shard, status in shards:
         metrics = status.metrics or {}
-        for op, code, count in metrics.get("replies", ()):
-            replies.add_metric([*shard, op, code], count)
-        for op, hist in sorted((metrics.get("latency") or {}).items()):
-            latency.add_metric([*shard, op], *_buckets(hist))
+        for op, code, priority, count in metrics.get("replies", ()):
+            replies.add_metric([*shard, op, code, priority], count)
+        for op, priority, hist in sorted(metrics.get("latency") or (), key=lambda e: e[:2]):
+            latency.add_metric([*shard, op, priority], *_buckets(hist))
         for key, family in simple.items():
             family.add_metric(shard, status.requests.get(key, 0))
     yield replies

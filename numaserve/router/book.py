@@ -186,12 +186,13 @@ class RequestBook:
                 pending.results[i] = hit
             else:
                 pool = self.dispatch.pool_for(len(enc.ids))
-                misses.append(Item(pending, i, enc.ids, pool, enc.second, whole))
+                bulk = pending.request.bulk
+                misses.append(Item(pending, i, enc.ids, pool, enc.second, whole, bulk))
         return misses
 
     def _surely_refused(self, request: Request) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
-        if not self.dispatch.some_queue_full():
+        if not self.dispatch.some_queue_full(request.bulk):
             return False
         for text in request.inputs():
             size = (
@@ -199,7 +200,7 @@ class RequestBook:
                 if isinstance(text, tuple)
                 else len(text.encode())
             )
-            if self.dispatch.surely_full(TOKENS_PER_BYTE * size + SPECIAL_TOKENS):
+            if self.dispatch.surely_full(TOKENS_PER_BYTE * size + SPECIAL_TOKENS, request.bulk):
                 return True
         return False
 
@@ -278,7 +279,8 @@ class RequestBook:
         results = self.answers.finish(request, pending.encoded, results)
         self._forget(pending)
         self.counters["replies_ok"] += 1
-        self.metrics.replied(request.op, "ok", time.monotonic() - pending.received)
+        took = time.monotonic() - pending.received
+        self.metrics.replied(request.op, "ok", took, request.bulk)
         self.reply(pending.envelope, protocol.ok_reply(request.id, results=results))
 
     def fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
@@ -300,7 +302,7 @@ class RequestBook:
         message: str,
         received: float | None = None,
     ) -> None:
-        self.error_reply(envelope, request.id, request.op, code, message, received)
+        self.error_reply(envelope, request.id, request.op, code, message, received, request.bulk)
 
     def error_reply(
         self,
@@ -310,12 +312,13 @@ class RequestBook:
         code: ErrorCode,
         message: str,
         received: float | None = None,
+        bulk: bool = False,
     ) -> None:
-        """Counted by code and op; `received`: when the request was read, for those that got
-        as far as `start`, whose latency the metrics keep."""
+        """Counted by code, op and priority; `received`: when the request was read, for those
+        that got as far as `start`, whose latency the metrics keep."""
         self.errors[code.value] = self.errors.get(code.value, 0) + 1
         took = None if received is None else time.monotonic() - received
-        self.metrics.replied(op, code.value, took)
+        self.metrics.replied(op, code.value, took, bulk)
         self.reply(envelope, protocol.error_reply(request_id, code, message))
 
     def _forget(self, pending: Pending) -> None:

@@ -8,6 +8,11 @@ Rules (tested in tests/test_dispatch.py):
   and a text that has waited max_queue_wait is taken out (for the router to answer overloaded);
   a big request is queued a piece at a time (`piece`: the book feeds the next as room opens),
   so that it never fills a queue and the requests behind it wait for one piece, not all;
+- two priorities: each pool queues bulk texts apart from interactive ones, each queue
+  bounded by queue_size. An instance takes interactive texts first; while both wait, every
+  BULK_EVERY-th batch it takes from its pool is bulk, so bulk is never starved, and takes all
+  the room interactive traffic leaves. Under overload the bulk queue, drained last, fills
+  first: bulk is shed first, and interactive texts never wait behind bulk ones;
 - a job whose instance dies is retried once on another instance, then fails;
 - micro-batching: an idle instance takes up to max_batch queued texts of similar length,
   waiting at most max_wait for a batch to fill; no more than its share of the queue (the
@@ -30,6 +35,9 @@ from numaserve.wire.protocol import ErrorCode
 # mixed lengths (docs/configuration.md#micro-batching): unbounded, the padding cost more than
 # batching saved, and batches of up to 8 ran at 0.70-0.92x the throughput of single texts.
 MAX_PADDING = 1.25
+# While interactive and bulk texts both wait in a pool, every BULK_EVERY-th batch its
+# instances take is bulk: bulk keeps 1/8 of a pool that interactive traffic saturates.
+BULK_EVERY = 8
 
 
 class Owner(Protocol):
@@ -48,6 +56,7 @@ class Item:
     pool: int  # its own pool: the smallest that fits
     second: int = 0  # a pair's: where its second text's tokens begin (tokenizer.Encoded)
     whole: bool = False  # each token's vector asked for (embed's token_vectors), not the pooled
+    bulk: bool = False  # its request's priority is bulk
     queued_at: float = 0.0
     attempts: int = 0
 
@@ -76,7 +85,29 @@ class WorkerState:
 @dataclass
 class PoolState:
     config: PoolConfig
-    queue: deque[Item] = field(default_factory=deque)
+    queue: deque[Item] = field(default_factory=deque)  # interactive texts
+    bulk: deque[Item] = field(default_factory=deque)
+    passed_over: int = 0  # batches taken from `queue` in a row while bulk texts waited
+
+    @property
+    def queues(self) -> tuple[deque[Item], deque[Item]]:
+        return self.queue, self.bulk
+
+    def queue_of(self, bulk: bool) -> deque[Item]:
+        return self.bulk if bulk else self.queue
+
+    def in_turn(self) -> tuple[deque[Item], deque[Item]]:
+        """Where the next batch comes from first: interactive, but bulk once it has been
+        passed over BULK_EVERY - 1 times."""
+        if self.bulk and self.passed_over >= BULK_EVERY - 1:
+            return self.bulk, self.queue
+        return self.queue, self.bulk
+
+    def took(self, queue: deque[Item]) -> None:
+        self.passed_over = 0 if queue is self.bulk or not self.bulk else self.passed_over + 1
+
+    def queued(self) -> int:
+        return len(self.queue) + len(self.bulk)
 
 
 class Dispatcher:
@@ -123,17 +154,18 @@ class Dispatcher:
         """The smallest pool whose band fits `tokens`."""
         return next((i for i, p in enumerate(self.pools) if tokens <= p.config.max_tokens), None)
 
-    def _capacity(self, pool: int) -> tuple[int, int]:
+    def _capacity(self, pool: int, bulk: bool = False) -> tuple[int, int]:
         """How many live instances may run a text of `pool`, and how many more texts `pool`
-        can take now: its queue's free places, plus the idle instances that would take a text
-        at once. One pass over the instances: this runs for every request."""
+        can take now (of `bulk`'s priority): its queue's free places, plus the idle instances
+        that would take a text at once. One pass over the instances: this runs for every
+        request."""
         live = idle = 0
         spill = self.spillover
         for w in self.workers.values():
             if not w.stopping and (w.pool == pool or (spill and w.pool > pool)):
                 live += 1
                 idle += not w.jobs
-        return live, self.queue_size + idle - len(self.pools[pool].queue)
+        return live, self.queue_size + idle - len(self.pools[pool].queue_of(bulk))
 
     def servable(self, pool: int) -> bool:
         return self._capacity(pool)[0] > 0
@@ -147,19 +179,19 @@ class Dispatcher:
         live = sum(1 for w in self.workers.values() if not w.stopping)
         return min(self.queue_size, 2 * self.max_batch * max(1, live))
 
-    def room(self, pool: int) -> int:
-        return self._capacity(pool)[1]
+    def room(self, pool: int, bulk: bool = False) -> int:
+        return self._capacity(pool, bulk)[1]
 
-    def some_queue_full(self) -> bool:
+    def some_queue_full(self, bulk: bool = False) -> bool:
         """A cheap first look (a few pools): only then is surely_full worth asking."""
-        return any(len(p.queue) >= self.queue_size for p in self.pools)
+        return any(len(p.queue_of(bulk)) >= self.queue_size for p in self.pools)
 
-    def surely_full(self, most_tokens: int) -> bool:
+    def surely_full(self, most_tokens: int, bulk: bool = False) -> bool:
         """True when a text of at most `most_tokens` tokens could not be queued in any pool
         that might be its own: the router then refuses it without tokenizing it."""
         last = self.pool_for(most_tokens)
         candidates = range(len(self.pools) if last is None else last + 1)
-        return all(self.room(pool) <= 0 for pool in candidates)
+        return all(self.room(pool, bulk) <= 0 for pool in candidates)
 
     def admit(self, items: list[Item], now: float, hold: bool = False) -> ErrorCode | None:
         """Queue all of `items`, or none: returns why not (NO_INSTANCE or OVERLOADED).
@@ -168,22 +200,26 @@ class Dispatcher:
         need: dict[int, int] = {}
         for item in items:
             need[item.pool] = need.get(item.pool, 0) + 1
+        bulk = bool(items) and items[0].bulk  # one request's: one priority
         for pool, count in need.items():
-            live, room = self._capacity(pool)
+            live, room = self._capacity(pool, bulk)
             if not live and not hold:
                 return ErrorCode.NO_INSTANCE
             if count > room:
                 return ErrorCode.OVERLOADED
         for item in items:
             item.queued_at = now
-            self.pools[item.pool].queue.append(item)
+            self.pools[item.pool].queue_of(bulk).append(item)
         return None
 
     def drop_done(self) -> None:
         """Forget queued texts of requests already answered (expired, failed)."""
         for pool in self.pools:
-            if any(i.owner.done for i in pool.queue):
-                pool.queue = deque(i for i in pool.queue if not i.owner.done)
+            for queue in pool.queues:
+                if any(i.owner.done for i in queue):
+                    kept = [i for i in queue if not i.owner.done]
+                    queue.clear()
+                    queue.extend(kept)
 
     # -- scheduling ------------------------------------------------------------------------
 
@@ -213,13 +249,16 @@ class Dispatcher:
 
     def _take(self, pools, now: float) -> list[Item]:
         for source in pools:
-            queue = self.pools[source].queue
-            while queue and queue[0].owner.done:
-                queue.popleft()
-            if not queue:
+            state = self.pools[source]
+            for queue in state.queues:
+                while queue and queue[0].owner.done:
+                    queue.popleft()
+            queue = next((q for q in state.in_turn() if q), None)
+            if queue is None:
                 continue
             if len(queue) < self.max_batch and now - queue[0].queued_at < self.max_wait:
                 continue  # let the batch fill a little longer
+            state.took(queue)
             return self._batch(queue, source)
         return []
 
@@ -260,7 +299,7 @@ class Dispatcher:
         wait = min(self.max_wait or float("inf"), self.max_queue_wait)
         if wait == float("inf"):
             return None
-        waits = [p.queue[0].queued_at + wait for p in self.pools if p.queue]
+        waits = [q[0].queued_at + wait for p in self.pools for q in p.queues if q]
         return min(waits) if waits else None
 
     def overdue(self, now: float) -> list[Item]:
@@ -268,11 +307,11 @@ class Dispatcher:
         queue: a retried text goes back to the front with its first queueing time)."""
         late = []
         for pool in self.pools:
-            queue = pool.queue
-            while queue and now - queue[0].queued_at >= self.max_queue_wait:
-                item = queue.popleft()
-                if not item.owner.done:
-                    late.append(item)
+            for queue in pool.queues:
+                while queue and now - queue[0].queued_at >= self.max_queue_wait:
+                    item = queue.popleft()
+                    if not item.owner.done:
+                        late.append(item)
         return late
 
     # -- results and failures --------------------------------------------------------------
@@ -300,7 +339,7 @@ class Dispatcher:
             if item.attempts > 1 or not self.servable(item.pool):
                 failed.append(item)
             else:  # its queued_at stays: the wait bound counts from its first queueing
-                self.pools[item.pool].queue.appendleft(item)
+                self.pools[item.pool].queue_of(item.bulk).appendleft(item)
         return failed
 
     # -- workers ---------------------------------------------------------------------------
@@ -338,7 +377,8 @@ class Dispatcher:
         """Queued texts no live instance can run any more (their pools emptied): take them out."""
         stranded = []
         for i, pool in enumerate(self.pools):
-            if pool.queue and not self.servable(i):
-                stranded += [item for item in pool.queue if not item.owner.done]
-                pool.queue.clear()
+            if pool.queued() and not self.servable(i):
+                for queue in pool.queues:
+                    stranded += [item for item in queue if not item.owner.done]
+                    queue.clear()
         return stranded

@@ -21,6 +21,7 @@ LATENCY_BOUNDS = (
 PASS_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 OPS = (*TASKS, "ping", "status")
+PRIORITY = {False: "interactive", True: "bulk"}
 
 
 class Histogram:
@@ -44,22 +45,29 @@ class Histogram:
 class RouterMetrics:
     def __init__(self, pools: list[str]) -> None:
         self.pools = pools
-        self.replies: dict[tuple[str, str], int] = {}  # (op, "ok" or error code)
-        self.latency = {op: Histogram(LATENCY_BOUNDS) for op in OPS}
+        self.replies: dict[tuple[str, str, str], int] = {}  # (op, "ok" or code, priority)
+        self.latency = {
+            (op, priority): Histogram(LATENCY_BOUNDS)
+            for op in OPS
+            for priority in ("interactive", "bulk")
+        }
         self.queue_wait = [Histogram(LATENCY_BOUNDS) for _ in pools]
         self.batch = [Histogram(BATCH_BOUNDS) for _ in pools]
         self.texts = [0] * len(pools)
         self.tokens = [0] * len(pools)
         self.passes: dict[str, Histogram] = {}  # by instance name: it outlives a restart
 
-    def replied(self, op: object, code: str, seconds: float | None = None) -> None:
+    def replied(
+        self, op: object, code: str, seconds: float | None = None, bulk: bool = False
+    ) -> None:
         """A reply sent: `op` as the client gave it (anything not an op counts as unknown),
-        and, for requests that reached the queue or the cache, how long it took."""
+        its request's priority, and, for requests that reached the queue or the cache, how
+        long it took."""
         op = op if op in OPS else "unknown"
-        key = (op, code)
+        key = (op, code, PRIORITY[bulk])
         self.replies[key] = self.replies.get(key, 0) + 1
         if seconds is not None:
-            self.latency[op].observe(seconds)
+            self.latency[op, PRIORITY[bulk]].observe(seconds)
 
     def dispatched(self, pool: int, waited: list[float], tokens: int) -> None:
         """One job sent: its texts of `pool`, how long each waited in the queue."""
@@ -80,8 +88,8 @@ class RouterMetrics:
 
     def wire(self) -> dict:
         return {
-            "replies": [[op, code, n] for (op, code), n in sorted(self.replies.items())],
-            "latency": {op: h.wire() for op, h in self.latency.items() if sum(h.counts)},
+            "replies": [[*key, n] for key, n in sorted(self.replies.items())],
+            "latency": [[*key, h.wire()] for key, h in self.latency.items() if sum(h.counts)],
             "pools": {
                 name: {
                     "queue_wait": self.queue_wait[i].wire(),

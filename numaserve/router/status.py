@@ -94,7 +94,7 @@ def pools(dispatch: Dispatcher, model_name: str) -> tuple[Pool, ...]:
             name=p.config.name,
             model_name=model_name,
             max_tokens=p.config.max_tokens,
-            queue=len(p.queue),
+            queue=p.queued(),
             ready=sum(1 for w in dispatch.workers.values() if w.pool == i and not w.stopping),
         )
         for i, p in enumerate(dispatch.pools)

@@ -20,7 +20,19 @@ from numaserve.wire.protocol import (
 
 # The `op` key: a task's name, a question for the server, or `cancel` (forget request `id`).
 OPS = (*TASKS, "status", "ping", "cancel")
-COMMON_KEYS = ("id", "op", "model", "texts", "deadline_ms", "truncate", "truncation_direction")
+COMMON_KEYS = (
+    "id",
+    "op",
+    "model",
+    "texts",
+    "deadline_ms",
+    "truncate",
+    "truncation_direction",
+    "priority",
+)
+# `priority`: interactive (the default: someone waits) or bulk (indexing, backfills): a shard
+# serves interactive texts first and sheds bulk first (router/dispatch.py).
+PRIORITIES = ("interactive", "bulk")
 # A task's own key -> the tasks that take it.
 OWNERS = {
     key: tuple(name for name, task in TASKS.items() if key in task.option_keys)
@@ -55,6 +67,7 @@ class Request:
     options: dict[str, Any] = field(default_factory=dict)  # the task's own (Task.options)
     truncate: bool | None = None  # cut a text over the limit, or refuse it; None: model.truncate
     truncation_direction: str | None = None  # "left": a cut keeps the end; None: "right"
+    bulk: bool = False  # priority: bulk
 
     @property
     def task(self) -> Task:
@@ -76,6 +89,8 @@ class Request:
             body["deadline_ms"] = self.deadline_ms
         if self.model is not None:
             body["model"] = self.model
+        if self.bulk:
+            body["priority"] = "bulk"
         if self.truncate is not None:
             body["truncate"] = self.truncate
         if self.truncation_direction is not None:
@@ -110,6 +125,9 @@ def parse_request(body: dict, max_texts: int) -> Request:
             "truncation_direction must be right (a cut keeps a text's start, the default) or "
             "left (it keeps the end)"
         )
+    priority = body.get("priority", "interactive")
+    if priority not in PRIORITIES:
+        raise bad("priority must be interactive (the default) or bulk")
     if op not in TASKS:
         return Request(request_id, op, (), deadline, model)
     task = TASKS[op]
@@ -126,7 +144,8 @@ def parse_request(body: dict, max_texts: int) -> Request:
             f"{len(texts)} texts ask for token_vectors; the limit is {TOKEN_VECTOR_TEXTS} a "
             "request (a text's token vectors are up to max_length times its vector's size)"
         )
-    return Request(request_id, op, texts, deadline, model, options, truncate, direction)
+    bulk = priority == "bulk"
+    return Request(request_id, op, texts, deadline, model, options, truncate, direction, bulk)
 
 
 def _request_id(raw_id: object) -> int | str:
