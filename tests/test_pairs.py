@@ -414,6 +414,53 @@ def test_a_long_document_goes_to_the_pool_its_pair_fits(rerank_server):
     assert before  # the status op answers on a rerank server
 
 
+# A document of whole words, each one token: its windows decode to texts that tokenize back
+# to the same tokens, so that CrossEncoder can score each window as a text of its own.
+WORDS = [
+    "foxes",
+    "live",
+    "in",
+    "dens",
+    "and",
+    "forests",
+    "where",
+    "they",
+    "hunt",
+    "small",
+    "animals",
+    "at",
+    "night",
+]
+LONG_DOCUMENT = " ".join(WORDS[i % len(WORDS)] for i in range(150))
+
+
+def windows_by_hand(max_length: int = 64) -> list[str]:
+    """LONG_DOCUMENT's windows, each as a text: max_length less the query and the pair's three
+    special tokens, overlapping the next by a quarter of that."""
+    tokenizer = hf_tokenizer()
+    words = tokenizer(LONG_DOCUMENT, add_special_tokens=False)["input_ids"]
+    room = max_length - 3 - len(tokenizer(QUERY, add_special_tokens=False)["input_ids"])
+    step = room - room // 4
+    starts = range(0, max(1, len(words) - room + step), step)
+    return [tokenizer.decode(words[s : s + room]) for s in starts]
+
+
+def test_a_document_longer_than_the_model_reads_scores_its_best_window(rerank_server):
+    server, path = rerank_server
+    windows = windows_by_hand()
+    by_hand = cross_encoder_scores(path, [(QUERY, w) for w in windows])
+    with server.client() as client:
+        (chunked,) = client.rerank(QUERY, [LONG_DOCUMENT])
+        (cut,) = client.rerank(QUERY, [LONG_DOCUMENT], max_chunks_per_doc=1)
+        (two,) = client.rerank(QUERY, [LONG_DOCUMENT], max_chunks_per_doc=2)
+    assert chunked.chunks == len(windows) > 2 and not chunked.truncated
+    assert chunked.score == pytest.approx(float(by_hand.max()), abs=1e-4)
+    assert cut.chunks == 1 and cut.truncated and cut.tokens == 64
+    assert cut.score == pytest.approx(float(by_hand[0]), abs=1e-4)  # the head alone, as before
+    assert two.chunks == 2 and two.truncated
+    assert two.score == pytest.approx(float(by_hand[:2].max()), abs=1e-4)
+
+
 def test_classify_on_a_rerank_server_is_a_bad_request(rerank_server):
     server, _ = rerank_server
     with server.client() as client, pytest.raises(BadRequest, match="does rerank, not classify"):

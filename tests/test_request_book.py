@@ -27,7 +27,7 @@ def tokenizer():
 class Shard:
     """A book and what it answered: (envelope, reply body) in order."""
 
-    def __init__(self, tokenizer, task="embed", queue_size=4, hold_until=0.0):
+    def __init__(self, tokenizer, task="embed", queue_size=4, hold_until=0.0, max_windows=1):
         self.replies: list[tuple[list[bytes], dict]] = []
         self.dispatch = Dispatcher(POOLS, queue_size=queue_size, max_batch=1)
         self.book = RequestBook(
@@ -40,6 +40,7 @@ class Shard:
             task=task,
             max_queue_ms=1000,
             hold_until=hold_until,
+            max_windows=max_windows,
         )
 
     def instance(self, name="w0", pool="short", model_key="model-a") -> bytes:
@@ -351,3 +352,16 @@ def test_a_bulk_request_queued_first_runs_after_a_query_that_came_later(tokenize
         ("embed", "ok", "bulk"): 1,
         ("embed", "ok", "interactive"): 1,
     }
+
+
+def test_a_long_document_is_scored_in_windows_each_a_text_of_its_own(tokenizer):
+    shard = Shard(tokenizer, task="rerank", queue_size=64, max_windows=8)
+    shard.instance("w0", pool="long")
+    document = " ".join(f"word{i}" for i in range(200))  # about 400 tokens: 128 a window
+    shard.ask(document, "a short one", op="rerank", query="which word", top_k=None)
+    ran = shard.run_jobs()
+    [(_, body)] = shard.replies
+    long, short = body["results"]
+    assert long["chunks"] == sum(1 for r in ran if r[1] == 0) > 3 and not long["truncated"]
+    assert long["score"] == 128.0  # the stand-in scores a window by its tokens: the best
+    assert short["chunks"] == 1 and short["score"] == short["tokens"]

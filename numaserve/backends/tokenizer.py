@@ -56,6 +56,13 @@ class Encoded:
     # a single text, and for a pair whose tokenizer gives both texts the same type.
     second: int = 0
     tokens: Tokens | None = None  # from encode_tagged only
+    # A pair read in windows (encode_windows): each further window's ids, the first text
+    # repeated in each; `truncated` then says that max_windows cut the second text.
+    more: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def windows(self) -> tuple[tuple[int, ...], ...]:
+        return (self.ids, *self.more)
 
 
 Text = str | tuple[str, str]  # a text, or a pair of them (premise and hypothesis, query and
@@ -67,6 +74,9 @@ Text = str | tuple[str, str]  # a text, or a pair of them (premise and hypothesi
 # would otherwise cost seconds of the router's time for tokens that are thrown away.
 CHARS_PER_TOKEN = 16
 MEMO_ENTRY_OVERHEAD = 200  # bytes a memo entry costs beyond its text and ids (dict, objects)
+# Windows over a long second text overlap by this share of a window: a passage cut at a
+# window's edge is read whole in the next.
+WINDOW_OVERLAP = 4  # a quarter
 
 
 class Tokenizer:
@@ -89,6 +99,8 @@ class Tokenizer:
         self.full.no_truncation()
         self.left = FastTokenizer.from_str(self.raw.to_str())  # keeps a text's end
         self.left.enable_truncation(max_length, direction="left")
+        self.windowed = FastTokenizer.from_str(self.raw.to_str())  # encode_windows's
+        self.pair_specials = self.raw.num_special_tokens_to_add(True)
         self.words = WordPieceMemo.of(self.raw, max_length)
         unknown = getattr(self.raw.model, "unk_token", None)
         self.unknown_id = self.raw.token_to_id(unknown) if unknown else None
@@ -162,6 +174,42 @@ class Tokenizer:
                 tuple(t == self.unknown_id for t in enc.ids),
             )
             out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
+        return out
+
+    def encode_windows(self, pairs: list[tuple[str, str]], max_windows: int) -> list[Encoded]:
+        """Pairs (query, document) whose document may be longer than the model reads: each
+        read in up to `max_windows` windows of the document, the query repeated in each, a
+        window overlapping the next by WINDOW_OVERLAP of its tokens. A document that fits,
+        or a query that leaves a window no room, is one pair as `encode` makes it."""
+        out = []
+        for i, (query, document) in enumerate(pairs):
+            alone = self._encode_alone(i, (query, document), strict=False)
+            if not alone.truncated or max_windows == 1:
+                out.append(alone)
+                continue
+            room = self.max_length - self.pair_specials
+            room -= len(self.full.encode(query, add_special_tokens=False).ids)
+            if room < 2 * WINDOW_OVERLAP:
+                out.append(alone)  # the query leaves no room to slide a window in
+                continue
+            self.windowed.enable_truncation(
+                self.max_length, stride=room // WINDOW_OVERLAP, strategy="only_second"
+            )
+            span = room - room // WINDOW_OVERLAP  # new tokens a window adds
+            limit = CHARS_PER_TOKEN * (room + span * max_windows)
+            while True:  # a head of the document that fills max_windows + 1 windows, or all
+                part = self._head(document, limit)
+                enc = self.windowed.encode(query, part)
+                windows = [enc, *enc.overflowing]
+                if len(windows) > max_windows or len(part) == len(document):
+                    break
+                limit *= 4  # rare: a head of few tokens (long runs of spaces)
+            cut = len(windows) > max_windows
+            kept = windows[:max_windows]
+            types = enc.type_ids
+            second = types.index(1) if 1 in types else 0
+            more = tuple(tuple(w.ids) for w in kept[1:])
+            out.append(Encoded(tuple(enc.ids), cut, second, more=more))
         return out
 
     def _encode_alone(self, index: int, text: Text, strict: bool, left: bool = False) -> Encoded:

@@ -74,8 +74,9 @@ class AsyncClient(Calls):
         top_k: int | None = None,
         deadline_ms: float | None = None,
         raw_scores: bool = False,
+        max_chunks_per_doc: int | None = None,
     ) -> list[Ranked]:
-        batch, fields = rerank_fields(query, documents, top_k)
+        batch, fields = rerank_fields(query, documents, top_k, max_chunks_per_doc)
         fields |= raw_scores_field(raw_scores)
         return results("rerank", await self.call("rerank", batch, deadline_ms, **fields), False)
 

@@ -58,7 +58,10 @@ def check_deadline(deadline_ms) -> None:
         raise ValueError(f"deadline_ms: milliseconds above 0, or None; got {deadline_ms!r}")
 
 
-def rerank_fields(query, documents, top_k) -> tuple[list, dict]:
+def rerank_fields(query, documents, top_k, max_chunks_per_doc=None) -> tuple[list, dict]:
+    """A rerank's documents and its fields. `max_chunks_per_doc`: the windows a document
+    longer than the model reads is scored in (its best window's score); 1 cuts it; None,
+    the server's model.max_chunks_per_doc."""
     if not isinstance(query, str):
         raise TypeError(f"query: expected a string; got {_describe(query)}")
     batch, single = as_batch(documents, "documents", pairs=False)
@@ -66,7 +69,12 @@ def rerank_fields(query, documents, top_k) -> tuple[list, dict]:
         raise TypeError("documents: expected a list of strings; got one string")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k: a whole number, 1 or more, or None; got {top_k!r}")
-    return batch, {"query": query, "top_k": top_k}
+    chunks = max_chunks_per_doc
+    if chunks is not None and (
+        isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1
+    ):
+        raise ValueError(f"max_chunks_per_doc: a whole number, 1 or more, or None; got {chunks!r}")
+    return batch, {"query": query, "top_k": top_k, "max_chunks_per_doc": chunks}
 
 
 def raw_scores_field(raw_scores) -> dict:

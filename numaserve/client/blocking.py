@@ -78,10 +78,13 @@ class Client(Calls):
         top_k: int | None = None,
         deadline_ms: float | None = None,
         raw_scores: bool = False,
+        max_chunks_per_doc: int | None = None,
     ) -> list[Ranked]:
         """Each document's score for `query`, in order; with `top_k`, the best k, best first.
-        `raw_scores`: each with the model's logit too, before its activation."""
-        batch, fields = rerank_fields(query, documents, top_k)
+        `raw_scores`: each with the model's logit too, before its activation. A document
+        longer than the model reads scores its best window's score (`Ranked.chunks` says
+        how many were scored); `max_chunks_per_doc`: at most that many (1: it is cut)."""
+        batch, fields = rerank_fields(query, documents, top_k, max_chunks_per_doc)
         fields |= raw_scores_field(raw_scores)
         return results("rerank", self.call("rerank", batch, deadline_ms, **fields), False)
 

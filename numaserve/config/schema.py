@@ -22,6 +22,7 @@ from numaserve.config.files import read_against
 from numaserve.config.model_paths import ModelLoadError, checkpoint_max_length
 from numaserve.config.precisions import precision_problem
 from numaserve.tasks import NAMES
+from numaserve.tasks.rerank import MAX_WINDOWS
 from numaserve.wire.protocol import SMALLEST_MESSAGE_LIMIT
 
 AUTO = "auto"
@@ -61,6 +62,10 @@ class ModelConfig:
     max_length: int = field(default=256, metadata=_bounds(1, MAX_LENGTH))
     # true: longer texts are cut to max_length and the reply says so; false: they are refused.
     truncate: bool = True
+    # rerank: a document longer than max_length is scored in up to this many overlapping
+    # windows, the query in each, and scores its best window's score; 1: it is cut instead.
+    # A request may ask for another number (max_chunks_per_doc).
+    max_chunks_per_doc: int = field(default=8, metadata=_bounds(1, MAX_WINDOWS))
 
 
 @dataclass(frozen=True)

@@ -56,19 +56,24 @@ class RequestBook:
         max_queue_ms: int,
         hold_until: float = 0.0,
         prompts: Prompts = NO_PROMPTS,
+        max_windows: int = 1,
     ):
         """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
         (specs.model_key), the cache's key until instances announce their own. `hold_until`:
         until then, texts queue even where no instance is live yet (a router just started,
-        whose instances are about to announce themselves)."""
+        whose instances are about to announce themselves). `max_windows`: rerank's
+        model.max_chunks_per_doc, the windows a long document is read in unless its request
+        says otherwise."""
         self.tokenizer = tokenizer
         self.dispatch = dispatch
         self.cache = cache
         self.metrics = metrics
         self.reply = reply
         self.max_queue_ms = max_queue_ms
+        self.max_windows = max_windows
         self.hold_until = hold_until
         self.tagged = TASKS[task].needs_tokens
+        self.windowed = TASKS[task].reads_windows
         self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
         self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
         # Results are cached under the key of the model that computed them, and looked up
@@ -103,8 +108,12 @@ class RequestBook:
             return
         try:
             inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
-            encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
-            encoded = encode(inputs, request.truncate, request.cuts_left)
+            windows = self._windows(request)
+            if windows > 1:
+                encoded = self.tokenizer.encode_windows(inputs, windows)
+            else:
+                encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
+                encoded = encode(inputs, request.truncate, request.cuts_left)
         except TooLongError as e:
             self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
             return
@@ -160,6 +169,17 @@ class RequestBook:
             elif pending.remaining == len(backlog) and pending.starved_since is None:
                 pending.starved_since = now  # none of its texts queued, and no room for more
 
+    def _windows(self, request: Request) -> int:
+        """How many windows a long document of `request` may be read in, where its task
+        reads windows and a cut on the right is allowed (1 otherwise: cut, or refused, as
+        asked)."""
+        if not self.windowed or request.truncate is False or request.cuts_left:
+            return 1
+        if request.truncate is None and not self.tokenizer.truncate:
+            return 1
+        asked = request.options.get("max_chunks_per_doc")
+        return self.max_windows if asked is None else asked
+
     def cancel(self, envelope: list[bytes], request_id) -> None:
         """Its client gave up on a request (an HTTP client hung up): it is forgotten, never
         answered, and its texts not yet with an instance never run. A scan: cancels are rare,
@@ -176,19 +196,25 @@ class RequestBook:
         the cache is bounded in entries."""
         misses = []
         whole = bool(pending.request.options.get("token_vectors"))
+        bulk = pending.request.bulk
         for i, enc in enumerate(pending.encoded):
-            hit = None
-            for key in () if whole else self.live_keys:
-                hit = self.cache.get((key, enc.ids, enc.second))
+            for ids in enc.windows:  # one, but for a long document read in windows
+                hit = None
+                for key in () if whole else self.live_keys:
+                    hit = self.cache.get((key, ids, enc.second))
+                    if hit is not None:
+                        break
                 if hit is not None:
-                    break
-            if hit is not None:
-                pending.results[i] = hit
-            else:
-                pool = self.dispatch.pool_for(len(enc.ids))
-                bulk = pending.request.bulk
-                misses.append(Item(pending, i, enc.ids, pool, enc.second, whole, bulk))
+                    self._put(pending, i, hit)
+                else:
+                    pool = self.dispatch.pool_for(len(ids))
+                    misses.append(Item(pending, i, ids, pool, enc.second, whole, bulk))
         return misses
+
+    def _put(self, pending: Pending, index: int, result: dict) -> None:
+        """A result for input `index`: of a document read in windows, its best window's."""
+        kept = pending.results[index]
+        pending.results[index] = result if kept is None else self.answers.best(kept, result)
 
     def _surely_refused(self, request: Request) -> bool:
         """True when some text could not be queued whatever its token count turns out to be."""
@@ -241,7 +267,7 @@ class RequestBook:
             pending = item.owner
             if pending.done:
                 continue
-            pending.results[item.index] = result
+            self._put(pending, item.index, result)
             pending.remaining -= 1
             if pending.remaining == 0:
                 self.complete(pending)

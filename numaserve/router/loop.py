@@ -106,6 +106,7 @@ class Router:
             # long instead of answering no_instance.
             hold_until=time.monotonic() + self.expiry + 2 * self.heartbeat,
             prompts=prompts,
+            max_windows=spec.model.max_chunks_per_doc,
         )
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)

@@ -88,6 +88,10 @@ class Answers:
     def finish(self, request: Request, encoded: list, results: list[dict]) -> list[dict]:
         return results
 
+    def best(self, kept: dict, new: dict) -> dict:
+        """Of two windows' results for one input (a task that reads windows: rerank)."""
+        raise NotImplementedError(f"{type(self).__name__} reads no input in windows")
+
 
 class RawScores(Answers):
     """For a task whose results carry the model's logits beside its scores (`raw`: the
@@ -124,6 +128,9 @@ class Task:
     inputs_are: str = "texts"  # what the request's `texts` are, in its errors
     option_keys: tuple[str, ...] = ()  # the request keys of this task alone
     needs_tokens = False  # its router shard reads each token's offsets and pieces
+    # A long input may be read in windows (rerank's document: max_chunks_per_doc), its
+    # results combined by its Answers' `best`.
+    reads_windows = False
 
     def options(self, body: dict, bad: Bad) -> dict[str, Any]:
         """This task's own request fields, checked, with their defaults filled in."""

@@ -13,6 +13,7 @@ from numaserve.wire.protocol import check_text
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 TOP = 3  # the top documents whose order the gate reports
+MAX_WINDOWS = 64  # the windows a long document is scored in, at most: its cost grows with each
 
 # What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
 # activation its config names (Sigmoid unless it says otherwise).
@@ -29,9 +30,10 @@ class Scored:
 class Ranked:
     index: int  # the document's place in the request
     score: float  # the cross-encoder's score for (query, document)
-    tokens: int  # of the pair, special tokens included
-    truncated: bool
+    tokens: int  # of the pair, special tokens included (of every window scored)
+    truncated: bool  # the document was cut: to max_length, or to max_chunks_per_doc windows
     logit: float | None = None  # the model's own output, where asked for
+    chunks: int = 1  # the windows of the document scored; its score is the best one's
 
 
 def activation(directory: str | Path, path: str) -> str:
@@ -79,7 +81,14 @@ class Ranking(RawScores):
     raw = "logit"
 
     def finish(self, request, encoded, results):
+        for result, enc in zip(results, encoded, strict=True):
+            result["chunks"] = len(enc.windows)
+            result["tokens"] = sum(map(len, enc.windows))
         return ranked(super().finish(request, encoded, results), request.options["top_k"])
+
+    def best(self, kept: dict, new: dict) -> dict:
+        """A long document scores its best window's score."""
+        return new if new["score"] > kept["score"] else kept
 
 
 class Rerank(Task):
@@ -87,7 +96,8 @@ class Rerank(Task):
     output = Output.SEQUENCE_LOGITS
     reads_pairs = True
     inputs_are = "documents"
-    option_keys = ("query", "top_k", "raw_scores")
+    option_keys = ("query", "top_k", "raw_scores", "max_chunks_per_doc")
+    reads_windows = True
 
     def options(self, body: dict, bad: Bad) -> dict:
         query, top_k = body.get("query"), body.get("top_k")
@@ -96,7 +106,22 @@ class Rerank(Task):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise bad("top_k must be an integer of at least 1")
-        return {"query": query, "top_k": top_k, "raw_scores": flag_option(body, "raw_scores", bad)}
+        chunks = body.get("max_chunks_per_doc")
+        if chunks is not None and (
+            isinstance(chunks, bool)
+            or not isinstance(chunks, int)
+            or not 1 <= chunks <= MAX_WINDOWS
+        ):
+            raise bad(
+                f"max_chunks_per_doc must be an integer of 1-{MAX_WINDOWS} (1: a long document is cut to "
+                "the model's length; more: scored in that many windows at most)"
+            )
+        return {
+            "query": query,
+            "top_k": top_k,
+            "raw_scores": flag_option(body, "raw_scores", bad),
+            "max_chunks_per_doc": chunks,
+        }
 
     def inputs(self, request) -> list:
         return [(request.options["query"], document) for document in request.texts]
@@ -125,6 +150,7 @@ class Rerank(Task):
             result["tokens"],
             result["truncated"],
             result.get("logit"),
+            result.get("chunks", 1),
         )
 
     def gate_inputs(self, tokenizer, texts: list[str]) -> list:

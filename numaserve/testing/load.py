@@ -59,10 +59,12 @@ class RawLoad:
         text: str = "load",
         rate: float | None = None,
         op: str = "embed",
+        fields: dict | None = None,
     ):
         """`rate`: requests per second per client (an open loop, up to `depth` in flight);
         None: a new request as soon as one is answered (a closed loop). `op`: the op each
-        request asks for, one the server's model serves."""
+        request asks for, one the server's model serves; `fields`: more of each request's
+        keys (`{"priority": "bulk"}`)."""
         self.endpoint, self.clients, self.depth, self.text, self.rate, self.op = (
             endpoint,
             clients,
@@ -71,6 +73,7 @@ class RawLoad:
             rate,
             op,
         )
+        self.fields = fields or {}
         self.running = True
         self.drain_until = float("inf")
         self.outcomes = Outcomes()
@@ -128,6 +131,7 @@ class RawLoad:
                 "id": c.sent,
                 "op": self.op,
                 "texts": [f"{self.text} {c.n}-{c.sent}: a few words"],
+                **self.fields,
             }
             c.sock.send_multipart(protocol.pack(body))
             c.pending[c.sent] = time.monotonic()

@@ -32,7 +32,13 @@ async def ranked(app: App, request: Request, body: dict, documents: list[str]) -
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise ApiError(422, "top_n must be an integer of at least 1")
     results = await app.run(
-        request, model, "rerank", documents, query=body.get("query"), top_k=top_n
+        request,
+        model,
+        "rerank",
+        documents,
+        query=body.get("query"),
+        top_k=top_n,
+        max_chunks_per_doc=body.get("max_chunks_per_doc"),
     )
     return sorted(results, key=lambda r: -r["score"])  # top_k answers so already
 
@@ -50,6 +56,7 @@ async def rerank(app: App, request: Request) -> Response:
                     "index": r["index"],
                     "relevance_score": r["score"],
                     **({"document": {"text": documents[r["index"]]}} if with_documents else {}),
+                    **inputs.chunks(r),
                 }
                 for r in results
             ],
@@ -71,7 +78,10 @@ async def rerank_v2(app: App, request: Request) -> Response:
     return ok(
         {
             "id": str(uuid.uuid4()),
-            "results": [{"index": r["index"], "relevance_score": r["score"]} for r in results],
+            "results": [
+                {"index": r["index"], "relevance_score": r["score"], **inputs.chunks(r)}
+                for r in results
+            ],
             "meta": _meta(search_units=1),
         }
     )

@@ -121,3 +121,12 @@ def quantized(vectors: list[np.ndarray], kind: str) -> list[list]:
 
 def prompt_tokens(results: list[dict]) -> int:
     return sum(result["tokens"] for result in results)
+
+
+def chunks(result: dict) -> dict:
+    """A reranked document read in windows: how many were scored, and whether
+    max_chunks_per_doc cut it. Nothing for a document that fit, so that the APIs' own shapes
+    are left as they are for what they describe."""
+    if result.get("chunks", 1) == 1:
+        return {}
+    return {"chunks": result["chunks"], "chunks_cut": result["truncated"]}

@@ -191,6 +191,7 @@ async def rerank(app: App, request: Request) -> Response:
         documents,
         query=body.get("query"),
         raw_scores=raw,
+        max_chunks_per_doc=body.get("max_chunks_per_doc"),
         **cutting(body),
     )
     with_text = flag(body, "return_text", False)
@@ -201,6 +202,7 @@ async def rerank(app: App, request: Request) -> Response:
                 "index": r["index"],
                 "score": r["logit" if raw else "score"],
                 **({"text": documents[r["index"]]} if with_text else {}),
+                **inputs.chunks(r),
             }
             for r in ranks
         ]
