@@ -568,6 +568,13 @@ def test_a_models_server_names_what_it_serves_for_a_missing_or_unknown_model(pai
     assert "toxicity, ranker" in unknown.json()["error"]["message"]
 
 
+def test_metrics_asked_of_the_http_port_is_pointed_to_the_metrics_port(embedder):
+    with authed(embedder) as http:
+        answer = http.get("/metrics")
+    assert answer.status_code == 404
+    assert f"served on server.metrics, http://{embedder.metrics}/metrics" in answer.text
+
+
 def test_openapi_json_describes_every_route(embedder):
     with httpx.Client(base_url=embedder.url, timeout=30) as http:
         document = http.get("/openapi.json").json()  # open, like /health

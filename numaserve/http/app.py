@@ -58,6 +58,15 @@ class App:
             response = api_errors.shape_for(request.path)(error)
             response.headers = (("allow", ", ".join(methods)),)
             return response
+        if request.path in ("/metrics", "/healthz", "/readyz"):
+            metrics = self.spec.server.metrics
+            where = (
+                f"on server.metrics, http://{metrics}{request.path}"
+                if metrics
+                else ("on server.metrics, which this server's config turns off")
+            )
+            no_route = ApiError(404, f"{request.path} is served {where}, not on the HTTP API")
+            return api_errors.shape_for(request.path)(no_route)
         no_route = ApiError(404, f"no route {request.path}; see /openapi.json")
         return api_errors.shape_for(request.path)(no_route)
 
