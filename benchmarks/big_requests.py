@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks import machine
 from numaserve.client import Client
 from numaserve.corpus import short_texts
 from numaserve.testing.server import ENDPOINT, Server
@@ -110,12 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    topology = subprocess.run(
-        [str(Path(sys.executable).with_name("numaserve")), "topology"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    print(topology)
+    topology = machine.topology()
     batch = texts()
     with tempfile.TemporaryDirectory() as directory:
         server = Server(Path(directory), CONFIG)

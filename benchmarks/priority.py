@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks import machine
 from numaserve.testing.load import RawLoad
 from numaserve.testing.server import ENDPOINT, Server
 
@@ -91,12 +90,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    topology = subprocess.run(
-        [str(Path(sys.executable).with_name("numaserve")), "topology"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    print(topology)
+    topology = machine.topology()
     with tempfile.TemporaryDirectory() as directory:
         server = Server(Path(directory), CONFIG)
         try:

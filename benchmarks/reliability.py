@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
+from benchmarks import machine
 from numaserve.client import Client, NumaserveError
 from numaserve.testing.load import Outcomes, RawLoad
 from numaserve.testing.server import ENDPOINT, Server
@@ -143,12 +142,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default="benchmarks/results/reliability.json")
     args = parser.parse_args()
-    topology = subprocess.run(
-        [str(Path(sys.executable).with_name("numaserve")), "topology"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    print(topology)
+    topology = machine.topology()
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(Path(tmp), CONFIG)
         try:
