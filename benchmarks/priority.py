@@ -28,14 +28,10 @@ import httpx
 import numpy as np
 
 from benchmarks import machine
+from benchmarks.reliability import CONFIG  # two single-core instances, the cache off
 from numaserve.testing.load import RawLoad
-from numaserve.testing.server import ENDPOINT, Server
+from numaserve.testing.server import Server
 
-CONFIG = """
-server: {endpoint: "@ENDPOINT@", cache_entries: 0}
-placement:
-  pools: [{name: main, max_tokens: 256, cores_per_instance: 1, instances: 2}]
-""".replace("@ENDPOINT@", ENDPOINT)
 PROBE_RATE = 10.0
 FLOOD_CLIENTS = 8
 
