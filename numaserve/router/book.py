@@ -126,7 +126,9 @@ class RequestBook:
         if not misses:
             self.complete(pending)
             return
-        piece = self.dispatch.piece()
+        # Up to two micro-batches go whole, without counting the instances (the common case).
+        few = len(misses) <= 2 * self.dispatch.max_batch
+        piece = len(misses) if few else self.dispatch.piece()
         refused = self.dispatch.admit(misses[:piece], now, hold=now < self.hold_until)
         if refused is ErrorCode.OVERLOADED:
             self.fail(pending, refused, OVERLOADED_MESSAGE)
