@@ -14,10 +14,13 @@ from numaserve.tasks.tokens import Tokens
 
 
 class TooLongError(ValueError):
-    def __init__(self, index: int, tokens: int, limit: int, cut: bool = False):
-        count = f"more than {tokens}" if cut else str(tokens)
+    def __init__(self, index: int, tokens: int, limit: int, read: int | None = None):
+        """`read`: where only the text's first `read` characters were tokenized (a long
+        text is not read whole to be refused), `tokens` is theirs: a lower bound."""
+        count = str(tokens) if read is None else f"at least {tokens}"
+        where = "" if read is None else f" (in its first {read:,} characters; not read further)"
         super().__init__(
-            f"text {index} has {count} tokens; the limit is {limit} (truncation is off)"
+            f"text {index} has {count} tokens{where}; the limit is {limit} (truncation is off)"
         )
         self.index, self.tokens, self.limit = index, tokens, limit
 
@@ -159,9 +162,8 @@ class Tokenizer:
             part = self._whole_enough(text, left)
             enc = (self.left if left else self.raw).encode(part)
             if enc.overflowing and strict:
-                raise TooLongError(
-                    i, len(self.full.encode(part).ids), self.max_length, part != text
-                )
+                read = len(part) if part != text else None
+                raise TooLongError(i, len(self.full.encode(part).ids), self.max_length, read)
             special = tuple(bool(s) for s in enc.special_tokens_mask)
             base = len(text) - len(part) if left else 0  # a tail's offsets start at its start
             tokens = Tokens(
@@ -218,8 +220,8 @@ class Tokenizer:
         parts = tuple(self._whole_enough(t, left) for t in texts)
         enc = (self.left if left else self.raw).encode(*parts)
         if enc.overflowing and strict:
-            cut = parts != tuple(texts)
-            raise TooLongError(index, len(self.full.encode(*parts).ids), self.max_length, cut)
+            read = sum(map(len, parts)) if parts != tuple(texts) else None
+            raise TooLongError(index, len(self.full.encode(*parts).ids), self.max_length, read)
         types = enc.type_ids
         second = types.index(1) if len(parts) == 2 and 1 in types else 0
         return Encoded(tuple(enc.ids), bool(enc.overflowing), second)
@@ -265,9 +267,8 @@ class Tokenizer:
                 head = self._whole_enough(text)
                 ids, cut = self._encode_one(head)
             if cut and strict:
-                raise TooLongError(
-                    i, len(self.full.encode(head).ids), self.max_length, cut=len(head) < len(text)
-                )
+                read = len(head) if len(head) < len(text) else None
+                raise TooLongError(i, len(self.full.encode(head).ids), self.max_length, read)
             out.append(Encoded(tuple(ids), cut))
         return out
 
