@@ -483,6 +483,19 @@ def test_the_cli_reranks_and_classifies_pairs(rerank_server, pair_server):
     assert odd.returncode == 2 and "--pairs needs an even number of texts; got 1" in odd.stderr
 
 
+def test_the_cli_says_how_many_windows_a_long_document_was_scored_in(rerank_server):
+    endpoint = rerank_server[0].endpoint
+    windowed = numaserve("rerank", QUERY, LONG_DOCUMENT, "--endpoint", endpoint)
+    cut = numaserve(
+        "rerank", QUERY, LONG_DOCUMENT, "--max-chunks-per-doc", "1", "--endpoint", endpoint
+    )
+    assert windowed.returncode == 0 and cut.returncode == 0, windowed.stderr + cut.stderr
+    (whole,) = json.loads(windowed.stdout)["results"]
+    (head,) = json.loads(cut.stdout)["results"]
+    assert whole["chunks"] == len(windows_by_hand()) and "chunks" not in head
+    assert head["truncated"] and not whole["truncated"]
+
+
 def test_the_cli_prints_the_logits_with_raw_scores(rerank_server, pair_server):
     endpoint = rerank_server[0].endpoint
     out = numaserve("rerank", QUERY, *DOCUMENTS, "--raw-scores", "--endpoint", endpoint)

@@ -49,6 +49,7 @@ def _result_json(result) -> dict:
     elif isinstance(result, Ranked):
         fields = {"index": result.index, "score": result.score}
         fields |= {"logit": result.logit} if result.logit is not None else {}
+        fields |= {"chunks": result.chunks} if result.chunks > 1 else {}
     else:
         fields = {"label": result.label, "probs": list(result.probs)}
         fields |= {"logits": list(result.logits)} if result.logits is not None else {}
@@ -151,6 +152,12 @@ def ner(texts, file, aggregation: str, endpoints, timeout: float, as_json: bool)
 @click.argument("documents", nargs=-1)
 @file_option
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
+@click.option(
+    "--max-chunks-per-doc",
+    type=click.IntRange(min=1, max=64),
+    help="Score a document longer than the model reads in at most N windows (1: cut it); "
+    "default: the server's model.max_chunks_per_doc.",
+)
 @raw_scores_option
 @model_option
 @endpoint_option
@@ -161,16 +168,25 @@ def rerank(
     documents,
     file,
     top_k: int | None,
+    max_chunks_per_doc: int | None,
     raw_scores: bool,
     endpoints,
     timeout: float,
     as_json: bool,
 ) -> None:
     """Print a cross-encoder's score of each of DOCUMENTS for QUERY as JSON, a line per
-    document, in order, or the best --top-k first ('-': one document from standard input)."""
+    document, in the documents' order (the HTTP API's rerank routes answer best first), or
+    the best --top-k first ('-': one document from standard input)."""
     documents = read_texts(documents, file, "DOCUMENTS")
     results = call_server(
-        endpoints, timeout, "rerank", query, documents, top_k, raw_scores=raw_scores
+        endpoints,
+        timeout,
+        "rerank",
+        query,
+        documents,
+        top_k,
+        raw_scores=raw_scores,
+        max_chunks_per_doc=max_chunks_per_doc,
     )
     print_results([_result_json(r) for r in results])
 
