@@ -305,6 +305,16 @@ def test_the_inference_clients_feature_extraction_is_the_zeromq_paths_embedding(
     )
 
 
+def test_the_inference_clients_sentence_similarity_is_each_sentences_cosine(embedder):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=embedder.url, token=KEY)
+    got = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+
+    source, *others = zmq_vectors(embedder, TEXTS)
+    assert got == pytest.approx([float(np.dot(source, v)) for v in others], abs=1e-5)
+
+
 def test_the_inference_clients_text_classification_names_a_models_model(pair):
     from huggingface_hub import InferenceClient
 

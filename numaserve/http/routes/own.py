@@ -36,9 +36,16 @@ async def ner(app: App, request: Request) -> Response:
 
 
 async def by_task(app: App, request: Request) -> Response:
-    """POST / and /invocations (SageMaker's path): the named model's task's own route."""
-    model = app.model_of(request, json_body(request))
-    return await app.routes["POST", tei.BY_TASK[model.model.task]].handler(app, request)
+    """POST / and /invocations (SageMaker's path): the named model's task's own route; for
+    an embedder, /similarity where the inputs are a source sentence and sentences (what
+    huggingface_hub's InferenceClient.sentence_similarity posts to a model's URL)."""
+    body = json_body(request)
+    model = app.model_of(request, body)
+    path = tei.BY_TASK[model.model.task]
+    inputs = body.get("inputs")
+    if path == "/embed" and isinstance(inputs, dict) and "source_sentence" in inputs:
+        path = "/similarity"
+    return await app.routes["POST", path].handler(app, request)
 
 
 async def openapi(app: App, request: Request) -> Response:
