@@ -159,6 +159,18 @@ def test_another_pool_layout_races_again_on_the_gates_kept_verdicts(
     assert [t["path"] for t in again.trials if t.get("passed")] == passing
 
 
+def test_a_kept_choice_serves_the_same_bands_under_other_pool_names(
+    classifier_dir, choice_cache, monkeypatch
+):
+    config = ModelConfig(path=str(classifier_dir), task="classify")
+    monkeypatch.setattr("numaserve.backends.gate.GATE_TEXTS", 24)
+    made = ensure_choice(config, ISA, load_model, (Band("main", 0, 256),))
+    loads = CountingLoads()
+    again = ensure_choice(config, ISA, loads, (Band("default", 0, 256),))
+    assert loads.calls == 0 and list(again.pools) == ["default"]
+    assert again.for_pool("default") == made.for_pool("main")
+
+
 ONE = (Band("default", 0, 256),)
 
 

@@ -284,9 +284,10 @@ def choice_key(
     batching: Batching,
 ) -> str:
     """What a kept choice was made for: the gate's verdicts' key, and the pools' bands and
-    batching its race was run for."""
+    batching its race was run for; not the pools' names (`_read` gives a choice the names
+    asked for), so that two configs of the same bands share one choice."""
     layout = {
-        "pools": [dataclasses.asdict(b) for b in pools],
+        "pools": [[b.shortest, b.longest] for b in pools],
         "batching": dataclasses.asdict(batching),
     }
     key = hashlib.sha256(verdicts_key(digest, config, isa).encode())
@@ -328,7 +329,7 @@ def ensure_choice(
             "the cache is writable, or name the precision (model.backend, model.quantize)"
         )
 
-    return kept_or_made(directory, f"{key}.lock", lambda: _read(kept), made, cannot)
+    return kept_or_made(directory, f"{key}.lock", lambda: _read(kept, pools), made, cannot)
 
 
 def named_cost(
@@ -395,11 +396,18 @@ def named_cost(
     return costs
 
 
-def _read(path: Path) -> Choice | None:
+def _read(path: Path, pools: tuple[Band, ...]) -> Choice | None:
+    """The choice kept at `path`, its pools under these pools' names (it was made for their
+    bands, maybe under other names); None where there is none, or it cannot be read."""
     try:
-        return Choice.from_json(json.loads(path.read_text()))
+        choice = Choice.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none kept, or a damaged file: made again
+    if len(choice.pools) != len(pools):
+        return None
+    return Choice(
+        dict(zip((b.pool for b in pools), choice.pools.values(), strict=True)), choice.trials
+    )
 
 
 def choose(
@@ -494,6 +502,13 @@ def race_pools(
                     f"quantize: auto: no model path passes the accuracy gate on texts of {span} "
                     f"(pool {band.pool}): {_figures(trials)}"
                 )
+            log.info(  # a race takes seconds a band: say which, so that no start goes silent
+                "quantize: auto: pool %s, texts of %s tokens: racing %s",
+                band.pool,
+                span,
+                ", ".join(names),
+                extra={"event": "prepare"},
+            )
             best, why = _race_span(band, span, batching, inputs, passed.models, names, trials)
             won.append((span, best, why))
         chosen[band.pool] = _pool_choice(band, won[::-1], paths)
