@@ -578,6 +578,18 @@ def test_a_models_server_names_what_it_serves_for_a_missing_or_unknown_model(pai
     assert "toxicity, ranker" in unknown.json()["error"]["message"]
 
 
+def test_a_text_cut_to_the_models_length_is_named_in_a_header_on_every_route(embedder):
+    long = "words of a long passage " * 60  # over max_length 128
+    with authed(embedder) as http:
+        tei = http.post("/embed", json={"inputs": ["short", long]})
+        openai = http.post("/v1/embeddings", json={"input": [long, "short"], "model": "m"})
+        whole = http.post("/embed", json={"inputs": ["short"]})
+    assert tei.status_code == openai.status_code == 200
+    assert tei.headers["x-truncated-inputs"] == "1"
+    assert openai.headers["x-truncated-inputs"] == "0"
+    assert "x-truncated-inputs" not in whole.headers
+
+
 def test_metrics_asked_of_the_http_port_is_pointed_to_the_metrics_port(embedder):
     with authed(embedder) as http:
         answer = http.get("/metrics")

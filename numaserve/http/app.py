@@ -46,6 +46,9 @@ class App:
                 if not route.open:
                     self.keys.check(request.headers.get("authorization"))
                 response = await route.handler(self, request)
+                if request.truncated:  # no API's body has room to say it: a header does
+                    cut = ",".join(map(str, request.truncated))
+                    response.headers = (*response.headers, ("x-truncated-inputs", cut))
             except ApiError as e:
                 response = route.error(e)
         self.stats.count(name, response.status, time.perf_counter() - started)
@@ -110,7 +113,11 @@ class App:
         reply = await future
         if reply.get("status") != "ok":
             raise api_errors.from_reply(reply.get("error") or {})
-        return reply["results"]
+        results = reply["results"]
+        request.truncated += [
+            r.get("index", i) for i, r in enumerate(results) if r.get("truncated")
+        ]
+        return results
 
     def bulk(self, request: Request) -> bool:
         """The request's priority: its X-Priority header, else its API key's default."""

@@ -57,6 +57,7 @@ class Request:
     body: bytes = b""
     connection: Connection | None = field(default=None, repr=False)
     json: dict | None = field(default=None, repr=False)  # the body, once a route has read it
+    truncated: list[int] = field(default_factory=list, repr=False)  # inputs cut (App.run)
 
     @property
     def gone(self) -> bool:
