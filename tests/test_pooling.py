@@ -11,7 +11,7 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ConfigError, ModelConfig, parse_config
 from numaserve.tasks.pooling import MODES, Pooling
-from tests.harness.checkpoints import save_tiny_embedder
+from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_embedder
 from tests.test_architectures import TEXTS
 from tests.test_architectures import served as served_as
 
@@ -101,6 +101,16 @@ def test_a_long_text_is_cut_where_sentence_transformers_cuts_it(tmp_path):
 
 def test_a_checkpoint_without_sentence_transformers_config_keeps_256(classifier_dir):
     assert parse_config(f"model: {{path: {classifier_dir}}}").model.max_length == 256
+
+
+def test_a_reranker_reads_as_far_as_its_tokenizer_as_cross_encoder_does(tmp_path):
+    path = save_tiny_cross_encoder(tmp_path / "ce")  # sentence_bert_config.json: no length
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["model_max_length"] == 512
+    assert parse_config(f"model: {{path: {path}, task: rerank}}").model.max_length == 512
+    assert parse_config(f"model: {{path: {path}, task: classify}}").model.max_length == 256
+    (path / "tokenizer_config.json").write_text(json.dumps(config | {"model_max_length": 10**30}))
+    assert parse_config(f"model: {{path: {path}, task: rerank}}").model.max_length == 256
 
 
 def test_a_max_seq_length_beyond_every_pool_says_what_to_set(tmp_path):

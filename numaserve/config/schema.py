@@ -301,15 +301,13 @@ def _with_checkpoint_max_length(
     sentence-transformers config says it takes (as its own `encode` cuts), else 256; and,
     where it came from the checkpoint, the words that say so in an error."""
     try:
-        length = checkpoint_max_length(model.path)
+        found = checkpoint_max_length(model.path, model.task)
     except ModelLoadError as e:
         raise ConfigError(f"{source}: {where}.max_length is not set, and {e}") from None
-    if length is None:
+    if found is None:
         return model, None
-    declared = (
-        f"{where}.max_length is not set, so it is {model.path}'s max_seq_length, "
-        f"{length} (sentence_bert_config.json)"
-    )
+    length, key, file = found
+    declared = f"{where}.max_length is not set, so it is {model.path}'s {key}, {length} ({file})"
     if length > MAX_LENGTH:
         longest = max((p.max_tokens for p in pools), default=MAX_LENGTH)
         raise ConfigError(
