@@ -124,3 +124,25 @@ def test_start_model_serves_a_model_with_no_config_file(tiny, tmp_path):
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0, server.stderr.read()
     assert set(glob.glob("/tmp/numaserve-model-*.yaml")) == before  # its config is gone
+
+
+def test_start_models_flags_set_the_config_it_writes(tmp_path):
+    from numaserve.cli.serving import _model_config
+    from numaserve.config.schema import load_config
+
+    written = _model_config("bundled:minilm", "embed", (8080, 5555), "int8", 128, 100)
+    config = load_config(written)
+    assert (config.model.quantize, config.model.max_length) == ("int8", 128)
+    assert config.server.max_texts == 100
+    plain = load_config(_model_config("bundled:minilm", "embed", (8080, 5555)))
+    assert plain.model.quantize == "auto" and plain.server.max_texts == 2048
+
+
+def test_start_models_flags_are_refused_with_a_config_file(tmp_path):
+    (tmp_path / "deploy").mkdir()
+    config = write_config(tmp_path / "deploy", "bundled:minilm")
+    out = numaserve("start", "--config", config, "--quantize", "int8", "--max-texts", "9")
+    assert out.returncode == 2
+    assert "--quantize, --max-texts: for --model; with --config FILE, set them in the file" in (
+        out.stderr
+    )

@@ -64,6 +64,22 @@ def _port_option(name: str, default: int, key: str):
     show_default=True,
     help="--model: what the model does.",
 )
+@click.option(
+    "--quantize",
+    type=click.Choice(["auto", "int8", "int16", "bf16", "none"]),
+    help="--model: model.quantize (default auto: raced at the first start; a named "
+    "precision starts at once and is judged against fp32 once).",
+)
+@click.option(
+    "--max-length",
+    type=click.IntRange(1, 8192),
+    help="--model: model.max_length, the most tokens a text may have (default: the checkpoint's).",
+)
+@click.option(
+    "--max-texts",
+    type=click.IntRange(1, 100_000),
+    help="--model: server.max_texts, the most texts one request may hold (default 2048).",
+)
 @_port_option("--port", 8080, "server.http (the HTTP API)")
 @_port_option("--zmq-port", 5555, "server.endpoint (ZeroMQ)")
 @_port_option("--metrics-port", 9464, "server.metrics (/metrics, /healthz, /readyz)")
@@ -71,25 +87,25 @@ def start(
     config_path: str | None,
     model_path: str | None,
     task: str,
+    quantize: str | None,
+    max_length: int | None,
+    max_texts: int | None,
     port: int | None,
     zmq_port: int | None,
     metrics_port: int | None,
 ) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config):
-    `--config FILE`, or `--model PATH [--task T]` with no file at all; `--port`, `--zmq-port`
-    and `--metrics-port` move a port of either."""
+    `--config FILE`, or `--model PATH [--task T] [--quantize Q] [--max-length N]
+    [--max-texts N]` with no file at all; `--port`, `--zmq-port` and `--metrics-port` move a
+    port of either."""
     from numaserve.monitoring.endpoint import MonitoringError
     from numaserve.processes.logs import setup_logging
     from numaserve.supervisor.start import start as run
     from numaserve.wire.curve import CurveError
 
-    if (config_path is None) == (model_path is None):
-        raise UserError("give --config FILE, or --model PATH to serve a model with no file")
     ports = Ports(port, zmq_port, metrics_port)
-    # What an error names: the file the user wrote, or the command that wrote one for them.
-    where = config_path or f"numaserve start --model {model_path}"
-    if model_path is not None:
-        config_path = _model_config(model_path, task, (port or 8080, zmq_port or 5555))
+    settings = {"quantize": quantize, "max_length": max_length, "max_texts": max_texts}
+    config_path, where = _config_to_run(config_path, model_path, task, settings, ports)
     try:
         config = ports.apply(load_config(config_path))
     except ConfigError as e:
@@ -132,9 +148,35 @@ def _check_api_keys(path: str | None) -> None:
         raise UserError(problem)
 
 
-def _model_config(model_path: str, task: str, ports: tuple[int, int]) -> str:
+def _config_to_run(
+    config_path: str | None, model_path: str | None, task: str, settings: dict, ports: Ports
+) -> tuple[str, str]:
+    """The config file to run, and what an error names: the file the user wrote, or the
+    command that wrote one for them (`--model`, whose flags set its keys)."""
+    if (config_path is None) == (model_path is None):
+        raise UserError("give --config FILE, or --model PATH to serve a model with no file")
+    if config_path is not None:
+        if given := [k for k, v in settings.items() if v is not None]:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise UserError(f"{flags}: for --model; with --config FILE, set them in the file")
+        return config_path, config_path
+    ports_given = (ports.http or 8080, ports.zmq or 5555)
+    return _model_config(model_path, task, ports_given, **settings), (
+        f"numaserve start --model {model_path}"
+    )
+
+
+def _model_config(
+    model_path: str,
+    task: str,
+    ports: tuple[int, int],
+    quantize: str | None = None,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+) -> str:
     """The config `start --model` runs, written to a file of this process's own (removed at
-    exit) so that the server, its reload and the core ledger see it as they see any other."""
+    exit) so that the server, its reload and the core ledger see it as they see any other;
+    the flags given set their keys, the rest are the defaults."""
     import atexit
     import json
     import tempfile
@@ -142,10 +184,11 @@ def _model_config(model_path: str, task: str, ports: tuple[int, int]) -> str:
 
     from numaserve.config.model_paths import path_against
 
-    config = {
-        "model": {"path": path_against(model_path, Path.cwd()), "task": task},
-        "server": {"endpoint": f"tcp://127.0.0.1:{ports[1]}", "http": f"127.0.0.1:{ports[0]}"},
-    }
+    model = {"path": path_against(model_path, Path.cwd()), "task": task}
+    model |= {k: v for k, v in (("quantize", quantize), ("max_length", max_length)) if v}
+    server = {"endpoint": f"tcp://127.0.0.1:{ports[1]}", "http": f"127.0.0.1:{ports[0]}"}
+    server |= {"max_texts": max_texts} if max_texts else {}
+    config = {"model": model, "server": server}
     fd, name = tempfile.mkstemp(prefix="numaserve-model-", suffix=".yaml")
     with os.fdopen(fd, "w") as file:
         json.dump(config, file)  # JSON is YAML
