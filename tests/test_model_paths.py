@@ -146,3 +146,12 @@ def test_start_models_flags_are_refused_with_a_config_file(tmp_path):
     assert "--quantize, --max-texts: for --model; with --config FILE, set them in the file" in (
         out.stderr
     )
+
+
+def test_start_model_with_a_missing_model_names_the_command_not_a_file(tmp_path):
+    out = numaserve("start", "--model", "./nope", cwd=tmp_path)
+    assert out.returncode == 78
+    assert f"numaserve start --model ./nope: model.path: {tmp_path}/nope: no such directory" in (
+        out.stderr
+    )
+    assert "numaserve-model-" not in out.stderr  # the file it wrote is gone: never named

@@ -111,7 +111,7 @@ def start(
     except ConfigError as e:
         raise UserError(str(e).replace(config_path, where)) from None
     if problems := model_problems(config):
-        raise ModelError("; ".join(problems))
+        raise ModelError("; ".join(problems).replace(config_path, where))
     _check_api_keys(config.server.http_api_keys_file)
     setup_logging(config.logging.level, config.logging.format)
     try:

@@ -12,14 +12,16 @@ def numaserve_exe() -> str:
 
 
 def numaserve(
-    *args, timeout: float = 60, stdin: str | None = None, env: dict | None = None
+    *args, timeout: float = 60, stdin: str | None = None, env: dict | None = None, cwd=None
 ) -> subprocess.CompletedProcess:
-    """`stdin`: what standard input holds (default: nothing); `env`: added to the environment."""
+    """`stdin`: what standard input holds (default: nothing); `env`: added to the environment;
+    `cwd`: the directory it runs in (default: this one)."""
     return subprocess.run(
         [numaserve_exe(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
         input=stdin or "",
+        cwd=cwd,
         env={**os.environ, **(env or {})},
     )
