@@ -420,7 +420,7 @@ WORDS = [
     "foxes",
     "live",
     "in",
-    "dens",
+    "holes",
     "and",
     "forests",
     "where",

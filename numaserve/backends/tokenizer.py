@@ -103,7 +103,7 @@ class Tokenizer:
         self.left = FastTokenizer.from_str(self.raw.to_str())  # keeps a text's end
         self.left.enable_truncation(max_length, direction="left")
         self.windowed = FastTokenizer.from_str(self.raw.to_str())  # encode_windows's
-        self.pair_specials = self.raw.num_special_tokens_to_add(True)
+        self.specials = {pair: self.raw.num_special_tokens_to_add(pair) for pair in (False, True)}
         self.words = WordPieceMemo.of(self.raw, max_length)
         unknown = getattr(self.raw.model, "unk_token", None)
         self.unknown_id = self.raw.token_to_id(unknown) if unknown else None
@@ -178,40 +178,44 @@ class Tokenizer:
             out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
         return out
 
-    def encode_windows(self, pairs: list[tuple[str, str]], max_windows: int) -> list[Encoded]:
-        """Pairs (query, document) whose document may be longer than the model reads: each
-        read in up to `max_windows` windows of the document, the query repeated in each, a
-        window overlapping the next by WINDOW_OVERLAP of its tokens. A document that fits,
-        or a query that leaves a window no room, is one pair as `encode` makes it."""
+    def encode_windows(self, inputs: list[Text], max_windows: int) -> list[Encoded]:
+        """Texts, or pairs (query, document), that may be longer than the model reads: each
+        text (a pair's document) read in up to `max_windows` windows, a pair's query repeated
+        in each, a window overlapping the next by WINDOW_OVERLAP of its tokens. An input that
+        fits, or a query that leaves a window no room, is one input as `encode` makes it."""
         out = []
-        for i, (query, document) in enumerate(pairs):
-            alone = self._encode_alone(i, (query, document), strict=False)
+        for i, text in enumerate(inputs):
+            alone = self._encode_alone(i, text, strict=False)
             if not alone.truncated or max_windows == 1:
                 out.append(alone)
                 continue
-            room = self.max_length - self.pair_specials
-            room -= len(self.full.encode(query, add_special_tokens=False).ids)
+            pair = not isinstance(text, str)
+            first, long = text if pair else ("", text)
+            room = self.max_length - self.specials[pair]
+            if pair:
+                room -= len(self.full.encode(first, add_special_tokens=False).ids)
             if room < 2 * WINDOW_OVERLAP:
                 out.append(alone)  # the query leaves no room to slide a window in
                 continue
             self.windowed.enable_truncation(
-                self.max_length, stride=room // WINDOW_OVERLAP, strategy="only_second"
+                self.max_length,
+                stride=room // WINDOW_OVERLAP,
+                strategy="only_second" if pair else "longest_first",
             )
             span = room - room // WINDOW_OVERLAP  # new tokens a window adds
             limit = CHARS_PER_TOKEN * (room + span * max_windows)
-            while True:  # a head of the document that fills max_windows + 1 windows, or all
-                part = self._head(document, limit)
-                enc = self.windowed.encode(query, part)
+            while True:  # a head of the text that fills max_windows + 1 windows, or all of it
+                part = self._head(long, limit)
+                enc = self.windowed.encode(first, part) if pair else self.windowed.encode(part)
                 windows = [enc, *enc.overflowing]
-                if len(windows) > max_windows or len(part) == len(document):
+                if len(windows) > max_windows or len(part) == len(long):
                     break
                 limit *= 4  # rare: a head of few tokens (long runs of spaces)
-            cut = len(windows) > max_windows
             kept = windows[:max_windows]
             types = enc.type_ids
-            second = types.index(1) if 1 in types else 0
+            second = types.index(1) if pair and 1 in types else 0
             more = tuple(tuple(w.ids) for w in kept[1:])
-            out.append(Encoded(tuple(enc.ids), cut, second, more=more))
+            out.append(Encoded(tuple(enc.ids), len(windows) > max_windows, second, more=more))
         return out
 
     def _encode_alone(self, index: int, text: Text, strict: bool, left: bool = False) -> Encoded:

@@ -14,6 +14,7 @@ from numaserve.client.arguments import (
     as_batch,
     check_aggregation,
     check_deadline,
+    chunks_field,
     prompt_field,
     raw_scores_field,
     rerank_fields,
@@ -39,9 +40,11 @@ class AsyncClient(Calls):
         texts: str | Sequence[str],
         deadline_ms: float | None = None,
         prompt_name: str | None = None,
+        max_chunks_per_doc: int | None = None,
     ):
         batch, single = as_batch(texts, pairs=False)
-        body = await self.call_texts("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        fields = prompt_field(prompt_name) | chunks_field(max_chunks_per_doc)
+        body = await self.call_texts("embed", batch, deadline_ms, **fields)
         return results("embed", body, single)
 
     async def embed_tokens(

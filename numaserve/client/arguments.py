@@ -69,12 +69,17 @@ def rerank_fields(query, documents, top_k, max_chunks_per_doc=None) -> tuple[lis
         raise TypeError("documents: expected a list of strings; got one string")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k: a whole number, 1 or more, or None; got {top_k!r}")
-    chunks = max_chunks_per_doc
-    if chunks is not None and (
-        isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1
-    ):
+    return batch, {"query": query, "top_k": top_k, **chunks_field(max_chunks_per_doc)}
+
+
+def chunks_field(chunks) -> dict:
+    """The request's max_chunks_per_doc where one is given: the windows a text longer than
+    the model reads may be read in (1: it is cut); none leaves the server's default."""
+    if chunks is None:
+        return {}
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"max_chunks_per_doc: a whole number, 1 or more, or None; got {chunks!r}")
-    return batch, {"query": query, "top_k": top_k, "max_chunks_per_doc": chunks}
+    return {"max_chunks_per_doc": chunks}
 
 
 def raw_scores_field(raw_scores) -> dict:

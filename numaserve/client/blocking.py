@@ -13,6 +13,7 @@ from numaserve.client.arguments import (
     as_batch,
     check_aggregation,
     check_deadline,
+    chunks_field,
     prompt_field,
     raw_scores_field,
     rerank_fields,
@@ -37,12 +38,16 @@ class Client(Calls):
         texts: str | Sequence[str],
         deadline_ms: float | None = None,
         prompt_name: str | None = None,
+        max_chunks_per_doc: int | None = None,
     ):
         """One Embedding for a string, a list of them for a list of strings. `prompt_name`:
         one of the model's own prompts, put before each text (the model's default where
-        None, as sentence-transformers does)."""
+        None, as sentence-transformers does). `max_chunks_per_doc`: a text longer than the
+        model reads is read in up to that many overlapping windows, and gets the mean of
+        their vectors, unit length (`Embedding.chunks` says how many); None or 1: it is cut."""
         batch, single = as_batch(texts, pairs=False)
-        body = self.call_texts("embed", batch, deadline_ms, **prompt_field(prompt_name))
+        fields = prompt_field(prompt_name) | chunks_field(max_chunks_per_doc)
+        body = self.call_texts("embed", batch, deadline_ms, **fields)
         return results("embed", body, single)
 
     def embed_tokens(

@@ -22,7 +22,7 @@ from numaserve.config.files import read_against
 from numaserve.config.model_paths import ModelLoadError, checkpoint_max_length
 from numaserve.config.precisions import precision_problem
 from numaserve.tasks import NAMES
-from numaserve.tasks.rerank import MAX_WINDOWS
+from numaserve.tasks.base import MAX_WINDOWS
 from numaserve.wire.protocol import SMALLEST_MESSAGE_LIMIT
 
 AUTO = "auto"

@@ -61,9 +61,9 @@ class RequestBook:
         """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
         (specs.model_key), the cache's key until instances announce their own. `hold_until`:
         until then, texts queue even where no instance is live yet (a router just started,
-        whose instances are about to announce themselves). `max_windows`: rerank's
-        model.max_chunks_per_doc, the windows a long document is read in unless its request
-        says otherwise."""
+        whose instances are about to announce themselves). `max_windows`: the model's
+        max_chunks_per_doc, the windows a long input is read in where its task reads them
+        unasked (rerank) and its request says nothing."""
         self.tokenizer = tokenizer
         self.dispatch = dispatch
         self.cache = cache
@@ -74,6 +74,7 @@ class RequestBook:
         self.hold_until = hold_until
         self.tagged = TASKS[task].needs_tokens
         self.windowed = TASKS[task].reads_windows
+        self.windows_by_default = TASKS[task].windows_by_default
         self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
         self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
         # Results are cached under the key of the model that computed them, and looked up
@@ -180,7 +181,9 @@ class RequestBook:
         if request.truncate is None and not self.tokenizer.truncate:
             return 1
         asked = request.options.get("max_chunks_per_doc")
-        return self.max_windows if asked is None else asked
+        if asked is None:  # the model's max_chunks_per_doc where the task reads windows unasked
+            return self.max_windows if self.windows_by_default else 1
+        return asked
 
     def cancel(self, envelope: list[bytes], request_id) -> None:
         """Its client gave up on a request (an HTTP client hung up): it is forgotten, never

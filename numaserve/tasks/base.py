@@ -89,7 +89,8 @@ class Answers:
         return results
 
     def best(self, kept: dict, new: dict) -> dict:
-        """Of two windows' results for one input (a task that reads windows: rerank)."""
+        """Of two windows' results for one input, what stands for both (a task that reads
+        windows: rerank's best score, embed's summed vector)."""
         raise NotImplementedError(f"{type(self).__name__} reads no input in windows")
 
 
@@ -105,6 +106,22 @@ class RawScores(Answers):
             for result in results:
                 result.pop(self.raw, None)
         return results
+
+
+MAX_WINDOWS = 64  # the windows one input is read in, at most: its cost grows with each
+
+
+def windows_option(body: dict, bad: Bad) -> int | None:
+    """max_chunks_per_doc: the windows a long input may be read in (1: it is cut)."""
+    chunks = body.get("max_chunks_per_doc")
+    if chunks is not None and (
+        isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= MAX_WINDOWS
+    ):
+        raise bad(
+            f"max_chunks_per_doc must be an integer of 1-{MAX_WINDOWS} (1: a text longer than the "
+            "model reads is cut to it; more: it is read in that many windows at most)"
+        )
+    return chunks
 
 
 def flag_option(body: dict, key: str, bad: Bad) -> bool | None:
@@ -128,9 +145,11 @@ class Task:
     inputs_are: str = "texts"  # what the request's `texts` are, in its errors
     option_keys: tuple[str, ...] = ()  # the request keys of this task alone
     needs_tokens = False  # its router shard reads each token's offsets and pieces
-    # A long input may be read in windows (rerank's document: max_chunks_per_doc), its
-    # results combined by its Answers' `best`.
+    # A long input may be read in windows (max_chunks_per_doc), its windows' results combined
+    # by its Answers' `best`: by default (rerank's documents, up to the model's
+    # max_chunks_per_doc), or where a request asks (embed's texts).
     reads_windows = False
+    windows_by_default = False
 
     def options(self, body: dict, bad: Bad) -> dict[str, Any]:
         """This task's own request fields, checked, with their defaults filled in."""

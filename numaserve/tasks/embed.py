@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.config.model_paths import ModelLoadError
-from numaserve.tasks.base import Bad, Head, Output, Task, flag_option
+from numaserve.tasks.base import Answers, Bad, Head, Output, Task, flag_option, windows_option
 from numaserve.tasks.prompts import Prompts
 from numaserve.wire import protocol
 
@@ -24,6 +24,7 @@ class Embedding:
     vector: np.ndarray  # float32; unit length where the model normalises (bundled:minilm does)
     tokens: int
     truncated: bool
+    chunks: int = 1  # a long text read in windows (max_chunks_per_doc): their vectors' mean
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,32 @@ class Pooled(Head):
         return {"dim": self.dim}
 
 
+class Windows(Answers):
+    """A text read in windows (a request's max_chunks_per_doc) gets the mean of the windows'
+    vectors, made unit length: summed as they come, normalised at the end."""
+
+    def best(self, kept: dict, new: dict) -> dict:
+        total = protocol.embedding_from_wire(kept["embedding"])
+        total = total + protocol.embedding_from_wire(new["embedding"])
+        return {**kept, "embedding": protocol.embedding_to_wire(total)}
+
+    def finish(self, request, encoded, results):
+        import numpy as np
+
+        for result, enc in zip(results, encoded, strict=True):
+            if enc.more:
+                vector = protocol.embedding_from_wire(result["embedding"])
+                result["embedding"] = protocol.embedding_to_wire(vector / np.linalg.norm(vector))
+                result["chunks"] = len(enc.windows)
+                result["tokens"] = sum(map(len, enc.windows))
+        return results
+
+
 class Embed(Task):
     name = "embed"
     output = Output.HIDDEN_STATE
-    option_keys = ("prompt_name", "token_vectors")
+    option_keys = ("prompt_name", "token_vectors", "max_chunks_per_doc")
+    reads_windows = True  # where a request asks: max_chunks_per_doc
 
     def options(self, body: dict, bad: Bad) -> dict:
         name = body.get("prompt_name")
@@ -59,7 +82,13 @@ class Embed(Task):
             raise bad(
                 f"prompt_name must be a prompt's name: a string of 1-{MAX_PROMPT_NAME} characters"
             )
-        return {"prompt_name": name, "token_vectors": flag_option(body, "token_vectors", bad)}
+        whole, chunks = flag_option(body, "token_vectors", bad), windows_option(body, bad)
+        if whole and chunks not in (None, 1):
+            raise bad("token_vectors reads a text once: max_chunks_per_doc cannot go with it")
+        return {"prompt_name": name, "token_vectors": whole, "max_chunks_per_doc": chunks}
+
+    def answers(self, tokenizer) -> Windows:
+        return Windows()
 
     def prompts(self, directory: Path) -> Prompts:
         return Prompts.read(directory)
@@ -86,7 +115,7 @@ class Embed(Task):
             rows = vectors.reshape(result["tokens"], -1)
             return TokenEmbedding(rows, result["tokens"], result["truncated"])
         vector = protocol.embedding_from_wire(result["embedding"])
-        return Embedding(vector, result["tokens"], result["truncated"])
+        return Embedding(vector, result["tokens"], result["truncated"], result.get("chunks", 1))
 
 
 def _pooling(directory: Path) -> Pooling:

@@ -8,12 +8,11 @@ from pathlib import Path
 
 from numaserve.config.model_paths import ModelLoadError, read_json
 from numaserve.tasks.agreement import Verdict, agreement_verdict
-from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option
+from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option, windows_option
 from numaserve.wire.protocol import check_text
 
 GATE_DOCUMENTS = 8  # the documents each query of the accuracy gate ranks
 TOP = 3  # the top documents whose order the gate reports
-MAX_WINDOWS = 64  # the windows a long document is scored in, at most: its cost grows with each
 
 # What a cross-encoder's one logit becomes: sentence-transformers' CrossEncoder applies the
 # activation its config names (Sigmoid unless it says otherwise).
@@ -97,7 +96,7 @@ class Rerank(Task):
     reads_pairs = True
     inputs_are = "documents"
     option_keys = ("query", "top_k", "raw_scores", "max_chunks_per_doc")
-    reads_windows = True
+    reads_windows = windows_by_default = True
 
     def options(self, body: dict, bad: Bad) -> dict:
         query, top_k = body.get("query"), body.get("top_k")
@@ -106,16 +105,7 @@ class Rerank(Task):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise bad("top_k must be an integer of at least 1")
-        chunks = body.get("max_chunks_per_doc")
-        if chunks is not None and (
-            isinstance(chunks, bool)
-            or not isinstance(chunks, int)
-            or not 1 <= chunks <= MAX_WINDOWS
-        ):
-            raise bad(
-                f"max_chunks_per_doc must be an integer of 1-{MAX_WINDOWS} (1: a long document is cut to "
-                "the model's length; more: scored in that many windows at most)"
-            )
+        chunks = windows_option(body, bad)
         return {
             "query": query,
             "top_k": top_k,
