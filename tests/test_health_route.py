@@ -76,5 +76,5 @@ def test_health_asks_each_model_by_ping_not_by_status(router, front):
     router.add_worker("main-0")
     replies = router.router.metrics.replies
     assert httpx.get(f"{front}/health", timeout=10).status_code == 200
-    assert replies.get(("ping", "ok"), 0) == 1
-    assert replies.get(("status", "ok"), 0) == 0
+    assert replies.get(("ping", "ok", "interactive"), 0) == 1
+    assert replies.get(("status", "ok", "interactive"), 0) == 0
