@@ -619,6 +619,12 @@ def test_openapi_json_describes_every_route(embedder):
         "/",
     ):
         assert path in document["paths"]
+    embed = document["paths"]["/embed"]["post"]
+    assert [p["name"] for p in embed["parameters"]] == ["X-Priority"]
+    assert "X-Truncated-Inputs" in embed["responses"]["200"]["headers"]
+    for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        body = document["paths"][route]["post"]["requestBody"]["content"]["application/json"]
+        assert "max_chunks_per_doc" in body["schema"]["properties"]
 
 
 # -- keys ----------------------------------------------------------------------------------

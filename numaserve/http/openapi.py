@@ -38,6 +38,8 @@ DIRECTION = {"type": "string", "enum": ["Left", "Right"], "default": "Right"}  #
 
 
 CUTTING = {"truncate": {"type": "boolean", "nullable": True}, "truncation_direction": DIRECTION}
+# A long document's windows, at most (1: it is cut); default the model's max_chunks_per_doc.
+CHUNKS = {"type": "integer", "minimum": 1, "maximum": 64, "nullable": True}
 
 
 def _object(required: list[str], **properties) -> dict:
@@ -73,6 +75,7 @@ REQUESTS = {
         texts=STRINGS,
         return_text={"type": "boolean", "default": False},
         raw_scores={"type": "boolean", "default": False},
+        max_chunks_per_doc=CHUNKS,
         **CUTTING,
         model=MODEL,
     ),
@@ -143,6 +146,7 @@ REQUESTS = {
         },
         top_n={"type": "integer", "minimum": 1, "nullable": True},
         return_documents={"type": "boolean", "default": False},
+        max_chunks_per_doc=CHUNKS,
     ),
     "/v2/rerank": _object(
         ["query", "documents"],
@@ -151,6 +155,7 @@ REQUESTS = {
         documents=STRINGS,
         top_n={"type": "integer", "minimum": 1, "nullable": True},
         max_tokens_per_doc={"type": "integer", "minimum": 1, "nullable": True},
+        max_chunks_per_doc=CHUNKS,
     ),
     "/v2/embed": _object(
         ["texts"],
@@ -278,6 +283,21 @@ STATUSES = {
 }
 
 
+PRIORITY = {
+    "name": "X-Priority",
+    "in": "header",
+    "required": False,
+    "description": "interactive (the default: the API key's, else interactive) or bulk: "
+    "served after interactive requests, and shed first under load",
+    "schema": {"type": "string", "enum": ["interactive", "bulk"]},
+}
+TRUNCATED = {
+    "description": "The indexes of the inputs cut to the model's length, comma-separated; "
+    "absent where every input was read whole",
+    "schema": {"type": "string"},
+}
+
+
 def document(app) -> dict:
     paths: dict[str, dict] = {}
     for route in app.routes.values():
@@ -297,6 +317,9 @@ def document(app) -> dict:
             operation["responses"] |= {
                 code: {"description": why, "content": error} for code, why in STATUSES.items()
             }
+            if request is not None:  # a route that runs the model
+                operation["parameters"] = [PRIORITY]
+                operation["responses"]["200"]["headers"] = {"X-Truncated-Inputs": TRUNCATED}
         if not route.open:
             operation["security"] = [{"bearer": []}] if app.keys.path else []
         paths.setdefault(route.path, {})[route.method.lower()] = operation
