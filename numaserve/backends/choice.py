@@ -96,6 +96,7 @@ CANDIDATES = (
 AUTO_BACKENDS = ("ctranslate2", "onnxruntime", "openvino")
 RUNTIMES = ("numaserve", "onnxruntime", "openvino", "ctranslate2")  # not torch: see onnx_build
 GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
+JUDGING_THREADS = 4  # a named precision's judgement runs on up to this many CPUs
 BAND_INPUTS = (
     25  # a pool whose length range holds fewer of the gate's texts is timed on the nearest
 )
@@ -355,6 +356,8 @@ def named_cost(
             extra={"event": "prepare"},
         )
         judged = gate_config(config)
+        # Judged once, before any instance of it runs: on a few of this process's CPUs, not one.
+        load = partial(load, threads=min(JUDGING_THREADS, len(os.sched_getaffinity(0))))
         try:
             gate = reference_gate(judged, isa, load)
         except MissingRuntime as e:
