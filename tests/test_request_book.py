@@ -27,7 +27,9 @@ def tokenizer():
 class Shard:
     """A book and what it answered: (envelope, reply body) in order."""
 
-    def __init__(self, tokenizer, task="embed", queue_size=4, hold_until=0.0, max_windows=1):
+    def __init__(
+        self, tokenizer, task="embed", queue_size=4, hold_until=0.0, max_windows=1, backlog=2048
+    ):
         self.replies: list[tuple[list[bytes], dict]] = []
         self.dispatch = Dispatcher(POOLS, queue_size=queue_size, max_batch=1)
         self.book = RequestBook(
@@ -41,6 +43,7 @@ class Shard:
             max_queue_ms=1000,
             hold_until=hold_until,
             max_windows=max_windows,
+            max_backlog=backlog,
         )
 
     def instance(self, name="w0", pool="short", model_key="model-a") -> bytes:
@@ -365,3 +368,15 @@ def test_a_long_document_is_scored_in_windows_each_a_text_of_its_own(tokenizer):
     assert long["chunks"] == sum(1 for r in ran if r[1] == 0) > 3 and not long["truncated"]
     assert long["score"] == 128.0  # the stand-in scores a window by its tokens: the best
     assert short["chunks"] == 1 and short["score"] == short["tokens"]
+
+
+def test_big_requests_past_the_backlog_limit_are_refused_whole_and_the_rest_served(tokenizer):
+    shard = Shard(tokenizer, queue_size=64, backlog=30)
+    shard.instance()
+    shard.ask(*[f"first {i}" for i in range(20)], request_id=1)  # 2 queued, 18 held back
+    shard.ask(*[f"second {i}" for i in range(20)], request_id=2)  # 18 more: past 30
+    [(_, refused)] = shard.replies
+    assert refused["id"] == 2 and refused["error"]["code"] == "overloaded"
+    assert "18 texts of big requests wait here already, at most 30" in refused["error"]["message"]
+    shard.run_jobs()
+    assert shard.codes() == ["overloaded", "ok"] and shard.book.backlogged == 0

@@ -57,13 +57,15 @@ class RequestBook:
         hold_until: float = 0.0,
         prompts: Prompts = NO_PROMPTS,
         max_windows: int = 1,
+        max_backlog: int = 2048,
     ):
         """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
         (specs.model_key), the cache's key until instances announce their own. `hold_until`:
         until then, texts queue even where no instance is live yet (a router just started,
         whose instances are about to announce themselves). `max_windows`: the model's
         max_chunks_per_doc, the windows a long input is read in where its task reads them
-        unasked (rerank) and its request says nothing."""
+        unasked (rerank) and its request says nothing. `max_backlog`: the texts of big
+        requests held beyond the queues, at most (server.max_texts: one whole request's)."""
         self.tokenizer = tokenizer
         self.dispatch = dispatch
         self.cache = cache
@@ -84,6 +86,8 @@ class RequestBook:
         self.live_keys: tuple[str, ...] = (model_key,)
         self.active: dict[int, Pending] = {}  # requests not yet answered, by id()
         self.feeding: dict[int, Pending] = {}  # those with texts in a backlog, oldest first
+        self.max_backlog = max_backlog
+        self.backlogged = 0  # texts in every backlog
         self.deadlines = Deadlines()
         self.counters = {
             "requests": 0,
@@ -130,6 +134,12 @@ class RequestBook:
         # Up to two micro-batches go whole, without counting the instances (the common case).
         few = len(misses) <= 2 * self.dispatch.max_batch
         piece = len(misses) if few else self.dispatch.piece()
+        rest = len(misses) - piece
+        if rest > 0 and self.backlogged + rest > self.max_backlog:
+            held = f"{self.backlogged} texts of big requests wait here already"
+            limit = f"at most {self.max_backlog} (server.max_texts)"
+            self.fail(pending, ErrorCode.OVERLOADED, f"{held}, {limit}; retry later")
+            return
         refused = self.dispatch.admit(misses[:piece], now, hold=now < self.hold_until)
         if refused is ErrorCode.OVERLOADED:
             self.fail(pending, refused, OVERLOADED_MESSAGE)
@@ -139,9 +149,10 @@ class RequestBook:
             pending.remaining = len(misses)
             self.active[id(pending)] = pending
             self.changed = True
-            if len(misses) > piece:
+            if rest > 0:
                 pending.backlog = deque(misses[piece:])
                 self.feeding[id(pending)] = pending
+                self.backlogged += rest
             if deadline is not None:
                 self.deadlines.add(pending)
 
@@ -165,6 +176,7 @@ class RequestBook:
             elif refused is None:
                 for _ in range(size):
                     backlog.popleft()
+                self.backlogged -= size
                 pending.starved_since = None
                 self.changed = True
                 if not backlog:
@@ -356,6 +368,8 @@ class RequestBook:
         """Forget an answered request: memory follows what is in flight, not what was."""
         pending.done = True
         pending.results = pending.encoded = []
+        if pending.backlog:
+            self.backlogged -= len(pending.backlog)
         pending.backlog = None
         self.active.pop(id(pending), None)
         self.feeding.pop(id(pending), None)

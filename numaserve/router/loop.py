@@ -107,6 +107,7 @@ class Router:
             hold_until=time.monotonic() + self.expiry + 2 * self.heartbeat,
             prompts=prompts,
             max_windows=spec.model.max_chunks_per_doc,
+            max_backlog=spec.server.max_texts,
         )
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
