@@ -236,22 +236,14 @@ def named(config: ModelConfig) -> ModelConfig:
 def verdicts_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
     """What the gate's verdicts were made for: the checkpoint (its digest), the task and
     scope, the CPU and the runtimes' versions; not the pools, which only the race depends on."""
-    versions = {}
-    for package in RUNTIMES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None  # not installed: its candidates are skipped
     settings = {
         "format": FORMAT,
         "task": config.task,
         "backend": config.backend,
         "isa": sorted(isa),
-        "versions": versions,
+        "versions": _versions(RUNTIMES),  # None for one not installed: its candidates skipped
     }
-    key = hashlib.sha256(digest.encode())
-    key.update(json.dumps(settings, sort_keys=True).encode())
-    return key.hexdigest()[:32]
+    return _key(digest, settings)
 
 
 def named_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
@@ -259,22 +251,14 @@ def named_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
     the CPU, and the versions of numaserve and of the path's own runtime only, so
     that an installation without the others (the container image's runtime) finds what its
     build judged on the same CPU."""
-    versions = {}
-    for package in ("numaserve", config.backend):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
     settings = {
         "format": FORMAT,
         "task": config.task,
         "path": str(ModelPath(config.backend, config.quantize, config.keep_fp32)),
         "isa": sorted(isa),
-        "versions": versions,
+        "versions": _versions(("numaserve", config.backend)),
     }
-    key = hashlib.sha256(digest.encode())
-    key.update(json.dumps(settings, sort_keys=True).encode())
-    return key.hexdigest()[:32]
+    return _key(digest, settings)
 
 
 def choice_key(
@@ -291,8 +275,24 @@ def choice_key(
         "pools": [[b.shortest, b.longest] for b in pools],
         "batching": dataclasses.asdict(batching),
     }
-    key = hashlib.sha256(verdicts_key(digest, config, isa).encode())
-    key.update(json.dumps(layout, sort_keys=True).encode())
+    return _key(verdicts_key(digest, config, isa), layout)
+
+
+def _versions(packages) -> dict[str, str | None]:
+    """Each package's installed version; None where it is not installed."""
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def _key(seed: str, settings: dict) -> str:
+    """A cache key: `seed` (a digest, or another key) and `settings`, hashed."""
+    key = hashlib.sha256(seed.encode())
+    key.update(json.dumps(settings, sort_keys=True).encode())
     return key.hexdigest()[:32]
 
 

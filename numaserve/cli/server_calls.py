@@ -25,6 +25,7 @@ from numaserve.cli.common import (
 )
 from numaserve.status.report import BadReport, Report
 from numaserve.tasks import NAMES, TASKS
+from numaserve.tasks.base import MAX_WINDOWS
 from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
@@ -154,7 +155,7 @@ def ner(texts, file, aggregation: str, endpoints, timeout: float, as_json: bool)
 @click.option("--top-k", type=click.IntRange(min=1), help="Only the best K, best first.")
 @click.option(
     "--max-chunks-per-doc",
-    type=click.IntRange(min=1, max=64),
+    type=click.IntRange(min=1, max=MAX_WINDOWS),
     help="Score a document longer than the model reads in at most N windows (1: cut it); "
     "default: the server's model.max_chunks_per_doc.",
 )

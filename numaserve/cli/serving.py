@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import typing
 
 import click
 
@@ -25,7 +26,13 @@ from numaserve.cli.common import (
 )
 from numaserve.config.ports import Ports
 from numaserve.config.precisions import needs_prepare
-from numaserve.config.schema import ConfigError, load_config
+from numaserve.config.schema import (
+    MAX_LENGTH,
+    MAX_TEXTS,
+    ConfigError,
+    ModelConfig,
+    load_config,
+)
 from numaserve.host.ledger import AlreadyServedError, CoresHeldError
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import TopologyError
@@ -66,18 +73,18 @@ def _port_option(name: str, default: int, key: str):
 )
 @click.option(
     "--quantize",
-    type=click.Choice(["auto", "int8", "int16", "bf16", "none"]),
+    type=click.Choice(typing.get_args(typing.get_type_hints(ModelConfig)["quantize"])),
     help="--model: model.quantize (default auto: raced at the first start; a named "
     "precision starts at once and is judged against fp32 once).",
 )
 @click.option(
     "--max-length",
-    type=click.IntRange(1, 8192),
+    type=click.IntRange(1, MAX_LENGTH),
     help="--model: model.max_length, the most tokens a text may have (default: the checkpoint's).",
 )
 @click.option(
     "--max-texts",
-    type=click.IntRange(1, 100_000),
+    type=click.IntRange(1, MAX_TEXTS),
     help="--model: server.max_texts, the most texts one request may hold (default 2048).",
 )
 @_port_option("--port", 8080, "server.http (the HTTP API)")

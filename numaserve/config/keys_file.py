@@ -40,9 +40,10 @@ def read_keys(path: str) -> KeysFile:
         raise KeysFileError(f"server.http_api_keys_file: cannot read {path}: {e}") from None
     keys, short, bulk = [], [], set()
     for number, line in enumerate(lines, 1):
-        if not line.split() or line.split()[0].startswith("#"):
+        words = line.split()
+        if not words or words[0].startswith("#"):
             continue
-        key, *words = line.split()
+        key, *words = words
         if words not in ([], ["bulk"]):
             raise KeysFileError(
                 f"server.http_api_keys_file: {path}: line {number}: after the key comes "

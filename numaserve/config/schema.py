@@ -29,6 +29,7 @@ AUTO = "auto"
 DEFAULT_MODEL = "default"  # the name of the one model of a `model:` config
 NAME = r"[A-Za-z0-9_-]{1,32}"  # a model's or a pool's name
 MAX_LENGTH = 8192  # the most tokens model.max_length may be
+MAX_TEXTS = 100_000  # the most texts server.max_texts may be
 
 
 class ConfigError(ValueError):
@@ -97,7 +98,7 @@ class ServerConfig:
     max_wait_ms: int = field(default=0, metadata=_bounds(0, 1000))
     # Texts in one request. A request of more than a few micro-batches is queued a piece at
     # a time and spread over every instance (docs/configuration.md#big-requests).
-    max_texts: int = field(default=2048, metadata=_bounds(1, 100_000))
+    max_texts: int = field(default=2048, metadata=_bounds(1, MAX_TEXTS))
     max_message_bytes: int = field(default=16 << 20, metadata=_bounds(SMALLEST_MESSAGE_LIMIT))
     heartbeat_ms: int = field(default=500, metadata=_bounds(10, 60_000))
     heartbeat_liveness: int = field(default=3, metadata=_bounds(1, 100))

@@ -121,12 +121,13 @@ class App:
 
     def bulk(self, request: Request) -> bool:
         """The request's priority: its X-Priority header, else its API key's default."""
-        priority = request.headers.get("x-priority")
-        if priority is None:
+        given = request.headers.get("x-priority")
+        if given is None:
             return self.keys.is_bulk(request.headers.get("authorization"))
-        if priority.strip().lower() not in PRIORITIES:
-            raise ApiError(400, f"X-Priority is interactive or bulk; got {priority[:40]!r}")
-        return priority.strip().lower() == "bulk"
+        priority = given.strip().lower()
+        if priority not in PRIORITIES:
+            raise ApiError(400, f"X-Priority is interactive or bulk; got {given[:40]!r}")
+        return priority == "bulk"
 
     def check_count(self, texts: list) -> None:
         """More inputs than server.max_texts in one request is 413, before any is read."""

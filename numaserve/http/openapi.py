@@ -8,6 +8,7 @@ schema says so.
 from __future__ import annotations
 
 from numaserve import __version__
+from numaserve.tasks.base import MAX_WINDOWS
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
 IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -39,7 +40,7 @@ DIRECTION = {"type": "string", "enum": ["Left", "Right"], "default": "Right"}  #
 
 CUTTING = {"truncate": {"type": "boolean", "nullable": True}, "truncation_direction": DIRECTION}
 # A long document's windows, at most (1: it is cut); default the model's max_chunks_per_doc.
-CHUNKS = {"type": "integer", "minimum": 1, "maximum": 64, "nullable": True}
+CHUNKS = {"type": "integer", "minimum": 1, "maximum": MAX_WINDOWS, "nullable": True}
 
 
 def _object(required: list[str], **properties) -> dict:
