@@ -67,6 +67,11 @@ class Encoded:
     def windows(self) -> tuple[tuple[int, ...], ...]:
         return (self.ids, *self.more)
 
+    @property
+    def tokens_read(self) -> int:
+        """The tokens the model reads of it: every window's."""
+        return len(self.ids) + sum(map(len, self.more))
+
 
 Text = str | tuple[str, str]  # a text, or a pair of them (premise and hypothesis, query and
 # document) that the model reads as one input

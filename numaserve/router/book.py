@@ -316,7 +316,7 @@ class RequestBook:
     def complete(self, pending: Pending) -> None:
         request = pending.request
         results = [
-            {**result, "tokens": len(enc.ids), "truncated": enc.truncated}
+            {**result, "tokens": enc.tokens_read, "truncated": enc.truncated}
             for result, enc in zip(pending.results, pending.encoded, strict=True)
         ]
         results = self.answers.finish(request, pending.encoded, results)

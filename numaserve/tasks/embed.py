@@ -66,7 +66,6 @@ class Windows(Answers):
                 vector = protocol.embedding_from_wire(result["embedding"])
                 result["embedding"] = protocol.embedding_to_wire(vector / np.linalg.norm(vector))
                 result["chunks"] = len(enc.windows)
-                result["tokens"] = sum(map(len, enc.windows))
         return results
 
 

@@ -82,7 +82,6 @@ class Ranking(RawScores):
     def finish(self, request, encoded, results):
         for result, enc in zip(results, encoded, strict=True):
             result["chunks"] = len(enc.windows)
-            result["tokens"] = sum(map(len, enc.windows))
         return ranked(super().finish(request, encoded, results), request.options["top_k"])
 
     def best(self, kept: dict, new: dict) -> dict:
