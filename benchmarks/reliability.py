@@ -1,26 +1,34 @@
 """What a flood and a huge text cost: goodput under 25x overload against the same server at a
 normal load, and the router's time and memory for a 4 MiB text, in one run.
 
-Starts `numaserve start` as the hardening issue's attack did (two single-core instances,
-cache off, the default model), then:
+Starts `numaserve start` (single-core instances, cache off, the default model), then:
   huge      one text just under server.max_message_bytes (4 MiB): the router's CPU time for
             it, and its RSS before, right after and 5 s after
-  normal    2 raw clients x 4 requests in flight, for --seconds
-  overload  --clients raw clients x at most --depth requests in flight, for --seconds,
-            offering --overload (25) times the normal phase's goodput at a steady rate
-The clients never retry (tests/raw_load.py). Reported: answered ok per second (goodput) in
-each phase and their ratio, every reply's code, requests never answered, p50/p99 latency of
-`ok` and `overloaded` replies, the slowest reply of any kind, and the router's RSS.
-The load runs in processes of its own (--procs), so the client's GIL is not the bottleneck.
+  normal    2 raw clients x 4 requests in flight, for --seconds: the server's capacity
+  overload  for each multiple in --overload (2, 5, 25): --clients raw clients x at most
+            --depth requests in flight, for --seconds, offering that multiple of the normal
+            phase's goodput at a steady rate (an open loop)
+The clients never retry (numaserve/testing/load.py). Reported: answered ok per second
+(goodput) in each phase and its ratio to normal, every reply's code, requests never answered,
+p50/p99 latency of `ok` and `overloaded` replies, the slowest reply of any kind, the router's
+RSS, and the CPU time the router, the instances and the load generator each used.
 
-Run:  .venv/bin/python -m benchmarks.reliability [--seconds 20] [--clients 50] [--depth 64]
+With --server-cpus and --load-cpus the server (started under `taskset`: it plans on the CPUs
+it is allowed) and the load generator's processes run on CPUs of their own, so that the
+goodput measured is the server's and not what the generator left it. Without them both share
+every CPU, as on a machine whose clients run beside the server.
+
+Run:  .venv/bin/python -m benchmarks.reliability [--server-cpus 1 --load-cpus 0]
+      [--overload 2,5,25] [--instances 2] [--seconds 20] [--clients 50] [--depth 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -32,21 +40,41 @@ from numaserve.client import Client, NumaserveError
 from numaserve.testing.load import Outcomes, RawLoad
 from numaserve.testing.server import ENDPOINT, Server
 
-CONFIG = """
-server: {endpoint: "@ENDPOINT@", cache_entries: 0}
+
+def config(instances: int = 2) -> str:
+    """Single-core instances of the default model, the cache off: every text computed."""
+    return f"""
+server: {{endpoint: "{ENDPOINT}", cache_entries: 0}}
 placement:
-  pools: [{name: main, max_tokens: 256, cores_per_instance: 1, instances: 2}]
-""".replace("@ENDPOINT@", ENDPOINT)
+  pools: [{{name: main, max_tokens: 256, cores_per_instance: 1, instances: {instances}}}]
+"""
 
 
-def run_load(endpoint, clients, depth, rate, seconds, tag, queue) -> None:
+CONFIG = config()  # two instances, as the hardening issue's attack ran
+
+
+def run_load(endpoint, clients, depth, rate, seconds, tag, queue, cpus) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     load = RawLoad(endpoint, clients=clients, depth=depth, text=tag, rate=rate)
     time.sleep(seconds)
     queue.put(load.stop(drain_s=15))
 
 
-def phase(endpoint, clients, depth, seconds, procs, router, rate=None) -> dict:
-    """`rate`: requests/s offered in all (an open loop); None: a closed loop."""
+def cpu_s(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds the processes (and their threads) have used so far."""
+    total = 0.0
+    for p in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(p.cpu_times()[:2])
+    return total
+
+
+def phase(endpoint, clients, depth, seconds, procs, server, rate=None, cpus=None) -> dict:
+    """`rate`: requests/s offered in all (an open loop); None: a closed loop. `cpus`: the
+    CPUs the load processes are pinned to (None: any)."""
+    router = psutil.Process(server.router_pid())
+    instances = [psutil.Process(i["pid"]) for i in server.instances().values()]
     queue = multiprocessing.Queue()
     per = [clients // procs + (i < clients % procs) for i in range(procs)]
     workers = [
@@ -60,6 +88,7 @@ def phase(endpoint, clients, depth, seconds, procs, router, rate=None) -> dict:
                 seconds,
                 f"p{i}-{time.time()}",
                 queue,
+                cpus,
             ),
         )
         for i, n in enumerate(per)
@@ -68,10 +97,14 @@ def phase(endpoint, clients, depth, seconds, procs, router, rate=None) -> dict:
     rss = [router.memory_info().rss]
     for w in workers:
         w.start()
+    load = [psutil.Process(w.pid) for w in workers]
+    before = [cpu_s([router]), cpu_s(instances), cpu_s(load)]
     started = time.monotonic()
     while time.monotonic() - started < seconds:
         time.sleep(0.5)
         rss.append(router.memory_info().rss)
+    used = [cpu_s([router]), cpu_s(instances), cpu_s(load)]  # the load drains, still alive
+    elapsed = time.monotonic() - started
     total = Outcomes()
     for _ in workers:
         total.add(queue.get(timeout=seconds + 60))
@@ -96,6 +129,11 @@ def phase(endpoint, clients, depth, seconds, procs, router, rate=None) -> dict:
         "overloaded_p99_ms": pct("overloaded", 0.99),
         "slowest_reply_ms": round(max(every), 1) if every else None,
         "router_rss_mb": [round(min(rss) / 2**20, 1), round(max(rss) / 2**20, 1)],
+        # CPUs' worth each used over the phase
+        "cpus_used": {
+            name: round((u - b) / elapsed, 2)
+            for name, u, b in zip(("router", "instances", "load"), used, before, strict=True)
+        },
     }
 
 
@@ -127,36 +165,73 @@ def huge_text(endpoint: str, router: psutil.Process) -> dict:
         }
 
 
+def cpu_list(text: str | None) -> set[int] | None:
+    """`0`, `0-3`, `0,2`: the CPUs a process may run on."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--instances", type=int, default=2)
     parser.add_argument(
         "--overload",
-        type=float,
-        default=25,
-        help="offered load as a multiple of the normal phase's goodput (an open loop); "
-        "0: a closed loop, each client sending again as soon as it is answered",
+        default="25",
+        help="offered loads, as multiples of the normal phase's goodput (an open loop), "
+        "comma-separated; 0: a closed loop, each client sending again once answered",
     )
+    parser.add_argument("--server-cpus", help="the server's CPUs (taskset), e.g. 1")
+    parser.add_argument("--load-cpus", help="the load generator's CPUs, e.g. 0")
+    parser.add_argument("--skip-huge", action="store_true", help="no 4 MiB text")
     parser.add_argument("--out", default="benchmarks/results/reliability.json")
     args = parser.parse_args()
     topology = machine.topology()
+    load_cpus = cpu_list(args.load_cpus)
+    prefix = ("taskset", "-c", args.server_cpus) if args.server_cpus else ()
+    result: dict = {
+        "topology": topology,
+        "server_cpus": args.server_cpus or "all",
+        "load_cpus": args.load_cpus or "all",
+        "instances": args.instances,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), CONFIG)
+        server = Server(Path(tmp), config(args.instances), prefix=prefix)
         try:
             server.wait_ready(timeout=300)
-            router = psutil.Process(server.router_pid())
-            huge = huge_text(server.endpoint, router)
-            print("huge    ", json.dumps(huge))
-            normal = phase(server.endpoint, 2, 4, args.seconds, 2, router)
+            if not args.skip_huge:
+                router = psutil.Process(server.router_pid())
+                result["huge_text"] = huge_text(server.endpoint, router)
+                print("huge    ", json.dumps(result["huge_text"]))
+            normal = phase(server.endpoint, 2, 4, args.seconds, 2, server, cpus=load_cpus)
+            result["normal"] = normal
             print("normal  ", json.dumps(normal))
-            rate = args.overload * normal["goodput_per_s"] or None
-            overload = phase(
-                server.endpoint, args.clients, args.depth, args.seconds, args.procs, router, rate
-            )
-            print("overload", json.dumps(overload))
+            result["overload"] = {}
+            for multiple in (float(m) for m in args.overload.split(",")):
+                rate = multiple * normal["goodput_per_s"] or None
+                overload = phase(
+                    server.endpoint,
+                    args.clients,
+                    args.depth,
+                    args.seconds,
+                    args.procs,
+                    server,
+                    rate,
+                    load_cpus,
+                )
+                overload["goodput_ratio"] = round(
+                    overload["goodput_per_s"] / normal["goodput_per_s"], 3
+                )
+                result["overload"][f"{multiple:g}x"] = overload
+                print(f"{multiple:g}x".ljust(8), json.dumps(overload))
         finally:
             server.stop()
             warnings = [
@@ -166,14 +241,8 @@ def main() -> None:
             ]
             print(f"the server logged {len(warnings)} warning(s) and error(s)")
             print("\n".join(warnings[:20]))
-    result = {
-        "topology": topology,
-        "huge_text": huge,
-        "normal": normal,
-        "overload": overload,
-        "goodput_ratio": round(overload["goodput_per_s"] / normal["goodput_per_s"], 3),
-    }
-    print("goodput under overload / normal:", result["goodput_ratio"])
+    for name, overload in result["overload"].items():
+        print(f"goodput at {name} / normal: {overload['goodput_ratio']}")
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -11,6 +11,9 @@ other). Each text is distinct. Measured in one run:
                Python cost at the least, and the most the load generators can drive here
   cache off    the router with server.cache_entries: 0: tokenize, queue, dispatch, reply
   cache hits   the router answering texts its cache holds (no worker involved)
+  refused      the router under overload: its queue (server.queue_size 1) full and the
+               stand-ins holding their texts past the run, so every request is answered
+               `overloaded`: what shedding a request costs the router
 For each: requests/s, and the router's CPU time per request (utime + stime from /proc over
 the measured window, divided by the requests answered in it; with shards, all shards' CPU
 together, and the frontend's apart). Also the tokenizer alone on the router's CPU, the same
@@ -281,21 +284,24 @@ def router(
     cache_entries: int,
     texts_: list[str],
     keys: Keys | None,
+    refuse: bool = False,
 ) -> dict:
     """The real router, or `--routers` shards behind the frontend, each shard with
-    `--workers` stand-in instances of its own."""
+    `--workers` stand-in instances of its own; with `refuse`, instances that hold their
+    texts for an hour and a queue of one, so that every request is refused."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     sharded = len(lay.routers) > 1
-    shards_endpoint = f"ipc://{tmp}/frontend-{cache_entries}.sock"
+    name = f"{cache_entries}{'-refuse' if refuse else ''}"
+    shards_endpoint = f"ipc://{tmp}/frontend-{name}.sock"
     server = ServerConfig(
         endpoint=endpoint,
         cache_entries=cache_entries,
-        queue_size=4096,
         max_batch=1,  # the router's work a text, as docs/benchmarks.md gives it
         curve=keys and keys.server,
+        **({"queue_size": 1, "max_queue_ms": 3_600_000} if refuse else {"queue_size": 4096}),
     )
     client = keys and keys.client
-    log = open(f"{tmp}/router-{cache_entries}.log", "w")  # noqa: SIM115 (closed below)
+    log = open(f"{tmp}/router-{name}.log", "w")  # noqa: SIM115 (closed below)
     procs, routers = [], []
     try:
         if sharded:
@@ -309,7 +315,7 @@ def router(
             )
             procs.append(subprocess.Popen(frontend.argv(), stderr=log))
         for shard, (cpu, stand_in_cpu) in enumerate(zip(lay.routers, lay.stand_ins, strict=True)):
-            workers = f"ipc://{tmp}/workers-{cache_entries}-{shard}.sock"
+            workers = f"ipc://{tmp}/workers-{name}-{shard}.sock"
             spec = RouterSpec(
                 workers_endpoint=workers,
                 pools=(PoolConfig(name="main", max_tokens=256),),
@@ -327,6 +333,7 @@ def router(
                         *(sys.executable, str(ROOT / "benchmarks/stand_in_workers.py")),
                         *("--endpoint", workers, "--count", str(args.workers)),
                         *("--cpu", str(stand_in_cpu)),
+                        *(("--delay", "3600") if refuse else ()),
                     ],
                     stderr=log,
                 )
@@ -414,12 +421,15 @@ def main() -> None:
         results["floor"] = floor(args, lay, keys)
         results["cache_off"] = router(args, lay, node_of, tmp, 0, texts(1_000_000, True), keys)
         results["cache_hits"] = router(args, lay, node_of, tmp, 100_000, texts(500, False), keys)
+        results["refused"] = router(
+            args, lay, node_of, tmp, 0, texts(1_000_000, True), keys, refuse=True
+        )
     results["tokenizer"] = tokenizer_cost(args.model, lay.routers[0])
     print(
         f"\n{'':12} {'requests/s':>11} {'router CPU us/request':>22} {'CPU use':>8}"
         f" {'frontend CPU use':>17} {'errors':>7}"
     )
-    for name in ("floor", "cache_off", "cache_hits"):
+    for name in ("floor", "cache_off", "cache_hits", "refused"):
         r = results[name]
         front = f"{r['frontend_cpu_utilization']:.0%}" if "frontend_cpu_utilization" in r else "-"
         print(
