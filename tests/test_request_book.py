@@ -28,10 +28,20 @@ class Shard:
     """A book and what it answered: (envelope, reply body) in order."""
 
     def __init__(
-        self, tokenizer, task="embed", queue_size=4, hold_until=0.0, max_windows=1, backlog=2048
+        self,
+        tokenizer,
+        task="embed",
+        queue_size=4,
+        hold_until=0.0,
+        max_windows=1,
+        backlog=2048,
+        max_batch=1,
+        max_batch_tokens=None,
     ):
         self.replies: list[tuple[list[bytes], dict]] = []
-        self.dispatch = Dispatcher(POOLS, queue_size=queue_size, max_batch=1)
+        self.dispatch = Dispatcher(
+            POOLS, queue_size=queue_size, max_batch=max_batch, max_batch_tokens=max_batch_tokens
+        )
         self.book = RequestBook(
             tokenizer,
             self.dispatch,
@@ -368,6 +378,21 @@ def test_a_long_document_is_scored_in_windows_each_a_text_of_its_own(tokenizer):
     assert long["chunks"] == sum(1 for r in ran if r[1] == 0) > 3 and not long["truncated"]
     assert long["score"] == 128.0  # the stand-in scores a window by its tokens: the best
     assert short["chunks"] == 1 and short["score"] == short["tokens"]
+
+
+def test_a_long_documents_windows_are_queued_two_forward_passes_at_a_time(tokenizer):
+    """A window fills a micro-batch of max_batch_tokens alone: queued all at once, the last
+    of a document's windows would wait behind the others past max_queue_ms on one instance."""
+    shard = Shard(
+        tokenizer, task="rerank", queue_size=64, max_windows=8, max_batch=8, max_batch_tokens=128
+    )
+    shard.instance("w0", pool="long")
+    document = " ".join(f"word{i}" for i in range(200))  # about 400 tokens: 128 a window
+    shard.ask(document, op="rerank", query="which word", top_k=None)
+    assert [len(pool.queue) for pool in shard.dispatch.pools] == [0, 2]
+    ran = shard.run_jobs()
+    [(_, body)] = shard.replies
+    assert body["results"][0]["chunks"] == len(ran) > 3
 
 
 def test_big_requests_past_the_backlog_limit_are_refused_whole_and_the_rest_served(tokenizer):

@@ -132,8 +132,9 @@ class RequestBook:
             self.complete(pending)
             return
         # Up to two micro-batches go whole, without counting the instances (the common case).
-        few = len(misses) <= 2 * self.dispatch.max_batch
-        piece = len(misses) if few else self.dispatch.piece()
+        pending.longest = max(len(item.ids) for item in misses)
+        few = len(misses) <= 2 * self.dispatch.per_batch(pending.longest)
+        piece = len(misses) if few else self.dispatch.piece(pending.longest)
         rest = len(misses) - piece
         if rest > 0 and self.backlogged + rest > self.max_backlog:
             held = f"{self.backlogged} texts of big requests wait here already"
@@ -160,10 +161,10 @@ class RequestBook:
         """Queue the next piece of each big request whose queued texts went to instances,
         oldest request first: a piece as large as the queue has room for, up to
         `Dispatcher.piece` of its texts queued or running at once."""
-        piece = self.dispatch.piece()
         hold = now < self.hold_until
         for pending in list(self.feeding.values()):
             backlog = pending.backlog
+            piece = self.dispatch.piece(pending.longest)
             size = min(piece - (pending.remaining - len(backlog)), len(backlog))
             refused = ErrorCode.OVERLOADED
             while size > 0:  # the largest part of the piece that has room

@@ -172,12 +172,19 @@ class Dispatcher:
 
     # -- admission -------------------------------------------------------------------------
 
-    def piece(self) -> int:
-        """How many of one request's texts may be queued at once: two micro-batches for each
-        live instance (every instance kept busy, with one batch ready behind each), within a
-        queue. The rest of a big request waits in its own backlog (book.py feeds it)."""
+    def per_batch(self, tokens: int) -> int:
+        """How many texts of `tokens` tokens one micro-batch holds: max_batch, fewer where
+        max_batch_tokens says so, and at least one (a longer text runs alone)."""
+        return max(1, int(min(self.max_batch, self.max_batch_tokens // max(1, tokens))))
+
+    def piece(self, tokens: int = 1) -> int:
+        """How many of one request's texts of up to `tokens` tokens may be queued at once:
+        two micro-batches for each live instance (every instance kept busy, with one batch
+        ready behind each), within a queue. The rest waits in its request's own backlog
+        (book.py feeds it), so that none of its texts waits behind the others past
+        max_queue_ms."""
         live = sum(1 for w in self.workers.values() if not w.stopping)
-        return min(self.queue_size, 2 * self.max_batch * max(1, live))
+        return min(self.queue_size, 2 * self.per_batch(tokens) * max(1, live))
 
     def room(self, pool: int, bulk: bool = False) -> int:
         return self._capacity(pool, bulk)[1]

@@ -25,6 +25,7 @@ class Pending:
     # since when the queue has had no room for its next piece.
     backlog: deque | None = None
     starved_since: float | None = None
+    longest: int = 1  # tokens of its longest text to run: what sizes its pieces
 
 
 class Deadlines:
