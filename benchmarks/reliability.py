@@ -4,7 +4,8 @@ normal load, and the router's time and memory for a 4 MiB text, in one run.
 Starts `numaserve start` (single-core instances, cache off, the default model), then:
   huge      one text just under server.max_message_bytes (4 MiB): the router's CPU time for
             it, and its RSS before, right after and 5 s after
-  normal    2 raw clients x 4 requests in flight, for --seconds: the server's capacity
+  normal    2 raw clients x --normal-depth (32) requests in flight, for --seconds: the
+            server's capacity (enough in flight for full micro-batches on every instance)
   overload  for each multiple in --overload (2, 5, 25): --clients raw clients x at most
             --depth requests in flight, for --seconds, offering that multiple of the normal
             phase's goodput at a steady rate (an open loop)
@@ -184,6 +185,13 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument(
+        "--normal-depth",
+        type=int,
+        default=32,
+        help="requests each of the normal phase's two clients keeps in flight (4 before "
+        "2026-11-28: too few for full micro-batches, so capacity read low)",
+    )
+    parser.add_argument(
         "--overload",
         default="25",
         help="offered loads, as multiples of the normal phase's goodput (an open loop), "
@@ -211,7 +219,9 @@ def main() -> None:
                 router = psutil.Process(server.router_pid())
                 result["huge_text"] = huge_text(server.endpoint, router)
                 print("huge    ", json.dumps(result["huge_text"]))
-            normal = phase(server.endpoint, 2, 4, args.seconds, 2, server, cpus=load_cpus)
+            normal = phase(
+                server.endpoint, 2, args.normal_depth, args.seconds, 2, server, cpus=load_cpus
+            )
             result["normal"] = normal
             print("normal  ", json.dumps(normal))
             result["overload"] = {}
