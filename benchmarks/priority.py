@@ -12,13 +12,18 @@ Reported: the probe's p50 and p99 in each phase; unmarked p99 / bulk p99; bulk p
 p99 against one micro-batch's forward pass (the mean of numaserve_forward_pass_seconds during
 the bulk phase); the flood's goodput against the capacity the probe leaves.
 
+With --server-cpus and --load-cpus the server (under `taskset`) and this process, which
+generates every request, run on CPUs of their own (as benchmarks/reliability.py does).
+
 Run:  .venv/bin/python -m benchmarks.priority [--rounds 3] [--seconds 15] [--out FILE]
+          [--server-cpus 1 --load-cpus 0 --instances 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -28,7 +33,7 @@ import httpx
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.reliability import CONFIG  # two single-core instances, the cache off
+from benchmarks.reliability import config, cpu_list  # single-core instances, the cache off
 from numaserve.testing.load import RawLoad
 from numaserve.testing.server import Server
 
@@ -85,10 +90,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--server-cpus", help="the server's CPUs (taskset), e.g. 1")
+    parser.add_argument("--load-cpus", help="this process's CPUs (the load), e.g. 0")
     args = parser.parse_args()
     topology = machine.topology()
+    if args.load_cpus:
+        os.sched_setaffinity(0, cpu_list(args.load_cpus))
+    prefix = ("taskset", "-c", args.server_cpus) if args.server_cpus else ()
     with tempfile.TemporaryDirectory() as directory:
-        server = Server(Path(directory), CONFIG)
+        server = Server(Path(directory), config(args.instances), prefix=prefix)
         try:
             server.wait_ready(timeout=900)
             closed = RawLoad(server.endpoint, clients=8, depth=4, text="capacity")
@@ -122,6 +133,9 @@ def main() -> None:
     left = capacity - PROBE_RATE
     result = {
         "topology": topology,
+        "server_cpus": args.server_cpus or "all",
+        "load_cpus": args.load_cpus or "all",
+        "instances": args.instances,
         "capacity_per_s": round(capacity, 1),
         "flood_per_s": round(3 * capacity, 1),
         "rounds": rounds,
