@@ -45,9 +45,39 @@ def test_the_onnx_backend_pools_the_same_way(tmp_path):
     assert_same_vectors(served(path, "onnxruntime"), reference(path))
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_dense_module_after_pooling_matches_sentence_transformers(tmp_path, backend):
+    path = save_tiny_embedder(tmp_path / "model", "mean", dense=((32, "Tanh", True),))
+    assert_same_vectors(served(path, backend), reference(path))
+
+
+def test_two_dense_projections_without_bias_as_embeddinggemma_has(tmp_path):
+    dense = ((256, "Identity", False), (48, "Identity", False))
+    path = save_tiny_embedder(tmp_path / "model", "mean", dense=dense)
+    ours = served(path)
+    assert ours.shape[1] == 48
+    assert_same_vectors(ours, reference(path))
+
+
+@pytest.mark.parametrize("activation", ["ReLU", "Sigmoid"])
+def test_a_dense_modules_activation_is_applied(tmp_path, activation):
+    dense = ((32, activation, True),)
+    path = save_tiny_embedder(tmp_path / "model", "cls", normalize=False, dense=dense)
+    assert_same_vectors(served(path), reference(path))
+
+
+def test_a_dense_activation_numaserve_cannot_compute_is_refused_by_name(tmp_path):
+    path = save_tiny_embedder(tmp_path / "model", "mean", dense=((32, "GELU", True),))
+    with pytest.raises(ModelLoadError, match=r"'2_Dense' applies torch.nn.*GELU, which numaserve"):
+        load_model(ModelConfig(path=str(path), task="embed", backend="torch", quantize="none"))
+
+
 def test_a_module_numaserve_cannot_run_is_refused_by_name(tmp_path):
-    path = save_tiny_embedder(tmp_path / "model", "mean", dense=True)
-    with pytest.raises(ModelLoadError, match=r"module '2_Dense' is a .*Dense, which numaserve"):
+    path = save_tiny_embedder(tmp_path / "model", "mean")
+    modules = json.loads((path / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "x.LayerNorm"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelLoadError, match=r"module '2_LayerNorm' is a x.LayerNorm, which numa"):
         load_model(ModelConfig(path=str(path), task="embed", backend="torch", quantize="none"))
 
 

@@ -40,7 +40,7 @@ class TokenEmbedding:
 class Pooled(Head):
     def __init__(self, pooling: Pooling, width: int):
         self.pooling = pooling
-        self.dim = width * len(pooling.modes)
+        self.dim = pooling.dim(width)
 
     def __call__(self, out, mask, batch):
         return list(self.pooling(out, mask))

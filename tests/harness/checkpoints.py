@@ -37,13 +37,14 @@ def save_tiny_embedder(
     path: Path,
     pooling_mode,
     normalize: bool = True,
-    dense: bool = False,
+    dense: tuple[tuple[int, str, bool], ...] = (),
     prompts: dict | None = None,
     default_prompt_name: str | None = None,
 ):
     """A 2-layer BertModel (random weights, fixed seed) saved as a sentence-transformers model
-    with this pooling, with or without a Normalize module, optionally a Dense layer, and
-    optionally prompts of its own (as E5 and BGE have)."""
+    with this pooling, with or without a Normalize module, optionally Dense layers after the
+    pooling (each `(out_features, torch.nn activation's name, bias)`), and optionally prompts
+    of its own (as E5 and BGE have)."""
     import warnings
 
     import torch
@@ -62,8 +63,11 @@ def save_tiny_embedder(
     BertModel(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
     modules = [models.Transformer(str(path)), models.Pooling(64, pooling_mode=pooling_mode)]
-    if dense:
-        modules.append(models.Dense(64 * (1 if isinstance(pooling_mode, str) else 2), 32))
+    width = 64 * (1 if isinstance(pooling_mode, str) else 2)
+    for out, activation, bias in dense:
+        act = getattr(torch.nn, activation)()
+        modules.append(models.Dense(width, out, bias=bias, activation_function=act))
+        width = out
     if normalize:
         modules.append(models.Normalize())
     model = SentenceTransformer(
