@@ -170,6 +170,11 @@ def _remove_leftovers(directory: Path) -> None:
         _remove(path)
 
 
+# A build child's exit code where it refused the model (a ModelLoadError, in one line), not
+# failed: its parent raises that line without logging the output as a build error.
+REFUSED = 3
+
+
 def _build_in_child(build: Build, output: Path) -> None:
     command = [
         sys.executable,
@@ -189,7 +194,7 @@ def _build_in_child(build: Build, output: Path) -> None:
         reason = f"the build process was killed by {exitcodes.signal_name(-child.returncode)}"
     else:
         reason = lines[-1] if lines else f"the build process exited {child.returncode}"
-    if lines:
+    if lines and child.returncode != REFUSED:  # a refusal's one line is the whole story
         log.error("the build's output:\n%s", "\n".join(lines[-40:]))
     raise ModelLoadError(reason)
 
@@ -228,7 +233,7 @@ def build_main(argv: list[str] | None, module: str, build, failure: str) -> int:
         build(load_transformers_model(config), config, args.output, args.full_range)
     except ModelLoadError as e:
         print(e, file=sys.stderr)
-        return 1
+        return REFUSED
     except Exception as e:  # the traceback for the log, then the one line the worker reports
         traceback.print_exc()
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -101,6 +101,30 @@ def fp32_nodes(graph_path: Path, model, keep_fp32) -> list[str]:
     return excluded + [f"{name}_MatMul" for name in excluded]
 
 
+def bidirectional_masks(model, attention_mask):
+    """The attention masks of a bidirectional Gemma3 (EmbeddingGemma), made here from the
+    padding mask in ops the exporter traces; None for every other model, which makes its own.
+    transformers builds Gemma3's with torch.vmap, which the ONNX exporter cannot trace
+    (`RuntimeError: unordered_map::at`); the model takes ready masks by layer type, as
+    `generate` passes them. Full attention: every real token; sliding: the real tokens less
+    than `sliding_window` positions away on either side."""
+    import torch
+
+    config = model.config
+    if config.model_type != "gemma3_text" or not getattr(config, "use_bidirectional_attention", 0):
+        return None
+    real = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, kv)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    near = (positions[:, None] - positions[None, :]).abs() < config.sliding_window  # (q, kv)
+    length = attention_mask.shape[1]
+    full = real.expand(-1, -1, length, -1)
+    sliding = real & near[None, None]
+    if config._attn_implementation == "eager":  # additive float masks, not boolean
+        low = torch.finfo(torch.float32).min
+        full, sliding = (torch.where(m, 0.0, low) for m in (full, sliding))
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
 def build(model, config: ModelConfig, destination: Path, full_range: bool) -> None:
     """Export (dynamic batch and sequence axes), optimise, and quantise when asked. Its
     errors are reported by main(), the one place that words them."""
@@ -120,8 +144,11 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
             self.model = model
 
         def forward(self, *tensors):
-            out = self.model(**dict(zip(inputs, tensors, strict=True)))
-            return getattr(out, output)
+            given = dict(zip(inputs, tensors, strict=True))
+            masks = bidirectional_masks(model, given["attention_mask"])
+            if masks is not None:
+                given["attention_mask"] = masks
+            return getattr(self.model(**given), output)
 
     work = Path(tempfile.mkdtemp(dir=destination.parent, prefix="build-"))
     exported, optimized, quantized = work / "export.onnx", work / "opt.onnx", work / "int8.onnx"

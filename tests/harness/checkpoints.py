@@ -40,15 +40,17 @@ def save_tiny_embedder(
     dense: tuple[tuple[int, str, bool], ...] = (),
     prompts: dict | None = None,
     default_prompt_name: str | None = None,
+    config=None,
 ):
-    """A 2-layer BertModel (random weights, fixed seed) saved as a sentence-transformers model
+    """A 2-layer, 64-wide model (random weights, fixed seed; a BertModel unless `config`, a
+    transformers config of that width, says otherwise) saved as a sentence-transformers model
     with this pooling, with or without a Normalize module, optionally Dense layers after the
     pooling (each `(out_features, torch.nn activation's name, bias)`), and optionally prompts
-    of its own (as E5 and BGE have)."""
+    of its own (as E5, BGE and EmbeddingGemma have)."""
     import warnings
 
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from transformers import AutoModel, AutoTokenizer, BertConfig
 
     with warnings.catch_warnings():  # v5 moved `models`; the old path works on v3 to v6
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -57,10 +59,11 @@ def save_tiny_embedder(
     from numaserve.config.model_paths import resolve_model_path
 
     torch.manual_seed(0)
-    config = BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
-    )
-    BertModel(config).save_pretrained(path)
+    if config is None:
+        config = BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+        )
+    AutoModel.from_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
     modules = [models.Transformer(str(path)), models.Pooling(64, pooling_mode=pooling_mode)]
     width = 64 * (1 if isinstance(pooling_mode, str) else 2)
@@ -81,6 +84,45 @@ def _small(config_class, **extra):
     """A 2-layer, 64-wide config of `config_class` over bert-base-uncased's vocabulary."""
     sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2)
     return lambda: config_class(**sizes, intermediate_size=128, vocab_size=30522, **extra)
+
+
+def embedders() -> dict:
+    """The embedding architectures users pick now, each as a small config (64 wide, 2 layers,
+    MiniLM's vocabulary and special tokens) with the pooling its published checkpoints use:
+    NomicBERT (nomic-embed-text), GTE (gte-v1.5, gte-multilingual), jina-embeddings-v3,
+    EuroBERT, Qwen3 (Qwen3-Embedding: the last token) and Gemma3 (EmbeddingGemma:
+    bidirectional, a sliding window short enough that the test texts pass it, and a layer of
+    each attention type)."""
+    import transformers as t
+
+    sizes = dict(
+        vocab_size=30522,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+    )
+    grouped = dict(num_key_value_heads=1, head_dim=32)
+    return {
+        "nomic_bert": (lambda: t.NomicBertConfig(**sizes), "mean"),
+        "gte": (lambda: t.GteConfig(**sizes), "cls"),
+        "jina_embeddings_v3": (lambda: t.JinaEmbeddingsV3Config(**sizes), "mean"),
+        "eurobert": (lambda: t.EuroBertConfig(**sizes, num_key_value_heads=1), "mean"),
+        "qwen3": (lambda: t.Qwen3Config(**sizes, **grouped), "lasttoken"),
+        "gemma3_text": (
+            lambda: t.Gemma3TextConfig(
+                **sizes,
+                **grouped,
+                use_bidirectional_attention=True,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+            "mean",
+        ),
+    }
 
 
 def architectures() -> dict:
