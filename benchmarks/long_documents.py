@@ -34,23 +34,9 @@ from benchmarks import machine
 from numaserve.client import Client
 from numaserve.config.model_paths import resolve_model_path
 from numaserve.testing.server import ENDPOINT, Server
+from numaserve.testing.windows import document, windows_by_hand
 
 QUERY = "where do foxes live"
-WORDS = [
-    "foxes",
-    "live",
-    "in",
-    "holes",
-    "and",
-    "forests",
-    "where",
-    "they",
-    "hunt",
-    "small",
-    "animals",
-    "at",
-    "night",
-]
 SCORED_WORDS = 2000
 CHUNKS = (1, 2, 4, 8, 16)
 MAX_LENGTH = 512
@@ -84,20 +70,11 @@ def save_cross_encoder(path: Path) -> Path:
     return path
 
 
-def document(words: int) -> str:
-    return " ".join(WORDS[i % len(WORDS)] for i in range(words))
-
-
-def windows_by_hand(path: Path, text: str) -> list[str]:
+def windows(path: Path, text: str) -> list[str]:
     """The document's windows as the router cuts them, each decoded to a text."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    room = MAX_LENGTH - 3 - len(tokenizer(QUERY, add_special_tokens=False)["input_ids"])
-    step = room - room // 4
-    starts = range(0, max(1, len(ids) - room + step), step)
-    return [tokenizer.decode(ids[s : s + room]) for s in starts]
+    return windows_by_hand(AutoTokenizer.from_pretrained(path), QUERY, text, MAX_LENGTH)
 
 
 def cross_encoder_scores(path: Path, windows: list[str]) -> np.ndarray:
@@ -125,16 +102,16 @@ def main() -> None:
     longest = document(16 * 400)  # more than 16 windows' worth
     with tempfile.TemporaryDirectory() as tmp:
         path = save_cross_encoder(Path(tmp) / "ce")
-        windows = windows_by_hand(path, scored)
-        by_hand = cross_encoder_scores(path, windows)
+        cut = windows(path, scored)
+        by_hand = cross_encoder_scores(path, cut)
         server = Server(Path(tmp), config(path))
         try:
             server.wait_ready(timeout=600)
             with Client(server.endpoint, timeout=120) as client:
-                (whole,) = client.rerank(QUERY, [scored], max_chunks_per_doc=len(windows))
+                (whole,) = client.rerank(QUERY, [scored], max_chunks_per_doc=len(cut))
                 score = {
                     "words": SCORED_WORDS,
-                    "windows": len(windows),
+                    "windows": len(cut),
                     "chunks_scored": whole.chunks,
                     "score": whole.score,
                     "best_window_by_hand": float(by_hand.max()),

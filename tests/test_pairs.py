@@ -17,6 +17,8 @@ from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks.rerank import ranked
 from numaserve.testing.cluster import Cluster
+from numaserve.testing.windows import document
+from numaserve.testing.windows import windows_by_hand as cut_by_hand
 from numaserve.wire import protocol
 from numaserve.wire.requests import Request, RequestError, parse_request
 from tests.harness.checkpoints import (
@@ -414,35 +416,11 @@ def test_a_long_document_goes_to_the_pool_its_pair_fits(rerank_server):
     assert before  # the status op answers on a rerank server
 
 
-# A document of whole words, each one token: its windows decode to texts that tokenize back
-# to the same tokens, so that CrossEncoder can score each window as a text of its own.
-WORDS = [
-    "foxes",
-    "live",
-    "in",
-    "holes",
-    "and",
-    "forests",
-    "where",
-    "they",
-    "hunt",
-    "small",
-    "animals",
-    "at",
-    "night",
-]
-LONG_DOCUMENT = " ".join(WORDS[i % len(WORDS)] for i in range(150))
+LONG_DOCUMENT = document(150)
 
 
 def windows_by_hand(max_length: int = 64) -> list[str]:
-    """LONG_DOCUMENT's windows, each as a text: max_length less the query and the pair's three
-    special tokens, overlapping the next by a quarter of that."""
-    tokenizer = hf_tokenizer()
-    words = tokenizer(LONG_DOCUMENT, add_special_tokens=False)["input_ids"]
-    room = max_length - 3 - len(tokenizer(QUERY, add_special_tokens=False)["input_ids"])
-    step = room - room // 4
-    starts = range(0, max(1, len(words) - room + step), step)
-    return [tokenizer.decode(words[s : s + room]) for s in starts]
+    return cut_by_hand(hf_tokenizer(), QUERY, LONG_DOCUMENT, max_length)
 
 
 def test_a_document_longer_than_the_model_reads_scores_its_best_window(rerank_server):
