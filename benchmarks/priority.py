@@ -33,7 +33,8 @@ import httpx
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.reliability import config, cpu_list  # single-core instances, the cache off
+from benchmarks.reliability import config  # single-core instances, the cache off
+from numaserve.host.cpulist import parse_cpulist
 from numaserve.testing.load import RawLoad
 from numaserve.testing.server import Server
 
@@ -96,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     topology = machine.topology()
     if args.load_cpus:
-        os.sched_setaffinity(0, cpu_list(args.load_cpus))
+        os.sched_setaffinity(0, parse_cpulist(args.load_cpus))
     prefix = ("taskset", "-c", args.server_cpus) if args.server_cpus else ()
     with tempfile.TemporaryDirectory() as directory:
         server = Server(Path(directory), config(args.instances), prefix=prefix)

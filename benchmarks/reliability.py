@@ -26,7 +26,6 @@ Run:  .venv/bin/python -m benchmarks.reliability [--server-cpus 1 --load-cpus 0]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -37,7 +36,9 @@ from pathlib import Path
 import psutil
 
 from benchmarks import machine
+from benchmarks.router_capacity import cpu_seconds
 from numaserve.client import Client, NumaserveError
+from numaserve.host.cpulist import parse_cpulist
 from numaserve.testing.load import Outcomes, RawLoad
 from numaserve.testing.server import ENDPOINT, Server
 
@@ -62,20 +63,11 @@ def run_load(endpoint, clients, depth, rate, seconds, tag, queue, cpus) -> None:
     queue.put(load.stop(drain_s=15))
 
 
-def cpu_s(processes: list[psutil.Process]) -> float:
-    """User and system CPU seconds the processes (and their threads) have used so far."""
-    total = 0.0
-    for p in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(p.cpu_times()[:2])
-    return total
-
-
 def phase(endpoint, clients, depth, seconds, procs, server, rate=None, cpus=None) -> dict:
     """`rate`: requests/s offered in all (an open loop); None: a closed loop. `cpus`: the
     CPUs the load processes are pinned to (None: any)."""
     router = psutil.Process(server.router_pid())
-    instances = [psutil.Process(i["pid"]) for i in server.instances().values()]
+    instances = [i["pid"] for i in server.instances().values()]
     queue = multiprocessing.Queue()
     per = [clients // procs + (i < clients % procs) for i in range(procs)]
     workers = [
@@ -98,13 +90,13 @@ def phase(endpoint, clients, depth, seconds, procs, server, rate=None, cpus=None
     rss = [router.memory_info().rss]
     for w in workers:
         w.start()
-    load = [psutil.Process(w.pid) for w in workers]
-    before = [cpu_s([router]), cpu_s(instances), cpu_s(load)]
+    groups = ([router.pid], instances, [w.pid for w in workers])
+    before = [cpu_seconds(pids) for pids in groups]
     started = time.monotonic()
     while time.monotonic() - started < seconds:
         time.sleep(0.5)
         rss.append(router.memory_info().rss)
-    used = [cpu_s([router]), cpu_s(instances), cpu_s(load)]  # the load drains, still alive
+    used = [cpu_seconds(pids) for pids in groups]  # the load drains, still alive
     elapsed = time.monotonic() - started
     total = Outcomes()
     for _ in workers:
@@ -166,17 +158,6 @@ def huge_text(endpoint: str, router: psutil.Process) -> dict:
         }
 
 
-def cpu_list(text: str | None) -> set[int] | None:
-    """`0`, `0-3`, `0,2`: the CPUs a process may run on."""
-    if not text:
-        return None
-    cpus: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return cpus
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20)
@@ -203,7 +184,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/reliability.json")
     args = parser.parse_args()
     topology = machine.topology()
-    load_cpus = cpu_list(args.load_cpus)
+    load_cpus = parse_cpulist(args.load_cpus) if args.load_cpus else None
     prefix = ("taskset", "-c", args.server_cpus) if args.server_cpus else ()
     result: dict = {
         "topology": topology,

@@ -87,8 +87,8 @@ def layout(cpus: list[int], routers: int, clients: int) -> Layout:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system time of all the processes' threads (as benchmarks/reliability.py reads
-    it)."""
+    """User + system time of all the processes' threads (benchmarks/reliability.py reads its
+    router's, instances' and load's with it too)."""
     return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
 

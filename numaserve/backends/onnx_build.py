@@ -114,9 +114,9 @@ def bidirectional_masks(model, attention_mask):
     if config.model_type != "gemma3_text" or not getattr(config, "use_bidirectional_attention", 0):
         return None
     real = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, kv)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    near = (positions[:, None] - positions[None, :]).abs() < config.sliding_window  # (q, kv)
     length = attention_mask.shape[1]
+    positions = torch.arange(length, device=attention_mask.device)
+    near = (positions[:, None] - positions[None, :]).abs() < config.sliding_window  # (q, kv)
     full = real.expand(-1, -1, length, -1)
     sliding = real & near[None, None]
     if config._attn_implementation == "eager":  # additive float masks, not boolean
