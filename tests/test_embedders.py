@@ -24,6 +24,7 @@ GEMMA_PROMPTS = {
     "document": "title: none | text: ",
     "STS": "task: sentence similarity | query: ",
 }
+GEMMA_DENSE = ((256, "Identity", False), (64, "Identity", False))  # its two, without bias
 
 
 def save(tmp_path, name: str, **extra):
@@ -68,8 +69,7 @@ def test_ctranslate2_refuses_each_in_one_line_naming_what_serves_it(tmp_path, na
 
 
 def test_embeddinggemmas_two_dense_projections_run_on_torch(tmp_path):
-    dense = ((256, "Identity", False), (64, "Identity", False))
-    path = save(tmp_path, "gemma3_text", dense=dense)
+    path = save(tmp_path, "gemma3_text", dense=GEMMA_DENSE)
     assert_same(served(path, "embed", "torch", "none"), reference(path))
 
 
@@ -77,14 +77,7 @@ def test_embeddinggemmas_two_dense_projections_run_on_torch(tmp_path):
 def embeddinggemma(tmp_path_factory):
     """An EmbeddingGemma-shaped checkpoint served from its ONNX export (fp32), one instance."""
     directory = tmp_path_factory.mktemp("embeddinggemma")
-    config, pooling = embedders()["gemma3_text"]
-    path = save_tiny_embedder(
-        directory / "model",
-        pooling,
-        config=config(),
-        dense=((256, "Identity", False), (64, "Identity", False)),
-        prompts=GEMMA_PROMPTS,
-    )
+    path = save(directory, "gemma3_text", dense=GEMMA_DENSE, prompts=GEMMA_PROMPTS)
     server = Server(
         directory,
         f'model: {{path: "{path}", backend: onnxruntime, quantize: none}}\n'
