@@ -48,7 +48,13 @@ class Engine:
 
         if spec.prepared:
             self.model = load_prepared(
-                spec.model, spec.slot.pool, spec.prepared, spec.isa, report.threads
+                spec.model,
+                spec.slot.pool,
+                spec.prepared,
+                spec.isa,
+                report.threads,
+                # the node whose copy of shared weights it maps: where its memory is bound
+                report.nodes[0] if len(report.nodes) == 1 else None,
             )
         elif needs_prepare(spec.model.backend, spec.model.quantize):
             raise ModelLoadError(
@@ -142,6 +148,7 @@ class Engine:
                 ],
                 **({"accuracy": self.model.accuracy} if self.model.accuracy else {}),
             },
+            "weights": [w.to_wire() for w in self.model.weights],
         }
         return info | self.model.head.describe()
 

@@ -356,3 +356,19 @@ def test_each_routed_instance_says_what_binds_its_memory():
     assert [k for k in got if k[0] == "numaserve_instance_memory_binding_info"] == [
         ("numaserve_instance_memory_binding_info", labels)
     ]
+
+
+def test_each_nodes_shared_weights_show_their_bytes_and_the_ready_instances_mapping_them():
+    weights = [{"file": "/c/node1/model.onnx.data", "bytes": 474_000_000, "node": 1}]
+    status = replace(
+        shard_status(),
+        instances=(
+            instance("short-0", routed=True, weights=weights),
+            instance("short-1", routed=True, weights=weights),
+            instance("long-0", routed=False, weights=weights),  # not ready: maps nothing yet
+        ),
+    )
+    got = samples(snapshot(shards=(status,), ages=(0.1,)))
+    labels = (("file", "/c/node1/model.onnx.data"), DEFAULT, ("node", "1"))
+    assert got[("numaserve_weights_bytes", labels)] == 474_000_000
+    assert got[("numaserve_weights_instances", labels)] == 2

@@ -239,8 +239,14 @@ def test_prepare_builds_the_artifact_and_a_worker_serves_from_a_read_only_cache(
         tmp_path / "worker.log",
     )
     try:
-        identity, _ = router.wait_for(protocol.READY, timeout=120)
+        identity, ready = router.wait_for(protocol.READY, timeout=120)
         assert router.run(identity, [[101, 7592, 102]])["results"][0]["label"]
+        # No node copy can be written there: it maps the packed form prepare made, and says so
+        assert (
+            "this node's instances map one copy for the whole host"
+            in (tmp_path / "worker.log").read_text()
+        )
+        assert [w["node"] for w in ready["weights"]] == [None]
     finally:
         proc.terminate()
         proc.wait(30)

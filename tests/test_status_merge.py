@@ -3,7 +3,7 @@ a person reads (status/format.py): pure, on hand-made shard reports."""
 
 from dataclasses import replace
 
-from numaserve.status.format import format_status, memory_lines
+from numaserve.status.format import format_status, memory_lines, weights_lines
 from numaserve.status.merge import whole_server
 from tests.harness.reports import instance, report
 
@@ -156,4 +156,26 @@ def test_the_status_says_what_binds_each_instances_memory():
     assert memory_lines(instances) == [
         "memory bound by cgroup cpuset.mems (memory-policy calls refused here): main-0, main-1",
         "memory bound by numactl --membind: long-0",
+    ]
+
+
+def test_the_status_says_each_nodes_shared_weights_and_how_many_instances_map_them():
+    def on(node: int) -> list[dict]:
+        return [
+            {"file": f"/c/packed/node{node}/model.onnx.data", "bytes": 474_000_000, "node": node}
+        ]
+
+    instances = [
+        instance("main-0", weights=on(0)),
+        instance("main-1", weights=on(0)),
+        instance("main-2", weights=on(1)),
+        instance("cpu-0", weights=[]),  # torch: its weights in its own memory
+        instance("cpu-1"),  # not ready yet: nothing to say
+    ]
+    assert weights_lines(instances) == [
+        "weights on node 0: 474 MB, one copy mapped by 2 instance(s) "
+        "(/c/packed/node0/model.onnx.data)",
+        "weights on node 1: 474 MB, one copy mapped by 1 instance(s) "
+        "(/c/packed/node1/model.onnx.data)",
+        "weights in each instance's own memory: cpu-0",
     ]

@@ -51,13 +51,20 @@ def load_model(
     return model
 
 
-def _load_path(config: ModelConfig, isa: tuple[str, ...], threads: int, artifact: str | None):
-    """The model of one named path."""
+def _load_path(
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    threads: int,
+    artifact: str | None,
+    node: int | None = None,
+):
+    """The model of one named path; `node`: the NUMA node whose copy of shared weights it
+    maps (onnx.py), where it is bound to one."""
     try:
         if config.backend == "onnxruntime":
             from numaserve.backends.onnx import OnnxModel
 
-            return OnnxModel(config, isa, threads, artifact)
+            return OnnxModel(config, isa, threads, artifact, node)
         if config.backend == "openvino":
             from numaserve.backends.openvino import OpenVinoModel
 
@@ -77,7 +84,13 @@ def _load_path(config: ModelConfig, isa: tuple[str, ...], threads: int, artifact
         ) from e
 
 
-def _banded(main, shorter: list[tuple[int, ModelConfig, str | None]], isa, threads: int):
+def _banded(
+    main,
+    shorter: list[tuple[int, ModelConfig, str | None]],
+    isa,
+    threads: int,
+    node: int | None = None,
+):
     """The pool's model and its shorter bands' [(last, config, artifact)], one model a path."""
     from numaserve.backends.banded import Banded
 
@@ -86,21 +99,27 @@ def _banded(main, shorter: list[tuple[int, ModelConfig, str | None]], isa, threa
     for last, config, artifact in shorter:
         key = (config.backend, config.quantize, config.keep_fp32)
         if key not in loaded:
-            loaded[key] = _load_path(config, isa, threads, artifact)
+            loaded[key] = _load_path(config, isa, threads, artifact, node)
         models.append((last, loaded[key]))
     return Banded(main, models)
 
 
 def load_prepared(
-    config: ModelConfig, pool: str, record: str, isa: tuple[str, ...], threads: int
+    config: ModelConfig,
+    pool: str,
+    record: str,
+    isa: tuple[str, ...],
+    threads: int,
+    node: int | None = None,
 ) -> Model:
     """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
-    them (prepared.py), loaded with no hashing, judging or choosing."""
+    them (prepared.py), loaded with no hashing, judging or choosing. `node`: the one NUMA node
+    the instance is bound to, whose copy of shared weights it maps."""
     config, entry = Prepared.read(record).config_for(config, pool)
-    model = _load_path(config, isa, threads, entry.artifact)
+    model = _load_path(config, isa, threads, entry.artifact, node)
     if entry.shorter:
         shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]
-        model = _banded(model, shorter, isa, threads)
+        model = _banded(model, shorter, isa, threads, node)
     model.choice = (
         PoolChoice(
             entry.path,
@@ -220,6 +239,10 @@ def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) ->
             import_openvino()
             config = fp32_artifact_config(config)
         artifact, _ = prepare_artifact(config, isa, digest)
+        if config.backend == "onnxruntime":
+            from numaserve.backends.node_weights import packed_form
+
+            artifact = packed_form(artifact)  # its weights mapped, shared (node_weights.py)
     log.info(
         "%s ready in %.1f s: %s",
         what,

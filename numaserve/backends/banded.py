@@ -28,6 +28,12 @@ class Banded:
     def __getattr__(self, name: str):
         return getattr(self.main, name)
 
+    @property
+    def weights(self) -> tuple:
+        """Every path's shared weights files, each once."""
+        models = [self.main, *(model for _, model in self.shorter)]
+        return tuple(dict.fromkeys(w for m in models for w in m.weights))
+
     def model_for(self, tokens: int) -> Model:
         """The model that runs a text of `tokens` tokens."""
         at = bisect.bisect_left(self._lasts, tokens)

@@ -106,6 +106,9 @@ class Model:
 
     choice = None  # backends/choice.py's Choice, where `quantize: auto` chose the model path
     accuracy = None  # what a precision the config names costs here (choice.named_cost)
+    # The weights files it maps, shared with the other instances that map them
+    # (node_weights.Weights); empty where it holds its weights in its own memory.
+    weights: tuple = ()
 
     def __init__(self, config: ModelConfig, facts: ModelFacts, width: int) -> None:
         """width: the output's features, the hidden size (embed) or the classes (classify)."""

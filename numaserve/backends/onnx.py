@@ -1,5 +1,7 @@
 """The ONNX Runtime backend: a session on the artifact built once for this model and these
-options (onnx_build.py). Its threads inherit the worker's pinned CPUs."""
+options (onnx_build.py). Its threads inherit the worker's pinned CPUs. Where `numaserve
+prepare` made the artifact's packed form, an instance bound to a NUMA node maps that node's
+copy of its weights, shared with the node's other instances (node_weights.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 
 from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
+from numaserve.backends.node_weights import is_packed, node_copy, weights_of
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
@@ -40,13 +43,20 @@ class OnnxModel(Model):
         isa: tuple[str, ...] = (),
         threads: int = 1,
         artifact: str | None = None,
+        node: int | None = None,
     ):
+        """`node`: the one NUMA node this process is bound to, whose copy of a packed
+        artifact's weights it maps; None: the artifact's own file."""
         try:
             import onnxruntime as ort
         except ImportError:
             raise ModelLoadError(INSTALL_HINT) from None
         ort.disable_telemetry_events()  # the library's own switch, beside ORT_DISABLE_TELEMETRY
         self.artifact, facts = prepare_artifact(config, isa, artifact=artifact)
+        if is_packed(self.artifact):
+            if node is not None:
+                self.artifact = node_copy(self.artifact, node)
+            self.weights = (weights_of(self.artifact),)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

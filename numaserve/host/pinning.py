@@ -252,16 +252,17 @@ class NumaMaps:
 
     policies: frozenset[str]  # e.g. {"bind:0"}; "default" where a mapping has no policy
     pages_per_node: dict[int, int]
-    # Pages of mappings backed by no file (heap, stacks, model weights): the process's own.
+    # Pages of mappings backed by no file (heap, stacks, weights it holds itself): its own.
     # File pages sit wherever the page cache first put them, whatever this process's policy.
     anon_pages_per_node: dict[int, int]
 
 
-def read_numa_maps(pid: int | str = "self") -> NumaMaps:
+def read_numa_maps(pid: int | str = "self", file: str | None = None) -> NumaMaps:
+    """`file`: of that file's mappings alone (a shared weights file's pages, say)."""
     policies, pages, anon = set(), {}, {}
     for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
         fields = line.split()
-        if len(fields) < 2:
+        if len(fields) < 2 or (file is not None and f"file={file}" not in fields[2:]):
             continue
         policies.add(fields[1])
         # Counts are per mapping: a private file mapping (a library's data) mixes pages it

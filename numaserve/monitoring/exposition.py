@@ -65,6 +65,7 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _cache(shards)
     yield from _model_paths(shards)
     yield from _memory_binding(shards)
+    yield from _shared_weights(shards)
     yield from _passes(snapshot, shards)
     yield from _http(readings.http)
     yield from _numastat(readings)
@@ -355,3 +356,31 @@ def _buckets(hist: dict) -> tuple[list[tuple[str, float]], float]:
         total += count
         buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
     return buckets, hist["sum"]
+
+
+def _shared_weights(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+    """Each shared weights file (one a NUMA node): its bytes, and how many ready instances map
+    it; a file the instances of several shards map counts once, with all of them."""
+    sharing: dict[tuple[str, str, str], tuple[int, int]] = {}
+    for (_, model_name), status in shards:
+        for instance in status.instances:
+            for w in (instance.weights or ()) if instance.routed else ():
+                key = (model_name, "" if w["node"] is None else str(w["node"]), w["file"])
+                _, count = sharing.get(key, (0, 0))
+                sharing[key] = (w["bytes"], count + 1)
+    labels = ["model_name", "node", "file"]
+    size = GaugeMetricFamily(
+        "numaserve_weights_bytes",
+        "A weights file instances map and share, one copy a NUMA node (node empty: the host).",
+        labels=labels,
+    )
+    mapped = GaugeMetricFamily(
+        "numaserve_weights_instances",
+        "How many ready instances map a shared weights file.",
+        labels=labels,
+    )
+    for key, (nbytes, count) in sorted(sharing.items()):
+        size.add_metric(list(key), nbytes)
+        mapped.add_metric(list(key), count)
+    yield size
+    yield mapped

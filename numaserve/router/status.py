@@ -79,6 +79,7 @@ def instances(dispatch: Dispatcher, slots: tuple[Instance, ...] | None) -> tuple
                 threads=worker.info.get("threads") if worker else None,
                 membind=worker.info.get("membind") if worker else None,
                 model_path=worker.info.get("model_path") if worker else None,
+                weights=worker.info.get("weights") if worker else None,
                 busy=worker.jobs if worker else 0,
                 served=worker.served if worker else 0,
                 live_cpus=live_cpus,

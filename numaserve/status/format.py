@@ -49,6 +49,29 @@ def memory_lines(instances: Iterable[Instance]) -> list[str]:
     return [f"memory bound by {how}: {', '.join(names)}" for how, names in bound.items()]
 
 
+def weights_lines(instances: Iterable[Instance]) -> list[str]:
+    """Where the weights are: each shared file (one a NUMA node) with its size and how many
+    instances map it, or that each instance holds its own."""
+    shared: dict[tuple, list[str]] = {}
+    own = []
+    for i in instances:
+        if i.weights:
+            for w in i.weights:
+                shared.setdefault((w["node"], w["file"], w["bytes"]), []).append(i.name)
+        elif i.weights is not None:
+            own.append(i.name)
+    lines = [
+        f"weights on {'host' if node is None else f'node {node}'}: {size / 1e6:,.0f} MB, "
+        f"one copy mapped by {len(names)} instance(s) ({file})"
+        for (node, file, size), names in sorted(
+            shared.items(), key=lambda e: (e[0][0] or 0, e[0][1])
+        )
+    ]
+    if own:
+        lines.append(f"weights in each instance's own memory: {', '.join(own)}")
+    return lines
+
+
 def _instance_rows(report: Report, several: bool) -> list[tuple[str, ...]]:
     head = ("instance", *(("model",) * several), "pool", "state", "pid", "cpus", "node")
     rows = [(*head, "live affinity", "served", "restarts")]
@@ -95,6 +118,7 @@ def format_status(report: Report) -> str:
     lines.append(f"pools: {pools}")
     lines += model_path_lines(report.instances, several)
     lines += memory_lines(report.instances)
+    lines += weights_lines(report.instances)
     cache = report.cache
     lines.append(
         f"cache: {cache.entries}/{cache.capacity} entries, hit rate {cache.hit_rate:.1%} "

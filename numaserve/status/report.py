@@ -73,6 +73,7 @@ ROUTER_SIDE = (
     "threads",
     "membind",
     "model_path",
+    "weights",
     "busy",
     "served",
     "live_cpus",
@@ -101,6 +102,9 @@ class Instance:
     threads: int | None = None
     membind: str | None = None
     model_path: dict | None = None  # backends/choice.py's ModelPath, as the worker said it
+    # The weights files it maps, shared with the instances that map them
+    # (backends/node_weights.py's Weights, as the worker said them); empty: its own copy.
+    weights: list[dict] | None = None
     busy: int = 0
     served: int = 0
     live_cpus: list[int] | None = None

@@ -1,0 +1,118 @@
+"""One copy of an ONNX Runtime model's weights per NUMA node: `numaserve prepare`'s packed
+form, each node's copy made by its first instance, and real pinned workers mapping that copy
+and sharing its pages, read from their own /proc/PID/smaps. The 2-node kernel's placement of
+each node's pages is tests/test_numa_vm.py's."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numaserve.backends import load_model, load_prepared
+from numaserve.backends.node_weights import DATA, node_copy
+from numaserve.backends.prepared import Prepared
+from numaserve.host.pinning import read_numa_maps
+from numaserve.wire import protocol
+from tests.harness.router_side import (
+    ISA,
+    NAMED,
+    RouterSide,
+    prepared_record,
+    start_worker,
+    worker_spec,
+)
+
+TEXTS = [[101, 7592, 2088, 102], [101, 1037, 2936, 6251, 2008, 2003, 2936, 102]]
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory) -> str:
+    """MiniLM int8 prepared once, in the run's cache (tests/conftest.py)."""
+    return prepared_record(NAMED, tmp_path_factory.mktemp("record"))
+
+
+def record_artifact(record: str) -> Path:
+    return Path(Prepared.read(record).pools["main"].artifact)
+
+
+def mapped(pid: int, file: str) -> dict[str, int]:
+    """The kB of `file`'s mappings in the process, by smaps field, over every mapping of it."""
+    totals: dict[str, int] = {}
+    inside = False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == file
+        elif inside and fields[0].endswith(":") and len(fields) == 3:
+            totals[fields[0][:-1]] = totals.get(fields[0][:-1], 0) + int(fields[1])
+    return totals
+
+
+def test_prepare_records_the_artifacts_packed_form_with_its_weights_in_a_file_beside_it(
+    record,
+):
+    artifact = record_artifact(record)
+    assert artifact.parent.name.startswith("packed-") and artifact.name == "model.onnx"
+    assert (artifact.parent / DATA).stat().st_size > artifact.stat().st_size
+    assert (artifact.parent.parent / "model.onnx").exists()  # what it was made of
+
+
+def test_the_node_copy_answers_exactly_as_the_artifact_it_was_made_of(record):
+    whole = load_model(NAMED, ISA)
+    shared = load_prepared(NAMED, "main", record, ISA, threads=1, node=0)
+    assert shared.artifact.parent.name == "node0" and whole.artifact.name == "model.onnx"
+    for a, b in zip(whole.run(TEXTS), shared.run(TEXTS), strict=True):
+        assert np.array_equal(a, b)
+    (weights,) = shared.weights
+    assert weights.node == 0 and weights.file == str(shared.artifact.parent / DATA)
+
+
+def test_an_instance_bound_to_no_one_node_maps_the_packed_form_itself(record):
+    model = load_prepared(NAMED, "main", record, ISA, threads=1, node=None)
+    assert model.artifact == record_artifact(record)
+    assert model.weights[0].node is None
+
+
+def test_a_node_copy_cut_short_is_copied_again(record):
+    packed = record_artifact(record)
+    copy = node_copy(packed, 0)
+    data = copy.parent / DATA
+    whole = data.read_bytes()
+    data.write_bytes(whole[: len(whole) // 2])  # a copy a full disk cut short
+    assert node_copy(packed, 0) == copy and data.read_bytes() == whole
+
+
+def test_two_instances_of_one_node_map_one_copy_and_share_its_pages(record, tmp_path):
+    shutil.rmtree(Path(record_artifact(record)).parent / "node0", ignore_errors=True)
+    router = RouterSide(tmp_path)
+    procs = [
+        start_worker(worker_spec(router, cpus=(cpu,), prepared=record), tmp_path / f"w{cpu}.log")
+        for cpu in (0, 1)
+    ]
+    try:
+        readies = [router.wait_for(protocol.READY, timeout=120) for _ in procs]
+        for identity, _ in readies:
+            router.run(identity, TEXTS)  # each has run: its weights are faulted in
+        (file,) = {w["file"] for _, ready in readies for w in ready["weights"]}
+        assert Path(file).parent.name == "node0"
+        assert [ready["weights"][0]["node"] for _, ready in readies] == [0, 0]
+        size_kb = Path(file).stat().st_size // 1024
+        for proc in procs:
+            pages = mapped(proc.pid, file)
+            # A third of the file is in use (the unpacked weights it also holds are not), and
+            # every page of it is shared with the other instance (dirty: a copy just written,
+            # not yet on disk): none is a private copy, so each counts half of it.
+            assert pages["Rss"] > size_kb // 3, pages
+            assert pages["Shared_Clean"] + pages["Shared_Dirty"] == pages["Rss"], pages
+            assert pages["Private_Clean"] + pages["Private_Dirty"] + pages["Anonymous"] == 0
+            assert pages["Pss"] <= pages["Rss"] * 0.55, pages
+            # numa_maps finds the file's pages (on the 2-node VM: on its node alone)
+            assert set(read_numa_maps(proc.pid, file).pages_per_node) == {0}
+        logs = "".join((tmp_path / f"w{cpu}.log").read_text() for cpu in (0, 1))
+        assert logs.count("copied the model's weights for NUMA node 0") == 1, logs[-3000:]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        router.close()
