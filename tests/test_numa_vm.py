@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,17 +37,18 @@ NODE_CPUS = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
 @pytest.fixture(scope="module", autouse=True)
 def artifacts_built_before_the_boot():
     """The servers here load the artifacts the host built for the guest's CPU model
-    (tests/numa_vm.py: ensure_artifacts), over the run's new cache (tests/conftest.py): a
-    build under emulation spends over 6 minutes importing torch and exporting."""
+    (tests/numa_vm.py: ensure_artifacts), copied into the run's new cache (tests/conftest.py),
+    where the guest's prepare adds their packed forms (packed on the guest's own CPU) and its
+    instances their nodes' copies: a build under emulation spends over 6 minutes importing
+    torch and exporting."""
     artifacts = os.environ.get("NUMASERVE_VM_ARTIFACTS")
     if not artifacts:
         pytest.fail(
             "NUMASERVE_VM_ARTIFACTS is not set: run these tests through python -m tests.numa_vm"
         )
     run_cache = os.environ["NUMASERVE_CACHE"]
-    os.environ["NUMASERVE_CACHE"] = artifacts
-    yield artifacts
-    os.environ["NUMASERVE_CACHE"] = run_cache
+    shutil.copytree(artifacts, run_cache, dirs_exist_ok=True)
+    yield run_cache
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +174,15 @@ def test_each_workers_own_pages_sit_on_its_node(workers):
         anon = read_numa_maps(w["pid"]).anon_pages_per_node
         assert sum(anon.values()) > 1000, anon  # the model and the runtime's heap, not a few pages
         assert set(anon) == {node}, f"{w['name']} on node {node} has pages on {anon}"
+
+
+def test_each_nodes_instances_map_that_nodes_copy_of_the_weights_with_its_pages_there(workers):
+    for w in workers:
+        (node,) = w["nodes"]
+        (weights,) = w["weights"]
+        assert weights["node"] == node and f"/node{node}/" in weights["file"], w
+        pages = read_numa_maps(w["pid"], weights["file"]).pages_per_node
+        assert sum(pages.values()) > 0 and set(pages) == {node}, (w["name"], pages)
 
 
 def test_requests_are_answered_by_instances_on_both_nodes(server, workers):
