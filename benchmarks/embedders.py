@@ -13,7 +13,14 @@ and titles) and long ones (runs of docstring passages, about 250 tokens). Report
 choice, ms a text for each side, and their ratio (median over the rounds, and the range).
 The first run chooses (minutes a model); later runs reuse the choice from the cache.
 
+With `--st-onnx PYTHON` (the Python of .peers/st-onnx: benchmarks/peer_apps/install.sh), a
+third side in the same turns: sentence-transformers' own fastest CPU path, its ONNX backend
+with the int8 model its `export_dynamic_quantized_onnx_model` makes for this CPU, on the same
+core (benchmarks/peer_apps/st_onnx.py), with its int8's cosine to its own fp32; a model optimum
+cannot export is reported so.
+
 Run:  .venv/bin/python -m benchmarks.embedders [--models gte,qwen3] [--rounds 3] [--cpu 1]
+          [--st-onnx .peers/st-onnx/bin/python]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 import warnings
@@ -135,7 +143,33 @@ def one_by_one(encode, batch: list[str]) -> float:
     return (time.perf_counter() - started) * 1000 / len(batch)
 
 
-def measure(name: str, directory: Path, rounds: int) -> dict:
+class StOnnx:
+    """sentence-transformers' ONNX int8 in its own venv and process (peer_apps/st_onnx.py)."""
+
+    def __init__(self, python: str, cpu: int, path: Path, probe: list[str]) -> None:
+        script = Path(__file__).with_name("peer_apps") / "st_onnx.py"
+        self.child = subprocess.Popen(
+            [python, str(script), str(cpu), str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.said = self.ask(probe)
+
+    def ask(self, texts: list[str]) -> str:
+        self.child.stdin.write(json.dumps(texts) + "\n")
+        self.child.stdin.flush()
+        return self.child.stdout.readline().strip()
+
+    def ms_a_text(self, batch: list[str]) -> float:
+        return float(self.ask(batch))
+
+    def close(self) -> None:
+        self.child.kill()
+        self.child.wait()
+
+
+def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | None) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -153,29 +187,41 @@ def measure(name: str, directory: Path, rounds: int) -> dict:
     tokenizer = Tokenizer(str(path), 512)
     torch.set_num_threads(1)
     theirs = SentenceTransformer(str(path), device="cpu")
-    sides = {
-        "numaserve": lambda t: ours.run([list(tokenizer.encode([t])[0].ids)]),
-        "sentence-transformers": lambda t: theirs.encode([t]),
+    sides = {  # each: a batch's ms a text
+        "numaserve": lambda b: one_by_one(
+            lambda t: ours.run([list(tokenizer.encode([t])[0].ids)]), b
+        ),
+        "sentence-transformers": lambda b: one_by_one(lambda t: theirs.encode([t]), b),
     }
     result = {"choice": str(ours.choice.path), "choice_s": round(chose_s, 1)}
-    for kind, batch in texts().items():
-        for encode in sides.values():  # warm each
-            one_by_one(encode, batch[:3])
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for r in range(rounds):
-            order = list(sides)[r % 2 :] + list(sides)[: r % 2]
-            for side in order:
-                times[side].append(one_by_one(sides[side], batch))
-        ratios = [
-            a / b for a, b in zip(times["sentence-transformers"], times["numaserve"], strict=True)
-        ]
-        tokens = statistics.mean(len(e.ids) for e in tokenizer.encode(batch))
-        result[kind] = {
-            "tokens": round(tokens),
-            **{f"{side}_ms": round(statistics.median(v), 2) for side, v in times.items()},
-            "speedup": round(statistics.median(ratios), 2),
-            "speedup_range": [round(min(ratios), 2), round(max(ratios), 2)],
-        }
+    peer = None
+    if st_onnx:
+        peer = StOnnx(st_onnx, cpu, path, [t for batch in texts().values() for t in batch])
+        result["st_onnx"] = peer.said
+        if peer.said.startswith("ready"):
+            sides["st-onnx-int8"] = peer.ms_a_text
+    try:
+        for kind, batch in texts().items():
+            for run in sides.values():  # warm each
+                run(batch[:3])
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for r in range(rounds):
+                for side in list(sides)[r % len(sides) :] + list(sides)[: r % len(sides)]:
+                    times[side].append(sides[side](batch))
+            tokens = statistics.mean(len(e.ids) for e in tokenizer.encode(batch))
+            result[kind] = {
+                "tokens": round(tokens),
+                **{f"{side}_ms": round(statistics.median(v), 2) for side, v in times.items()},
+            }
+            for side in sides:
+                if side != "numaserve":
+                    ratios = [a / b for a, b in zip(times[side], times["numaserve"], strict=True)]
+                    key = "speedup" if side == "sentence-transformers" else f"over_{side}"
+                    result[kind][key] = round(statistics.median(ratios), 2)
+                    result[kind][f"{key}_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+    finally:
+        if peer:
+            peer.close()
     print(name, json.dumps(result), flush=True)
     return result
 
@@ -186,6 +232,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpu", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/embedders.json")
+    parser.add_argument("--st-onnx", help="the Python of .peers/st-onnx (install.sh)")
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.cpu})  # before any runtime starts its threads
     topology = machine.topology()
@@ -193,7 +240,7 @@ def main() -> None:
     results = {"topology": topology, "cpu": args.cpu, "rounds": args.rounds, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            results["models"][name] = measure(name, Path(tmp), args.rounds)
+            results["models"][name] = measure(name, Path(tmp), args.rounds, args.cpu, args.st_onnx)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -16,3 +16,9 @@ python3 -m venv .peers/torchserve
 .peers/torchserve/bin/pip install -q 'torchserve==0.12.0' 'torch-model-archiver==0.12.0' \
     'torch==2.13.0' $(pins 'onnxruntime|tokenizers|numpy')
 command -v java >/dev/null || echo "TorchServe needs Java: apt-get install openjdk-17-jre-headless"
+
+# sentence-transformers' ONNX backend (optimum-onnx, which needs transformers < 4.58, and so a
+# tokenizers older than numaserve's), for benchmarks/embedders.py --st-onnx.
+python3 -m venv .peers/st-onnx
+.peers/st-onnx/bin/pip install -q 'sentence-transformers==5.7.0' 'transformers==4.57.6' \
+    'optimum-onnx[onnxruntime]==0.1.0' 'torch==2.13.0' $(pins 'onnxruntime|numpy')
