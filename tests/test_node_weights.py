@@ -4,16 +4,20 @@ and sharing its pages, read from their own /proc/PID/smaps. The 2-node kernel's 
 each node's pages is tests/test_numa_vm.py's."""
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from numaserve.backends import load_model, load_prepared
-from numaserve.backends.node_weights import DATA, node_copy
+from numaserve.backends.node_weights import DATA, is_packed, node_copy
 from numaserve.backends.prepared import Prepared
+from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import read_numa_maps
 from numaserve.wire import protocol
+from tests.harness.checkpoints import save_tiny_splade
 from tests.harness.router_side import (
     ISA,
     NAMED,
@@ -72,6 +76,33 @@ def test_an_instance_bound_to_no_one_node_maps_the_packed_form_itself(record):
     model = load_prepared(NAMED, "main", record, ISA, threads=1, node=None)
     assert model.artifact == record_artifact(record)
     assert model.weights[0].node is None
+
+
+def test_what_prepare_records_runs_and_answers_as_the_artifact_where_a_packed_form_would_not(
+    tmp_path,
+):
+    """ONNX Runtime 1.31 saved a packed form of a SPLADE model's graph (a masked-LM head tied
+    to the embeddings) that it then crashed running (SIGSEGV): prepare keeps a form only where
+    it runs and answers as the artifact does. Run in a child: a crash fails this test alone."""
+    model = ModelConfig(
+        path=str(save_tiny_splade(tmp_path / "splade")),
+        task="sparse",
+        backend="onnxruntime",
+        quantize="none",
+        max_length=64,
+    )
+    recorded = record_artifact(prepared_record(model, tmp_path))
+    whole = recorded.parent.parent / "model.onnx" if is_packed(recorded) else recorded
+    code = (
+        "import sys; from pathlib import Path; import numpy as np\n"
+        "from numaserve.backends.node_weights import _answers\n"
+        "print(np.abs(_answers(Path(sys.argv[1])) - _answers(Path(sys.argv[2]))).max())"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(recorded), str(whole)], capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert float(child.stdout) < 1e-4
 
 
 def test_a_node_copy_cut_short_is_copied_again(record):

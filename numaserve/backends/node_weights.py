@@ -5,7 +5,8 @@ initializers read into its heap, and each weight again packed for the CPU's matr
 Eight instances of a Qwen3-Embedding-0.6B-shaped int8 model held 5.5 GB (PSS) so, and
 1.2 GB mapping one copy (docs/benchmarks.md). So:
 
-1. `packed_form` (run by `numaserve prepare`) has ONNX Runtime save the artifact once more: the
+1. `packed_form` (run by `numaserve prepare`) has ONNX Runtime save the artifact once more (in
+   a child process, which also checks that the form runs and answers as the artifact does): the
    graph in `model.onnx`, every initializer in `model.onnx.data` at page-aligned offsets, and
    with them the weights as this CPU's kernels pack them
    (`session.save_external_prepacked_constant_initializers`). ONNX Runtime maps such a file
@@ -28,16 +29,20 @@ import importlib.metadata
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.backends.artifacts import kept_or_made, write_atomically
 from numaserve.config.model_paths import ModelLoadError
+from numaserve.processes import exitcodes
 
 log = logging.getLogger("numaserve.backends")
 GRAPH = "model.onnx"
 DATA = "model.onnx.data"  # where the graph says its initializers are, beside it
 SIZES = "sizes"  # the pair's byte sizes, written last: a form or copy without it is unfinished
+REFUSED = "refused"  # why a packed form could not be kept: its artifact serves whole
 
 
 @dataclass(frozen=True)
@@ -82,8 +87,17 @@ def packed_form(artifact: Path) -> Path:
     ).hexdigest()[:16]
     directory = artifact.parent / f"packed-{key}"
 
+    def kept() -> Path | None:
+        if (directory / REFUSED).exists():  # ONNX Runtime could not run it: said once, kept
+            raise ModelLoadError((directory / REFUSED).read_text())
+        return _complete(directory)
+
     def make() -> Path:
-        _pack(artifact, directory)
+        try:
+            _pack(artifact, directory)
+        except ModelLoadError as e:
+            write_atomically(directory / REFUSED, str(e))
+            raise
         return directory / GRAPH
 
     def cannot(e: OSError) -> ModelLoadError:
@@ -92,20 +106,40 @@ def packed_form(artifact: Path) -> Path:
         )
 
     try:
-        return kept_or_made(directory, ".lock", lambda: _complete(directory), make, cannot)
+        return kept_or_made(directory, ".lock", kept, make, cannot)
     except ModelLoadError as e:
         log.warning("%s: each instance will hold its own copy of the weights", e)
         return artifact
 
 
 def _pack(artifact: Path, directory: Path) -> None:
-    """ONNX Runtime's own save of the optimised graph, its weights mapped-ready and packed."""
-    import onnxruntime as ort
-
-    ort.disable_telemetry_events()
+    """The packed form, made and checked in a child process (`main`): ONNX Runtime 1.31 saved
+    a packed form of a tied-embedding masked-LM graph that it then crashed running (SIGSEGV),
+    so a form is kept only where it runs and answers as the artifact does."""
     work = directory / f"build-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
+    command = [sys.executable, "-m", "numaserve.backends.node_weights", str(artifact), str(work)]
+    child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if child.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        lines = [line for line in child.stderr.splitlines() if line.strip()]
+        why = (
+            f"it was killed by {exitcodes.signal_name(-child.returncode)}"
+            if child.returncode < 0
+            else (lines[-1] if lines else f"it exited {child.returncode}")
+        )
+        raise ModelLoadError(f"ONNX Runtime cannot run {artifact} with its weights mapped: {why}")
+    for name in (DATA, GRAPH):
+        os.replace(work / name, directory / name)
+    work.rmdir()
+    _seal(directory)
+
+
+def _save_packed(artifact: Path, work: Path) -> None:
+    """ONNX Runtime's own save of the optimised graph, its weights mapped-ready and packed."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     # Extended, not all: the layout transforms of the last level are for convolutions, and
@@ -118,15 +152,43 @@ def _pack(artifact: Path, directory: Path) -> None:
         "session.save_external_prepacked_constant_initializers": "1",
     }.items():
         options.add_session_config_entry(key, value)
-    try:
-        ort.InferenceSession(str(artifact), options, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        shutil.rmtree(work, ignore_errors=True)
-        raise ModelLoadError(f"ONNX Runtime cannot re-save {artifact} packed: {e}") from None
-    for name in (DATA, GRAPH):
-        os.replace(work / name, directory / name)
-    work.rmdir()
-    _seal(directory)
+    ort.InferenceSession(str(artifact), options, providers=["CPUExecutionProvider"])
+
+
+def _answers(graph: Path):
+    """A session's output on a probe batch (two texts, one padded; ids every vocabulary has)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=np.int64)
+    given = {
+        "input_ids": np.array([[1, 5, 17, 42, 2], [1, 9, 2, 0, 0]], dtype=np.int64),
+        "attention_mask": mask,
+        "token_type_ids": np.zeros_like(mask),
+    }
+    return session.run(None, {i.name: given[i.name] for i in session.get_inputs()})[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child `_pack` runs: save the packed form of ARTIFACT in WORK, then run both on a
+    probe batch; exit 1 with one line on stderr where they differ."""
+    import numpy as np
+    import onnxruntime as ort
+
+    ort.disable_telemetry_events()
+    artifact, work = map(Path, (argv or sys.argv[1:])[:2])
+    _save_packed(artifact, work)
+    expected, got = _answers(artifact), _answers(work / GRAPH)
+    if not np.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max() or 1)):
+        print(
+            f"its answers differ from the artifact's by {np.abs(got - expected).max()}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def node_copy(graph: Path, node: int) -> Path:
@@ -179,3 +241,7 @@ def _complete(directory: Path) -> Path | None:
         return directory / GRAPH if (directory / SIZES).read_text() == _sizes(directory) else None
     except OSError:
         return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
