@@ -14,10 +14,10 @@ choice, ms a text for each side, and their ratio (median over the rounds, and th
 The first run chooses (minutes a model); later runs reuse the choice from the cache.
 
 With `--st-onnx PYTHON` (the Python of .peers/st-onnx: benchmarks/peer_apps/install.sh), a
-third side in the same turns: sentence-transformers' own fastest CPU path, its ONNX backend
-with the int8 model its `export_dynamic_quantized_onnx_model` makes for this CPU, on the same
-core (benchmarks/peer_apps/st_onnx.py), with its int8's cosine to its own fp32; a model optimum
-cannot export is reported so.
+third and a fourth side in the same turns: sentence-transformers' own fastest CPU paths, its
+ONNX backend with the int8 model its `export_dynamic_quantized_onnx_model` makes for this CPU,
+and its fp32 export, on the same core (benchmarks/peer_apps/st_onnx.py), with its int8's
+cosine to its own fp32; a model optimum cannot export is reported so.
 
 Run:  .venv/bin/python -m benchmarks.embedders [--models gte,qwen3] [--rounds 3] [--cpu 1]
           [--st-onnx .peers/st-onnx/bin/python]
@@ -146,10 +146,10 @@ def one_by_one(encode, batch: list[str]) -> float:
 class StOnnx:
     """sentence-transformers' ONNX int8 in its own venv and process (peer_apps/st_onnx.py)."""
 
-    def __init__(self, python: str, cpu: int, path: Path, probe: list[str]) -> None:
+    def __init__(self, python: str, cpu: int, path: Path, probe: list[str], timed: str) -> None:
         script = Path(__file__).with_name("peer_apps") / "st_onnx.py"
         self.child = subprocess.Popen(
-            [python, str(script), str(cpu), str(path)],
+            [python, str(script), str(cpu), str(path), timed],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -194,12 +194,14 @@ def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | No
         "sentence-transformers": lambda b: one_by_one(lambda t: theirs.encode([t]), b),
     }
     result = {"choice": str(ours.choice.path), "choice_s": round(chose_s, 1)}
-    peer = None
-    if st_onnx:
-        peer = StOnnx(st_onnx, cpu, path, [t for batch in texts().values() for t in batch])
+    peers = []
+    for timed in ("int8", "fp32") if st_onnx else ():
+        peer = StOnnx(st_onnx, cpu, path, [t for batch in texts().values() for t in batch], timed)
+        peers.append(peer)
         result["st_onnx"] = peer.said
-        if peer.said.startswith("ready"):
-            sides["st-onnx-int8"] = peer.ms_a_text
+        if not peer.said.startswith("ready"):
+            break  # optimum cannot export it, or ST cannot run its export: said once
+        sides[f"st-onnx-{timed}"] = peer.ms_a_text
     try:
         for kind, batch in texts().items():
             for run in sides.values():  # warm each
@@ -220,7 +222,7 @@ def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | No
                     result[kind][key] = round(statistics.median(ratios), 2)
                     result[kind][f"{key}_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
     finally:
-        if peer:
+        for peer in peers:
             peer.close()
     print(name, json.dumps(result), flush=True)
     return result
