@@ -3,12 +3,15 @@ form, each node's copy made by its first instance, and real pinned workers mappi
 and sharing its pages, read from their own /proc/PID/smaps. The 2-node kernel's placement of
 each node's pages is tests/test_numa_vm.py's."""
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from numaserve.backends import load_model, load_prepared
@@ -18,6 +21,7 @@ from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import read_numa_maps
 from numaserve.wire import protocol
 from tests.harness.checkpoints import save_tiny_splade
+from tests.harness.processes import still_running, wait_gone
 from tests.harness.router_side import (
     ISA,
     NAMED,
@@ -26,6 +30,7 @@ from tests.harness.router_side import (
     start_worker,
     worker_spec,
 )
+from tests.harness.waiting import eventually
 
 TEXTS = [[101, 7592, 2088, 102], [101, 1037, 2936, 6251, 2008, 2003, 2936, 102]]
 
@@ -132,11 +137,13 @@ def test_two_instances_of_one_node_map_one_copy_and_share_its_pages(record, tmp_
         for proc in procs:
             pages = mapped(proc.pid, file)
             # A third of the file is in use (the unpacked weights it also holds are not), and
-            # every page of it is shared with the other instance (dirty: a copy just written,
-            # not yet on disk): none is a private copy, so each counts half of it.
+            # its pages are the other instance's too (dirty: a copy just written, not yet on
+            # disk), so each counts about half of them. None is a copy of its own; the kernel's
+            # fault-around may map a few neighbouring pages into one of the two alone (seen:
+            # 60 KB of 11.8 MB), which count as private.
             assert pages["Rss"] > size_kb // 3, pages
-            assert pages["Shared_Clean"] + pages["Shared_Dirty"] == pages["Rss"], pages
-            assert pages["Private_Clean"] + pages["Private_Dirty"] + pages["Anonymous"] == 0
+            assert pages["Anonymous"] == 0, pages
+            assert pages["Private_Clean"] + pages["Private_Dirty"] <= pages["Rss"] * 0.02, pages
             assert pages["Pss"] <= pages["Rss"] * 0.55, pages
             # numa_maps finds the file's pages (on the 2-node VM: on its node alone)
             assert set(read_numa_maps(proc.pid, file).pages_per_node) == {0}
@@ -147,3 +154,29 @@ def test_two_instances_of_one_node_map_one_copy_and_share_its_pages(record, tmp_
             proc.kill()
             proc.wait()
         router.close()
+
+
+def test_the_packing_child_dies_with_the_process_that_started_it(tmp_path):
+    """A prepare killed midway (a start timeout, a stop) leaves no packing child running. The
+    artifact is a FIFO no one writes, so the child blocks reading it until it is killed."""
+    artifact = tmp_path / "model.onnx"
+    os.mkfifo(artifact)
+    (tmp_path / "packed").mkdir()
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from numaserve.backends import node_weights;"
+            "node_weights._pack(Path(sys.argv[1]), Path(sys.argv[2]))",
+            str(artifact),
+            str(tmp_path / "packed"),
+        ]
+    )
+    child = eventually(lambda: psutil.Process(caller.pid).children(), every=0.05)[0].pid
+    try:
+        caller.kill()
+        caller.wait()
+        assert wait_gone([child], timeout=10) == [], "the packing child outlived its caller"
+    finally:
+        if still_running(child):
+            os.kill(child, signal.SIGKILL)

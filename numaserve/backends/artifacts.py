@@ -175,28 +175,38 @@ def _remove_leftovers(directory: Path) -> None:
 REFUSED = 3
 
 
-def _build_in_child(build: Build, output: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        build.module,
-        json.dumps(dataclasses.asdict(build.config)),
-        str(output),
-        f"--parent={os.getpid()}",
-        *build.args,
-    ]
+@dataclasses.dataclass(frozen=True)
+class ChildRun:
+    """How a child process (`run_child`) ended: its exit status and its stderr's lines."""
+
+    returncode: int
+    lines: list[str]
+
+    def failure(self, name: str) -> str:
+        """Why it failed, in one line: the signal that killed it, else its last stderr line."""
+        if self.returncode < 0:
+            return f"{name} was killed by {exitcodes.signal_name(-self.returncode)}"
+        return self.lines[-1] if self.lines else f"{name} exited {self.returncode}"
+
+
+def run_child(module: str, *args: str) -> ChildRun:
+    """`python -m MODULE ARGS --parent=PID`: a child that dies with this process (its main
+    calls `die_with_parent`), so a prepare killed midway (a start timeout, a stop) leaves no
+    build running."""
+    command = [sys.executable, "-m", module, *args, f"--parent={os.getpid()}"]
     child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return ChildRun(child.returncode, [line for line in child.stderr.splitlines() if line.strip()])
+
+
+def _build_in_child(build: Build, output: Path) -> None:
+    config = json.dumps(dataclasses.asdict(build.config))
+    child = run_child(build.module, config, str(output), *build.args)
     if child.returncode == 0 and output.exists():
         return
     _remove(output)
-    lines = [line for line in child.stderr.splitlines() if line.strip()]
-    if child.returncode < 0:
-        reason = f"the build process was killed by {exitcodes.signal_name(-child.returncode)}"
-    else:
-        reason = lines[-1] if lines else f"the build process exited {child.returncode}"
-    if lines and child.returncode != REFUSED:  # a refusal's one line is the whole story
-        log.error("the build's output:\n%s", "\n".join(lines[-40:]))
-    raise ModelLoadError(reason)
+    if child.lines and child.returncode != REFUSED:  # a refusal's one line is the whole story
+        log.error("the build's output:\n%s", "\n".join(child.lines[-40:]))
+    raise ModelLoadError(child.failure("the build process"))
 
 
 def write_atomically(path: Path, text: str) -> None:

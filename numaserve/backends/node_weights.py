@@ -29,14 +29,12 @@ import importlib.metadata
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.backends.artifacts import kept_or_made, write_atomically
+from numaserve.backends.artifacts import kept_or_made, run_child, write_atomically
 from numaserve.config.model_paths import ModelLoadError
-from numaserve.processes import exitcodes
 
 log = logging.getLogger("numaserve.backends")
 GRAPH = "model.onnx"
@@ -119,16 +117,10 @@ def _pack(artifact: Path, directory: Path) -> None:
     work = directory / f"build-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    command = [sys.executable, "-m", "numaserve.backends.node_weights", str(artifact), str(work)]
-    child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = run_child("numaserve.backends.node_weights", str(artifact), str(work))
     if child.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
-        lines = [line for line in child.stderr.splitlines() if line.strip()]
-        why = (
-            f"it was killed by {exitcodes.signal_name(-child.returncode)}"
-            if child.returncode < 0
-            else (lines[-1] if lines else f"it exited {child.returncode}")
-        )
+        why = child.failure("it")
         raise ModelLoadError(f"ONNX Runtime cannot run {artifact} with its weights mapped: {why}")
     for name in (DATA, GRAPH):
         os.replace(work / name, directory / name)
@@ -175,11 +167,23 @@ def _answers(graph: Path):
 def main(argv: list[str] | None = None) -> int:
     """The child `_pack` runs: save the packed form of ARTIFACT in WORK, then run both on a
     probe batch; exit 1 with one line on stderr where they differ."""
+    import argparse
+    import signal
+
     import numpy as np
     import onnxruntime as ort
 
+    from numaserve.processes.lifecycle import die_with_parent
+
+    parser = argparse.ArgumentParser(prog="python -m numaserve.backends.node_weights")
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--parent", type=int, help="die with this process")
+    args = parser.parse_args(argv)
+    if args.parent:
+        die_with_parent(args.parent, signal.SIGKILL)
     ort.disable_telemetry_events()
-    artifact, work = map(Path, (argv or sys.argv[1:])[:2])
+    artifact, work = args.artifact, args.work
     _save_packed(artifact, work)
     expected, got = _answers(artifact), _answers(work / GRAPH)
     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max() or 1)):
