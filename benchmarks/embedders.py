@@ -13,14 +13,16 @@ and titles) and long ones (runs of docstring passages, about 250 tokens). Report
 choice, ms a text for each side, and their ratio (median over the rounds, and the range).
 The first run chooses (minutes a model); later runs reuse the choice from the cache.
 
-With `--st-onnx PYTHON` (the Python of .peers/st-onnx: benchmarks/peer_apps/install.sh), a
-third and a fourth side in the same turns: sentence-transformers' own fastest CPU paths, its
-ONNX backend with the int8 model its `export_dynamic_quantized_onnx_model` makes for this CPU,
-and its fp32 export, on the same core (benchmarks/peer_apps/st_onnx.py), with its int8's
-cosine to its own fp32; a model optimum cannot export is reported so.
+With `--st-onnx PYTHON` and `--st-openvino PYTHON` (the Pythons of .peers/st-onnx and
+.peers/st-openvino: benchmarks/peer_apps/install.sh), more sides in the same turns:
+sentence-transformers' own fastest CPU paths, its ONNX backend with the int8 model its
+`export_dynamic_quantized_onnx_model` makes for this CPU and its OpenVINO backend with the
+int8 model its `export_static_quantized_openvino_model` calibrates, and each one's fp32
+export, on the same core (benchmarks/peer_apps/st_backend.py), with each int8's cosine to its
+own fp32; a model a backend cannot export or run is reported so.
 
 Run:  .venv/bin/python -m benchmarks.embedders [--models gte,qwen3] [--rounds 3] [--cpu 1]
-          [--st-onnx .peers/st-onnx/bin/python]
+          [--st-onnx .peers/st-onnx/bin/python] [--st-openvino .peers/st-openvino/bin/python]
 """
 
 from __future__ import annotations
@@ -143,13 +145,15 @@ def one_by_one(encode, batch: list[str]) -> float:
     return (time.perf_counter() - started) * 1000 / len(batch)
 
 
-class StOnnx:
-    """sentence-transformers' ONNX int8 in its own venv and process (peer_apps/st_onnx.py)."""
+class StBackend:
+    """A sentence-transformers backend in its own venv and process (peer_apps/st_backend.py)."""
 
-    def __init__(self, python: str, cpu: int, path: Path, probe: list[str], timed: str) -> None:
-        script = Path(__file__).with_name("peer_apps") / "st_onnx.py"
+    def __init__(
+        self, python: str, backend: str, cpu: int, path: Path, probe: list[str], timed: str
+    ) -> None:
+        script = Path(__file__).with_name("peer_apps") / "st_backend.py"
         self.child = subprocess.Popen(
-            [python, str(script), str(cpu), str(path), timed],
+            [python, str(script), backend, str(cpu), str(path), timed],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -169,7 +173,8 @@ class StOnnx:
         self.child.wait()
 
 
-def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | None) -> dict:
+def measure(name: str, directory: Path, rounds: int, cpu: int, peers: dict[str, str]) -> dict:
+    """`peers`: the Python of each sentence-transformers backend to time beside, by name."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -194,14 +199,16 @@ def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | No
         "sentence-transformers": lambda b: one_by_one(lambda t: theirs.encode([t]), b),
     }
     result = {"choice": str(ours.choice.path), "choice_s": round(chose_s, 1)}
-    peers = []
-    for timed in ("int8", "fp32") if st_onnx else ():
-        peer = StOnnx(st_onnx, cpu, path, [t for batch in texts().values() for t in batch], timed)
-        peers.append(peer)
-        result["st_onnx"] = peer.said
-        if not peer.said.startswith("ready"):
-            break  # optimum cannot export it, or ST cannot run its export: said once
-        sides[f"st-onnx-{timed}"] = peer.ms_a_text
+    started_peers = []
+    probe = [t for batch in texts().values() for t in batch]
+    for backend, python in peers.items():
+        for timed in ("int8", "fp32"):
+            peer = StBackend(python, backend, cpu, path, probe, timed)
+            started_peers.append(peer)
+            result[f"st_{backend}"] = peer.said
+            if not peer.said.startswith("ready"):
+                break  # it cannot export the model, or ST cannot run its export: said once
+            sides[f"st-{backend}-{timed}"] = peer.ms_a_text
     try:
         for kind, batch in texts().items():
             for run in sides.values():  # warm each
@@ -222,7 +229,7 @@ def measure(name: str, directory: Path, rounds: int, cpu: int, st_onnx: str | No
                     result[kind][key] = round(statistics.median(ratios), 2)
                     result[kind][f"{key}_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
     finally:
-        for peer in peers:
+        for peer in started_peers:
             peer.close()
     print(name, json.dumps(result), flush=True)
     return result
@@ -235,6 +242,7 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/embedders.json")
     parser.add_argument("--st-onnx", help="the Python of .peers/st-onnx (install.sh)")
+    parser.add_argument("--st-openvino", help="the Python of .peers/st-openvino (install.sh)")
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.cpu})  # before any runtime starts its threads
     topology = machine.topology()
@@ -242,7 +250,9 @@ def main() -> None:
     results = {"topology": topology, "cpu": args.cpu, "rounds": args.rounds, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            results["models"][name] = measure(name, Path(tmp), args.rounds, args.cpu, args.st_onnx)
+            peers = {"onnx": args.st_onnx, "openvino": args.st_openvino}
+            peers = {backend: python for backend, python in peers.items() if python}
+            results["models"][name] = measure(name, Path(tmp), args.rounds, args.cpu, peers)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 

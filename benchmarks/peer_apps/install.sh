@@ -4,7 +4,7 @@
 # torch is pinned to the CPU build, as in constraints.txt; ONNX Runtime, tokenizers and numpy
 # to numaserve's versions where the peer lets us choose. TorchServe also needs a JDK:
 # apt-get install openjdk-17-jre-headless.
-# Run:  benchmarks/peer_apps/install.sh    (about 5 minutes, 3 GB)
+# Run:  benchmarks/peer_apps/install.sh    (about 8 minutes, 5 GB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pins() { grep -i -E "^($1)==" constraints.txt; }
@@ -22,3 +22,13 @@ command -v java >/dev/null || echo "TorchServe needs Java: apt-get install openj
 python3 -m venv .peers/st-onnx
 .peers/st-onnx/bin/pip install -q 'sentence-transformers==5.7.0' 'transformers==4.57.6' \
     'optimum-onnx[onnxruntime]==0.1.0' 'torch==2.13.0' $(pins 'onnxruntime|numpy')
+
+# sentence-transformers' OpenVINO backend (optimum-intel, which needs transformers < 5.6, and
+# exports Gemma3 only under transformers 5.0), for benchmarks/embedders.py --st-openvino. Its
+# static int8 calibrates through `datasets`; torchvision (which optimum-intel asks for) is
+# removed: its wheel does not load beside torch's CPU build, and transformers imports it.
+python3 -m venv .peers/st-openvino
+.peers/st-openvino/bin/pip install -q 'sentence-transformers==6.2.0' 'transformers==5.0.0' \
+    'optimum-intel==2.2.0' 'huggingface-hub==1.21.0' 'datasets==5.0.1' 'torch==2.13.0' \
+    $(pins 'openvino|numpy')
+.peers/st-openvino/bin/pip uninstall -y -q torchvision
