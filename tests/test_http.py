@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -595,6 +597,58 @@ def test_metrics_asked_of_the_http_port_is_pointed_to_the_metrics_port(embedder)
         answer = http.get("/metrics")
     assert answer.status_code == 404
     assert f"served on server.metrics, http://{embedder.metrics}/metrics" in answer.text
+
+
+def test_docs_opens_in_a_real_browser_listing_the_routes_and_fetching_nothing_elsewhere(
+    embedder, tmp_path
+):
+    """Headless Chromium (Debian's) loads /docs, runs Swagger UI, and renders every route of
+    /openapi.json; no request the page makes goes to any other host. The page's requests are
+    those of its network isolation key (its site) in Chromium's network log: the browser's own
+    (its component updater, its spelling dictionary) have others."""
+    chromium = shutil.which("chromium")
+    assert chromium, "Chromium is needed: apt-get install chromium"
+    browser = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",  # root, as in CI
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--no-first-run",
+            f"--log-net-log={tmp_path / 'net.json'}",
+            "--virtual-time-budget=20000",  # until the page's scripts have run
+            "--dump-dom",
+            f"{embedder.url}/docs",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    dom = browser.stdout
+    for path in ("/embed", "/v1/embeddings", "/v1/rerank", "/tokenize", "/info"):
+        assert f'data-path="{path}"' in dom, browser.stderr[-2000:]
+    assert 'data-path="/docs' not in dom  # the page's own files are not API routes
+    site = "http://127.0.0.1"
+    assert embedder.url.startswith(site + ":")
+    events = json.loads((tmp_path / "net.json").read_text())["events"]
+    page = {
+        e["params"]["url"]
+        for e in events
+        if "url" in e.get("params", {})
+        and e["params"].get("network_isolation_key", "").startswith(site)
+    }
+    assert f"{embedder.url}/openapi.json" in page
+    assert {url for url in page if not url.startswith(embedder.url)} == set()
+
+
+def test_docs_says_it_loads_only_from_this_server(embedder):
+    with httpx.Client(base_url=embedder.url, timeout=30) as http:
+        page = http.get("/docs")  # open, like /openapi.json
+        bundle = http.get("/docs/swagger-ui-bundle.js")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert bundle.status_code == 200 and "SwaggerUIBundle" in bundle.text
 
 
 def test_openapi_json_describes_every_route(embedder):

@@ -70,7 +70,7 @@ class App:
             )
             no_route = ApiError(404, f"{request.path} is served {where}, not on the HTTP API")
             return api_errors.shape_for(request.path)(no_route)
-        no_route = ApiError(404, f"no route {request.path}; see /openapi.json")
+        no_route = ApiError(404, f"no route {request.path}; see /docs or /openapi.json")
         return api_errors.shape_for(request.path)(no_route)
 
     # -- what the routes share -------------------------------------------------------------

@@ -302,6 +302,8 @@ TRUNCATED = {
 def document(app) -> dict:
     paths: dict[str, dict] = {}
     for route in app.routes.values():
+        if not route.described:
+            continue
         shape = route.error.__name__  # api_errors.openai or api_errors.tei
         error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape}_error"}}}
         operation: dict = {"summary": route.summary, "responses": {"200": {"description": "OK"}}}

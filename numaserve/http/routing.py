@@ -26,6 +26,7 @@ class Route:
     error: Callable[[ApiError], Response]  # its API's error shape
     summary: str  # for /openapi.json
     open: bool = False  # answered without an API key (probes)
+    described: bool = True  # in /openapi.json (the API page's own files are not)
 
 
 def json_body(request: Request) -> dict:

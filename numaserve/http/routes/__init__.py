@@ -1,5 +1,6 @@
-"""Every HTTP route, by the API it copies: TEI's, OpenAI's, the Cohere/Jina rerank, our own."""
+"""Every HTTP route, by the API it copies: TEI's, OpenAI's, the Cohere/Jina rerank, our own,
+and the API page (/docs)."""
 
-from numaserve.http.routes import cohere, openai, own, tei
+from numaserve.http.routes import cohere, docs, openai, own, tei
 
-ROUTES = (*tei.ROUTES, *openai.ROUTES, *cohere.ROUTES, *own.ROUTES)
+ROUTES = (*tei.ROUTES, *openai.ROUTES, *cohere.ROUTES, *own.ROUTES, *docs.ROUTES)
