@@ -32,6 +32,7 @@ from numaserve.host.pinning import (
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
+from numaserve.processes.tracing import start as start_tracing
 from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.worker")
@@ -67,6 +68,17 @@ class Engine:
             self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = self.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))
+        # Where tracing is on: this process's, and what each forward pass's span says of it.
+        self.tracing = start_tracing("worker")
+        self.span_attributes = {
+            "numaserve.instance": spec.slot.name,
+            "numaserve.pool": spec.slot.pool,
+            "numaserve.cpus": format_cpulist(report.cpus),
+            "numaserve.numa_nodes": format_cpulist(report.nodes),
+            "numaserve.model.path": spec.model.path,
+            "numaserve.model.backend": self.model.config.backend,
+            "numaserve.model.precision": self.model.config.quantize,
+        }
 
     def warm_up(self, longest: int) -> None:
         """Run every shape family once, so the first real request pays no one-off costs."""
@@ -120,6 +132,12 @@ class Engine:
             log.exception("forward pass failed")
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
         results = [self.task.to_wire(output) for output in outputs]
+        if self.tracing is not None and body.get("trace"):
+            attributes = self.span_attributes | {
+                "numaserve.batch.texts": len(inputs),
+                "numaserve.batch.tokens": sum(map(len, inputs)),
+            }
+            self.tracing.batch(body["trace"], "forward pass", pass_s, attributes)
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:

@@ -25,6 +25,7 @@ from numaserve.client.errors import (
 )
 from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
+from numaserve.client.trace_context import caller_trace
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys
 from numaserve.wire.requests import PRIORITIES, TOKEN_VECTOR_TEXTS
@@ -114,6 +115,7 @@ class Calls:
                 "priority": self.priority,
             }
             body |= {k: v for k, v in settings.items() if v is not None}
+            body |= caller_trace()
         for key, value in {"texts": texts, "deadline_ms": deadline_ms, **fields}.items():
             if value is not None:
                 body[key] = value

@@ -79,6 +79,23 @@ class CurveConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces (docs/monitoring.md). Each key given sets its `OTEL_*` variable
+    (named beside it) for every process of the server, over the environment's; a key left out
+    leaves the environment's. Tracing is on where an endpoint is named, here or there."""
+
+    # OTEL_EXPORTER_OTLP_ENDPOINT: the collector's base URL (http://HOST:4318 for OTLP over
+    # HTTP, to which /v1/traces is added; http://HOST:4317 for gRPC)
+    endpoint: str | None = None
+    protocol: Literal["http/protobuf", "grpc"] | None = None  # OTEL_EXPORTER_OTLP_PROTOCOL
+    headers: str | None = None  # OTEL_EXPORTER_OTLP_HEADERS: `key=value,key2=value2` (auth)
+    sampler: str | None = None  # OTEL_TRACES_SAMPLER: parentbased_traceidratio, always_off, ...
+    sampler_arg: str | None = None  # OTEL_TRACES_SAMPLER_ARG: the ratio, as `0.01`
+    service_name: str | None = None  # OTEL_SERVICE_NAME (numaserve where neither says one)
+    resource_attributes: str | None = None  # OTEL_RESOURCE_ATTRIBUTES: `key=value,...`
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     endpoint: str = "tcp://127.0.0.1:5555"
     cache_entries: int = field(default=100_000, metadata=_bounds(0))
@@ -117,6 +134,7 @@ class ServerConfig:
     http_processes: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
     http_max_body_bytes: int = field(default=8 << 20, metadata=_bounds(1024, 1 << 30))  # 413
     http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))  # 408
+    tracing: TracingConfig = TracingConfig()  # OpenTelemetry: off unless an endpoint is named
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,28 @@ from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
 from numaserve.http.keys import ApiKeys
 from numaserve.http.stats import Stats
+from numaserve.http.traced import traced
 from numaserve.http.upstream import Upstream
 from numaserve.processes.specs import HttpModel, HttpSpec
+from numaserve.processes.tracing import Tracing
 from numaserve.wire.requests import PRIORITIES
 
 
 class App:
     def __init__(
-        self, spec: HttpSpec, upstream: Upstream, keys: ApiKeys, stats: Stats, routes: Iterable
+        self,
+        spec: HttpSpec,
+        upstream: Upstream,
+        keys: ApiKeys,
+        stats: Stats,
+        routes: Iterable,
+        tracing: Tracing | None = None,
     ):
         """`routes`: routes.ROUTES, every route served (the routes know the App; it knows
-        them only as the Route records it is given)."""
+        them only as the Route records it is given). `tracing`: this process's, where
+        tracing is on (processes/tracing.py)."""
         self.spec, self.upstream, self.keys, self.stats = spec, upstream, keys, stats
+        self.tracing = tracing
         self.routes = {(r.method, r.path): r for r in routes}
         self.paths = {r.path for r in self.routes.values()}
         self.models = {m.name: m for m in spec.models}
@@ -35,6 +45,11 @@ class App:
         self.tokenizers: dict[str, Any] = {}
 
     async def handle(self, request: Request) -> Response:
+        if self.tracing is None:
+            return await self.answer(request)
+        return await traced(self.tracing, self.routes, self.answer, request)
+
+    async def answer(self, request: Request) -> Response:
         started = time.perf_counter()
         route = self.routes.get((request.method, request.path))
         if route is None:
@@ -102,6 +117,11 @@ class App:
             raise ApiError(499, "the client closed the connection")
         self.check_count(texts)
         body = {"op": op, "texts": texts}
+        if request.trace is not None:
+            body["traceparent"], body["tracestate"] = request.trace
+            request.span.set_attributes(
+                {"numaserve.model": model.name, "numaserve.op": op, "numaserve.texts": len(texts)}
+            )
         if self.bulk(request):
             body["priority"] = "bulk"
         if self.spec.named:

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httptools
 
@@ -58,6 +59,9 @@ class Request:
     connection: Connection | None = field(default=None, repr=False)
     json: dict | None = field(default=None, repr=False)  # the body, once a route has read it
     truncated: list[int] = field(default_factory=list, repr=False)  # inputs cut (App.run)
+    # Where traced (http/traced.py): its span, and that span's W3C context for the shards.
+    span: Any = field(default=None, repr=False)
+    trace: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def gone(self) -> bool:

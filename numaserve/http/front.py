@@ -30,6 +30,7 @@ from numaserve.http.upstream import Upstream
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
 from numaserve.processes.specs import HttpSpec
+from numaserve.processes.tracing import start as start_tracing
 from numaserve.router.process import context
 
 log = logging.getLogger("numaserve.http")
@@ -64,7 +65,8 @@ class Front:
         self.upstream = Upstream(self.ctx, shards, retry)
         self.keys = ApiKeys(spec.server.http_api_keys_file)
         self.stats = Stats(spec.index)
-        self.app = App(spec, self.upstream, self.keys, self.stats, ROUTES)
+        self.tracing = start_tracing("http")
+        self.app = App(spec, self.upstream, self.keys, self.stats, ROUTES, self.tracing)
         self.live: set[Connection] = set()
         self.draining = False
         self.stopped: asyncio.Future | None = None
@@ -101,6 +103,8 @@ class Front:
             connection.close_if_idle()
         self._write_stats()
         self.upstream.close()
+        if self.tracing is not None:
+            self.tracing.close()
 
     def drain(self) -> None:
         if not self.draining:

@@ -199,6 +199,7 @@ def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
         "handed_over": "Requests passed to a peer shard that had an instance this one lacked.",
         "internal_errors": "Messages that failed in the router on a bug, dropped.",
         "cancelled": "Requests their client gave up on (an HTTP client that hung up), not run.",
+        "spans_dropped": "Trace spans not delivered to the OTLP collector (down, refusing, slow).",
     }
     simple = {
         key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard", "model_name"])

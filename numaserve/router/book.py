@@ -20,6 +20,7 @@ from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
 from numaserve.router.in_flight import Deadlines, Pending
 from numaserve.router.metrics import RouterMetrics
+from numaserve.router.traces import RequestTraces
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, PromptError, Prompts
 from numaserve.wire import protocol
@@ -58,6 +59,7 @@ class RequestBook:
         prompts: Prompts = NO_PROMPTS,
         max_windows: int = 1,
         max_backlog: int = 2048,
+        traces: RequestTraces | None = None,
     ):
         """`reply(envelope, body)` sends an answer. `model_key`: the configured model's
         (specs.model_key), the cache's key until instances announce their own. `hold_until`:
@@ -65,8 +67,10 @@ class RequestBook:
         whose instances are about to announce themselves). `max_windows`: the model's
         max_chunks_per_doc, the windows a long input is read in where its task reads them
         unasked (rerank) and its request says nothing. `max_backlog`: the texts of big
-        requests held beyond the queues, at most (server.max_texts: one whole request's)."""
+        requests held beyond the queues, at most (server.max_texts: one whole request's).
+        `traces`: the requests' spans, where tracing is on (None: nothing is traced)."""
         self.tokenizer = tokenizer
+        self.traces = traces
         self.dispatch = dispatch
         self.cache = cache
         self.metrics = metrics
@@ -128,6 +132,8 @@ class RequestBook:
         deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
         pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)
         misses = self._from_cache(pending)
+        if self.traces is not None:
+            self.traces.received(pending, time.monotonic(), len(encoded) - len(misses))
         if not misses:
             self.complete(pending)
             return
@@ -256,6 +262,8 @@ class RequestBook:
         if job is None:
             return
         self.changed = True
+        if job.spans:
+            self.traces.ran(job, body.get("error"), now)
         worker = self.dispatch.workers.get(job.worker)
         if worker is not None and "pass_s" in body:
             self.metrics.forward_pass(worker.name, body["pass_s"])
@@ -321,6 +329,8 @@ class RequestBook:
             for result, enc in zip(pending.results, pending.encoded, strict=True)
         ]
         results = self.answers.finish(request, pending.encoded, results)
+        if pending.span is not None:
+            self.traces.answered(pending)
         self._forget(pending)
         self.counters["replies_ok"] += 1
         took = time.monotonic() - pending.received
@@ -332,9 +342,13 @@ class RequestBook:
         if pending.done:
             return
         if code is ErrorCode.NO_INSTANCE and self.hand_over and self.hand_over(pending):
+            if pending.span is not None:  # the peer's span goes on in the caller's trace
+                self.traces.answered(pending, handed_over=True)
             self._forget(pending)
             self.counters["handed_over"] += 1
             return
+        if pending.span is not None:
+            self.traces.answered(pending, (code.value, message))
         self._forget(pending)
         self.error(pending.envelope, pending.request, code, message, pending.received)
 

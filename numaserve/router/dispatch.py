@@ -66,6 +66,7 @@ class Job:
     id: int
     worker: bytes
     items: list[Item]
+    spans: list = field(default_factory=list)  # its requests' runs, where traced (traces.py)
 
 
 @dataclass(eq=False)

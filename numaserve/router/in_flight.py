@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from numaserve.wire.requests import Request
 
@@ -26,6 +27,7 @@ class Pending:
     backlog: deque | None = None
     starved_since: float | None = None
     longest: int = 1  # tokens of its longest text to run: what sizes its pieces
+    span: Any = None  # its span, where tracing is on and it is traced (router/traces.py)
 
 
 class Deadlines:

@@ -23,6 +23,8 @@ from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
 from numaserve.processes.specs import RouterSpec, model_key
+from numaserve.processes.tracing import Tracing
+from numaserve.processes.tracing import start as start_tracing
 from numaserve.router import status
 from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
@@ -32,6 +34,7 @@ from numaserve.router.handover import Handover, is_handed_over
 from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
+from numaserve.router.traces import RequestTraces
 from numaserve.status.merge import whole_server
 from numaserve.status.report import BadReport, Report, SlotTable
 from numaserve.tasks import TASKS
@@ -84,9 +87,12 @@ class Router:
         tokenizer: Tokenizer,
         ctx: zmq.Context | None = None,
         prompts: Prompts = NO_PROMPTS,
+        tracing: Tracing | None = None,
     ):
-        """`prompts`: an embedding model's own (tasks/embed.py), read with its tokenizer."""
+        """`prompts`: an embedding model's own (tasks/embed.py), read with its tokenizer.
+        `tracing`: this process's, where tracing is on (processes/tracing.py)."""
         self.spec = spec
+        self.traces = RequestTraces(tracing, spec.model_name) if tracing else None
         self.server = spec.server
         self.dispatch = Dispatcher.for_server(spec.pools, spec.server)
         self.heartbeat = spec.server.heartbeat_ms / 1000
@@ -108,6 +114,7 @@ class Router:
             prompts=prompts,
             max_windows=spec.model.max_chunks_per_doc,
             max_backlog=spec.server.max_texts,
+            traces=self.traces,
         )
         self.ctx = ctx or zmq.Context.instance()
         self.clients = self.ctx.socket(zmq.ROUTER)
@@ -430,6 +437,11 @@ class Router:
                 body["segments"] = [item.second for item in items]
             if any(item.whole for item in items):
                 body["token_vectors"] = [i for i, item in enumerate(items) if item.whole]
+            if self.traces is not None:
+                worker = self.dispatch.workers.get(job.worker)
+                name = worker.name if worker else "?"
+                if contexts := self.traces.dispatched(job, name, now):
+                    body["trace"] = contexts
             send(self.workers, [job.worker], body)
             waited = [now - item.queued_at for item in items]
             self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))
@@ -479,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    router = Router(spec, tokenizer, context(), prompts)
+    tracing = start_tracing("router")
+    router = Router(spec, tokenizer, context(), prompts, tracing)
     try:
         router.bind()
     except curve.CurveError as e:
@@ -498,5 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("listening on %s; workers on %s", clients, spec.workers_endpoint)
     router.serve(wake_r)
     router.close()
+    if tracing is not None:
+        tracing.close()
     log.info("stopped")
     return exitcodes.OK

@@ -39,13 +39,18 @@ def shard(
         instances=instances(dispatch, table.slots if table else None),
         pools=pools(dispatch, spec.model_name),
         cache=Cache(**book.cache.stats()),
-        requests={**book.counters, **connections.counts()},
+        requests={**book.counters, **connections.counts(), **traced_counts(book)},
         errors=dict(book.errors),
         metrics=metrics.wire(),
         draining=book.draining_until is not None,
         routed_pids=routed_pids(dispatch),
         supervisor=table.supervisor if table else None,
     )
+
+
+def traced_counts(book: RequestBook) -> dict[str, int]:
+    """The spans this shard could not deliver to its collector, where it traces."""
+    return {"spans_dropped": book.traces.tracing.dropped()} if book.traces else {}
 
 
 def instances(dispatch: Dispatcher, slots: tuple[Instance, ...] | None) -> tuple[Instance, ...]:

@@ -37,6 +37,7 @@ from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.specs import HttpSpec, RouterSpec
+from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_status
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
 from numaserve.supervisor import liveness, reconcile, reporting
@@ -131,10 +132,11 @@ class Supervisor:
         self.final_table: int | None = None  # the slot table sent once a reload renewed all
         self.stop: Stop | None = None
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
-        # logging settings: the children log as the supervisor does.
+        # logging settings (the children log as the supervisor does) and its tracing's.
         self.child_env = {k: v for k, v in environ.items() if k not in SYSTEMD_VARS} | {
             LEVEL_ENV: config.logging.level,
             FORMAT_ENV: config.logging.format,
+            **tracing_environment(config.server.tracing),
         }
 
     @property

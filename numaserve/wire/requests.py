@@ -6,6 +6,7 @@ The keys every request has are checked here; a task's own keys by its task (numa
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,14 @@ COMMON_KEYS = (
     "truncate",
     "truncation_direction",
     "priority",
+    "traceparent",
+    "tracestate",
 )
+# `traceparent` and `tracestate`: the caller's trace, as W3C Trace Context's headers say it,
+# so that the server's spans join it (docs/monitoring.md). One that is not W3C's form is left
+# out, as W3C says a receiver does: the request starts a trace of its own.
+TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_TRACESTATE = 512  # W3C's 32 list members; a longer one is left out
 # `priority`: interactive (the default: someone waits) or bulk (indexing, backfills): a shard
 # serves interactive texts first and sheds bulk first (router/dispatch.py).
 PRIORITIES = ("interactive", "bulk")
@@ -68,6 +76,7 @@ class Request:
     truncate: bool | None = None  # cut a text over the limit, or refuse it; None: model.truncate
     truncation_direction: str | None = None  # "left": a cut keeps the end; None: "right"
     bulk: bool = False  # priority: bulk
+    trace: tuple[str, str] | None = None  # (traceparent, tracestate): the caller's trace
 
     @property
     def task(self) -> Task:
@@ -95,6 +104,10 @@ class Request:
             body["truncate"] = self.truncate
         if self.truncation_direction is not None:
             body["truncation_direction"] = self.truncation_direction
+        if self.trace is not None:
+            body["traceparent"], state = self.trace
+            if state:
+                body["tracestate"] = state
         return body
 
     @property
@@ -128,8 +141,9 @@ def parse_request(body: dict, max_texts: int) -> Request:
     priority = body.get("priority", "interactive")
     if priority not in PRIORITIES:
         raise bad("priority must be interactive (the default) or bulk")
+    trace = _trace(body.get("traceparent"), body.get("tracestate"))
     if op not in TASKS:
-        return Request(request_id, op, (), deadline, model)
+        return Request(request_id, op, (), deadline, model, trace=trace)
     task = TASKS[op]
     texts = _texts(body.get("texts"), task, max_texts, bad)
     misplaced = [k for k in body if k in OWNERS and task.name not in OWNERS[k]]
@@ -145,7 +159,17 @@ def parse_request(body: dict, max_texts: int) -> Request:
             "request (a text's token vectors are up to max_length times its vector's size)"
         )
     bulk = priority == "bulk"
-    return Request(request_id, op, texts, deadline, model, options, truncate, direction, bulk)
+    return Request(
+        request_id, op, texts, deadline, model, options, truncate, direction, bulk, trace
+    )
+
+
+def _trace(parent: object, state: object) -> tuple[str, str] | None:
+    """The caller's W3C trace context, where `traceparent` is in W3C's form; else None."""
+    if not isinstance(parent, str) or not TRACEPARENT.fullmatch(parent):
+        return None
+    ok = isinstance(state, str) and len(state) <= MAX_TRACESTATE and state.isprintable()
+    return parent, state if ok else ""
 
 
 def _request_id(raw_id: object) -> int | str:

@@ -1,0 +1,191 @@
+"""OpenTelemetry traces from every numaserve process (the HTTP fronts, the router shards, the
+workers), joined into one trace per request by W3C Trace Context: a front reads a request's
+`traceparent` header and passes its own span on in the protocol's `traceparent` key, a shard
+passes its span to the instance that runs the texts, and the instance's forward pass is a span
+of that trace (linked to every other request its batch served).
+
+Off unless an OTLP endpoint is named (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_ENDPOINT`, which `server.tracing` may set for every process); then each
+process builds OpenTelemetry's own SDK from the `OTEL_*` variables, as every service
+configured by them does: the exporter (`OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: `http/protobuf`,
+the default, or `grpc`; `..._HEADERS`, `..._TIMEOUT`, `..._COMPRESSION`), the sampler
+(`OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`; parent-based, always on, by default),
+the resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`; `numaserve` by default) and the
+batch processor (`OTEL_BSP_*`). When off, nothing here is imported by a hot path: the
+processes hold `None` for their tracer and test it once per request.
+
+Spans leave through OpenTelemetry's batch processor, on a thread of its own: a request never
+waits for a collector. A collector that is down or slow loses spans, not time: the queue is
+bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048), and what is dropped is counted (`Tracing.dropped`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numaserve.config.schema import TracingConfig
+
+ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+SERVICE = "numaserve"  # the service's name where OTEL_SERVICE_NAME says none
+
+
+# server.tracing's keys -> the variables they set for every process (config/schema.py)
+VARIABLES = {
+    "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "protocol": "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "headers": "OTEL_EXPORTER_OTLP_HEADERS",
+    "sampler": "OTEL_TRACES_SAMPLER",
+    "sampler_arg": "OTEL_TRACES_SAMPLER_ARG",
+    "service_name": "OTEL_SERVICE_NAME",
+    "resource_attributes": "OTEL_RESOURCE_ATTRIBUTES",
+}
+
+
+def environment(config: TracingConfig) -> dict[str, str]:
+    """The variables server.tracing sets for the server's processes."""
+    given = dataclasses.asdict(config)
+    return {VARIABLES[key]: value for key, value in given.items() if value is not None}
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process traces: an OTLP endpoint is named, and the SDK is not disabled."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in ENDPOINTS)
+
+
+def start(role: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
+    """This process's tracing, set up from the environment; None where it is off."""
+    if not wanted(environ):
+        return None
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from numaserve import __version__
+
+    attributes = {"numaserve.process": role}
+    named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    )
+    if not named:
+        attributes["service.name"] = SERVICE
+    counted = CountedExporter(_exporter(environ))
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(counted))
+    trace.set_tracer_provider(provider)
+    return Tracing(provider.get_tracer("numaserve", __version__), provider, counted)
+
+
+def _exporter(environ: Mapping[str, str]):
+    """OTLP's exporter for the configured protocol; it reads its endpoint, headers, timeout
+    and compression from the same variables itself."""
+    protocol = next((environ[n] for n in PROTOCOLS if environ.get(n)), "http/protobuf")
+    if protocol.strip() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
+class CountedExporter:
+    """An exporter that counts the spans it could not deliver (a collector down, refusing,
+    or too slow): `dropped`, for /metrics."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.exported = self.dropped = 0
+        self.lock = threading.Lock()
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # an exporter's own failure loses the batch, not the process
+            result = SpanExportResult.FAILURE
+        with self.lock:
+            if result == SpanExportResult.SUCCESS:
+                self.exported += len(spans)
+            else:
+                self.dropped += len(spans)
+        return result
+
+    def shutdown(self, *args, **kwargs):
+        return self.inner.shutdown(*args, **kwargs)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+@dataclass
+class Tracing:
+    """One process's tracer, its provider (flushed at exit) and its exporter's counts."""
+
+    tracer: Any
+    provider: Any
+    exporter: CountedExporter
+
+    def parent(self, trace: tuple[str, str] | None):
+        """The OpenTelemetry context a W3C (traceparent, tracestate) names; None starts a
+        trace (the sampler decides whether it is recorded)."""
+        if trace is None:
+            return None
+        return self.parent_of({"traceparent": trace[0], "tracestate": trace[1]})
+
+    @staticmethod
+    def parent_of(headers: Mapping[str, str]):
+        """The context W3C headers (`traceparent`, `tracestate`) name; one they do not name
+        (none, or malformed) starts a trace."""
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        return TraceContextTextMapPropagator().extract(headers)
+
+    @staticmethod
+    def w3c(span) -> tuple[str, str] | None:
+        """A span's (traceparent, tracestate), for the next process; None for one not
+        sampled (its children would not be recorded either)."""
+        context = span.get_span_context()
+        if not context.is_valid:
+            return None
+        flags = f"{int(context.trace_flags):02x}"
+        parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags}"
+        return parent, context.trace_state.to_header()
+
+    def batch(self, parents: list, name: str, seconds: float, attributes: dict) -> None:
+        """A span just ended that served several requests (a forward pass): a child of the
+        first's (W3C traceparents, as the shard sent them), linked to every one's."""
+        from opentelemetry import trace
+
+        contexts = [self.parent((p, "")) for p in parents if isinstance(p, str)]
+        contexts = [c for c in contexts if trace.get_current_span(c).get_span_context().is_valid]
+        if not contexts:
+            return
+        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in contexts]
+        ended = time.time_ns()
+        span = self.tracer.start_span(
+            name,
+            contexts[0],
+            trace.SpanKind.INTERNAL,
+            attributes,
+            links,
+            start_time=ended - int(seconds * 1e9),
+        )
+        span.end(ended)
+
+    def dropped(self) -> int:
+        return self.exporter.dropped
+
+    def close(self) -> None:
+        """Send what is queued (bounded by OTEL_BSP_EXPORT_TIMEOUT), then stop."""
+        self.provider.shutdown()

@@ -1,0 +1,120 @@
+"""A shard's spans of the requests it serves, where tracing is on (processes/tracing.py).
+
+Each request is one span of its caller's trace, `numaserve/OP` (an RPC server span: it came
+over ZeroMQ), opened when the shard reads it and ended when it answers; inside it, the
+tokenizing (with the cache's lookups), each wait in a pool's queue, and each run on an
+instance: a client span whose context goes to the instance with the job (RUN's `trace`), so
+that the instance's forward pass is a span of the same trace. Times are the shard's monotonic
+clock's, carried over to the wall clock once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from numaserve.router.dispatch import Job
+from numaserve.router.in_flight import Pending
+
+if TYPE_CHECKING:
+    from numaserve.processes.tracing import Tracing
+
+
+class RequestTraces:
+    def __init__(self, tracing: Tracing, model_name: str) -> None:
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        self.tracing, self.tracer = tracing, tracing.tracer
+        self.model_name = model_name
+        self.kinds, self.codes = SpanKind, StatusCode
+        # monotonic seconds -> the wall clock's nanoseconds
+        self.offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def wall(self, monotonic_s: float) -> int:
+        return int(monotonic_s * 1e9) + self.offset_ns
+
+    def received(self, pending: Pending, tokenized: float, hits: int) -> None:
+        """A request read, tokenized and looked up in the cache: its span begins (at
+        `pending.received`), with the tokenizing as its first child."""
+        request = pending.request
+        attributes = {
+            "rpc.system": "numaserve",
+            "rpc.service": "numaserve",
+            "rpc.method": request.op,
+            "numaserve.model": self.model_name,
+            "numaserve.texts": len(pending.encoded),
+            "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
+            "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
+            "numaserve.cache.hits": hits,
+            "numaserve.priority": "bulk" if request.bulk else "interactive",
+        }
+        span = self.tracer.start_span(
+            f"numaserve/{request.op}",
+            context=self.tracing.parent(request.trace),
+            kind=self.kinds.SERVER,
+            attributes=attributes,
+            start_time=self.wall(pending.received),
+        )
+        pending.span = span
+        if span.is_recording():
+            self._child(span, "tokenize", pending.received, tokenized)
+
+    def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
+        """A job sent to `instance`: for each traced request it serves, its wait in the queue
+        and a span of its run there; their contexts, for the instance's own span."""
+        owners: dict[int, tuple[Pending, float]] = {}
+        for item in job.items:
+            pending = item.owner
+            if pending.span is not None:
+                queued = owners.get(id(pending), (pending, item.queued_at))[1]
+                owners[id(pending)] = (pending, min(queued, item.queued_at))
+        contexts = []
+        for pending, queued in owners.values():
+            parent = pending.span
+            if not parent.is_recording():  # not sampled: the instance records nothing either
+                context = self.tracing.w3c(parent)
+                if context is not None:
+                    contexts.append(context[0])
+                continue
+            self._child(parent, "queue", queued, now, {"numaserve.instance": instance})
+            run = self._start(parent, f"run on {instance}", now, self.kinds.CLIENT)
+            run.set_attribute("numaserve.instance", instance)
+            run.set_attribute("numaserve.batch.texts", len(job.items))
+            job.spans.append(run)
+            contexts.append(self.tracing.w3c(run)[0])
+        return contexts
+
+    def ran(self, job: Job, error: dict | None, now: float) -> None:
+        """A job's results (or its error) back from its instance."""
+        for span in job.spans:
+            if error is not None:
+                span.set_status(self.codes.ERROR, str(error.get("message")))
+                span.set_attribute("error.type", str(error.get("code")))
+            span.end(self.wall(now))
+
+    def answered(
+        self, pending: Pending, error: tuple[str, str] | None = None, handed_over: bool = False
+    ) -> None:
+        """The request answered (or passed to a peer shard, which answers it): its span
+        ends, with the error's code where it failed."""
+        span = pending.span
+        if handed_over:
+            span.set_attribute("numaserve.handed_over", True)
+        if error is not None:
+            span.set_status(self.codes.ERROR, error[1])
+            span.set_attribute("error.type", error[0])
+        span.end()
+        pending.span = None
+
+    def _start(self, parent, name: str, start: float, kind=None):
+        from opentelemetry import trace
+
+        context = trace.set_span_in_context(parent)
+        kind = kind or self.kinds.INTERNAL
+        return self.tracer.start_span(name, context, kind, start_time=self.wall(start))
+
+    def _child(self, parent, name: str, start: float, end: float, attributes=None) -> None:
+        span = self._start(parent, name, start)
+        if attributes:
+            span.set_attributes(attributes)
+        span.end(self.wall(end))

@@ -1,0 +1,179 @@
+"""OpenTelemetry traces across the processes: a real server whose processes export to a real
+OTLP receiver (tests/harness/otlp.py: OpenTelemetry's own protobuf messages, over HTTP and
+over gRPC), real requests over HTTP and ZeroMQ, and the spans each process sent."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from numaserve.client import Client
+from numaserve.testing.cluster import free_port
+from tests.harness import server as server_
+from tests.harness.otlp import GrpcReceiver, HttpReceiver
+from tests.harness.waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+model: {path: "bundled:minilm", max_length: 128, backend: torch, quantize: none}
+server: {endpoint: "@ENDPOINT@", max_batch: 4}
+placement: {pools: [{name: main, max_tokens: 128, instances: 1}]}
+"""
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # spans leave within 0.1 s
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    made = HttpReceiver()
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory, receiver):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **FAST_EXPORT}
+    s = server_.Server(tmp_path_factory.mktemp("traced"), CONFIG, env=env)
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def spans_of(receiver, trace_id: str, names: set[str]) -> dict:
+    """The trace's spans by name, once every one of `names` has come."""
+
+    def arrived():
+        spans = {s.name: s for s in receiver.received.of_trace(trace_id)}
+        return spans if names <= set(spans) else None
+
+    return eventually(arrived, timeout=30, every=0.1)
+
+
+def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_callers_trace(
+    traced, receiver
+):
+    headers = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"}
+    with httpx.Client(base_url=traced.url, timeout=30) as http:
+        answer = http.post("/embed", json={"inputs": ["a traced text"]}, headers=headers)
+    assert answer.status_code == 200
+    assert answer.headers["traceresponse"].startswith(f"00-{CALLER_TRACE}-")
+    names = {"POST /embed", "numaserve/embed", "tokenize", "queue", "forward pass"}
+    spans = spans_of(receiver, CALLER_TRACE, names)
+    front, shard, worker = spans["POST /embed"], spans["numaserve/embed"], spans["forward pass"]
+    run = next(s for s in spans.values() if s.name.startswith("run on "))
+    # parented as the request flowed: caller -> front -> shard -> run -> forward pass
+    assert front.parent_id == CALLER_SPAN
+    assert shard.parent_id == front.span_id
+    assert spans["tokenize"].parent_id == spans["queue"].parent_id == shard.span_id
+    assert run.parent_id == shard.span_id and worker.parent_id == run.span_id
+    assert [s.resource["numaserve.process"] for s in (front, shard, worker)] == [
+        "http",
+        "router",
+        "worker",
+    ]
+    assert front.resource["service.name"] == "numaserve"
+    assert front.kind == 2 and shard.kind == 2 and run.kind == 3  # server, server, client
+    assert front.attributes["http.route"] == "/embed"
+    assert front.attributes["http.response.status_code"] == 200
+    assert shard.attributes["rpc.method"] == "embed"
+    assert shard.attributes["numaserve.texts"] == 1
+    assert shard.attributes["numaserve.cache.hits"] == 0
+    assert worker.attributes["numaserve.instance"] == run.attributes["numaserve.instance"]
+    assert worker.attributes["numaserve.batch.texts"] == 1
+    assert worker.attributes["numaserve.model.backend"] == "torch"
+    assert "numaserve.cpus" in worker.attributes and "numaserve.numa_nodes" in worker.attributes
+    # each child inside its parent's time
+    assert front.start_ns <= shard.start_ns <= worker.start_ns <= worker.end_ns <= front.end_ns
+
+
+def test_a_python_client_with_an_active_span_gets_numaserves_spans_in_its_trace(traced, receiver):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    caller = TracerProvider().get_tracer("the caller")
+    with caller.start_as_current_span("caller's work") as span:
+        with Client(traced.endpoint, timeout=30) as client:
+            client.embed(["a text from a traced service"])
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+        caller_span = f"{span.get_span_context().span_id:016x}"
+    spans = spans_of(receiver, trace_id, {"numaserve/embed", "forward pass"})
+    assert spans["numaserve/embed"].parent_id == caller_span
+
+
+def test_a_zeromq_request_without_a_trace_starts_its_own(traced, receiver):
+    before = {s.trace_id for s in receiver.received.spans}
+    with Client(traced.endpoint, timeout=30) as client:
+        client.embed(["a request with no trace of its own"])
+
+    def new_trace():
+        shards = [
+            s for s in receiver.received.spans if s.trace_id not in before and not s.parent_id
+        ]
+        return shards[0] if shards else None
+
+    root = eventually(new_trace, timeout=30, every=0.1)
+    assert root.name == "numaserve/embed"  # the shard's span is the trace's root
+    spans = spans_of(receiver, root.trace_id, {"forward pass"})
+    assert spans["forward pass"].trace_id == root.trace_id
+
+
+def test_otlp_over_grpc_with_headers_and_a_ratio_of_zero_sends_only_the_callers_traces(
+    tmp_path,
+):
+    """Over gRPC, with the auth header a hosted backend wants, sampling no trace of its own
+    (parent-based, ratio 0): a request with no trace sends nothing; one in a sampled caller's
+    trace is traced whole."""
+    grpc = GrpcReceiver()
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": grpc.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20secret-token",
+            "OTEL_SERVICE_NAME": "search-embedder",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0",
+            **FAST_EXPORT,
+        }
+        s = server_.Server(tmp_path, CONFIG, env=env)
+        try:
+            s.wait_ready()
+            with Client(s.endpoint, timeout=30) as client:
+                client.embed(["no trace, and a ratio of 0: not sampled"])
+            headers = {"traceparent": f"00-{CALLER_TRACE[::-1]}-{CALLER_SPAN}-01"}
+            with httpx.Client(base_url=s.url, timeout=30) as http:
+                http.post("/embed", json={"inputs": "over grpc"}, headers=headers)
+            spans = spans_of(grpc, CALLER_TRACE[::-1], {"POST /embed", "forward pass"})
+            assert spans["forward pass"].resource["service.name"] == "search-embedder"
+            assert grpc.received.headers[0]["authorization"] == "Bearer secret-token"
+            assert {span.trace_id for span in grpc.received.spans} == {CALLER_TRACE[::-1]}
+        finally:
+            s.stop()
+    finally:
+        grpc.close()
+
+
+def test_a_dead_collector_costs_requests_nothing_and_its_lost_spans_are_counted(tmp_path):
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",  # no one listens
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        **FAST_EXPORT,
+    }
+    s = server_.Server(tmp_path, CONFIG, env=env)
+    try:
+        s.wait_ready()
+        with Client(s.endpoint, timeout=30) as client:
+            for i in range(20):
+                assert len(client.embed([f"text {i} for no collector"])) == 1
+
+        def dropped():
+            text = httpx.get(f"http://{s.metrics}/metrics", timeout=5).text
+            line = next(
+                (x for x in text.splitlines() if x.startswith("numaserve_router_spans_dropped")),
+                "",
+            )
+            return line and float(line.rsplit(" ", 1)[1]) >= 20
+
+        eventually(dropped, timeout=30)
+    finally:
+        s.stop()
