@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+# stdout is this script's answers alone: anything the libraries print (NNCF's progress bars)
+# goes to stderr, the answers to a copy of the original stdout.
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 backend, cpu, given = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 timed = sys.argv[4] if len(sys.argv) > 4 else "int8"
 os.sched_setaffinity(0, {cpu})
@@ -94,16 +98,17 @@ try:
     a = fp32.encode(first, normalize_embeddings=True)
     b = int8.encode(first, normalize_embeddings=True)
 except Exception as e:  # it cannot export the model, or cannot run its export as ST calls it
-    print("cannot:", f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", flush=True)
+    print("cannot:", f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", file=answers)
+    answers.flush()
     sys.exit(3)
 cosines = [float(x @ y) for x, y in zip(a, b, strict=True)]
 said["cosine_min"] = round(min(cosines), 4)
 said["cosine_median"] = round(statistics.median(cosines), 4)
-print("ready", json.dumps(said), flush=True)
+print("ready", json.dumps(said), file=answers, flush=True)
 model = int8 if timed == "int8" else fp32
 for line in sys.stdin:
     texts = json.loads(line)
     started = time.perf_counter()
     for text in texts:
         model.encode([text])
-    print((time.perf_counter() - started) * 1000 / len(texts), flush=True)
+    print((time.perf_counter() - started) * 1000 / len(texts), file=answers, flush=True)
