@@ -68,7 +68,7 @@ class Shard:
         self.book.start([b"client"], request)
         return request
 
-    def run_jobs(self, results=None, error=None, rounds=100):
+    def run_jobs(self, results=None, error=None, rounds=100, pass_s=0.001):
         """Every job answered as an instance would, until none is left to schedule (or
         `rounds` rounds); the jobs' texts, in the order they ran."""
         ran = []
@@ -80,7 +80,7 @@ class Shard:
                 return ran
             for job in jobs:
                 ran += [(i.owner.request.id, i.index) for i in job.items]
-                body = {"type": protocol.RESULT, "job": job.id}
+                body = {"type": protocol.RESULT, "job": job.id, "pass_s": pass_s}
                 if error is not None:
                     body["error"] = error
                 else:
@@ -104,6 +104,19 @@ def test_a_request_is_answered_once_its_instance_returns_every_result(tokenizer)
     assert envelope == [b"client"] and body["id"] == 1
     assert body["results"][0]["tokens"] == 4 and body["results"][0]["truncated"] is False
     assert not shard.book.active
+
+
+def test_a_request_that_asks_for_timings_is_told_where_its_time_went(tokenizer):
+    shard = Shard(tokenizer)
+    shard.instance()
+    shard.book.start([b"client"], Request(1, "embed", ("hello world",), timings=True))
+    shard.ask("another text", request_id=2)  # asks for none
+    shard.run_jobs(pass_s=0.004)
+    timings = shard.replies[0][1]["timings"]
+    assert timings["inference_ms"] == 4.0  # its forward pass, as the instance said
+    assert 0 <= timings["tokenize_ms"] <= timings["total_ms"]
+    assert set(timings) == {"tokenize_ms", "queue_ms", "inference_ms", "total_ms"}
+    assert "timings" not in shard.replies[1][1]
 
 
 def test_a_repeated_text_is_answered_from_the_cache_without_reaching_a_pool(tokenizer):

@@ -17,11 +17,18 @@ pytestmark = pytest.mark.slow
 
 CONFIG = """
 model: {path: "bundled:minilm", max_length: 128, backend: torch, quantize: none}
-server: {endpoint: "@ENDPOINT@", max_batch: 4}
+server: {endpoint: "@ENDPOINT@", max_batch: 4, slow_request_ms: 1}
 placement: {pools: [{name: main, max_tokens: 128, instances: 1}]}
 """
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
+TEI_TIMING = (
+    "x-compute-time",
+    "x-total-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+)
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # spans leave within 0.1 s
 
 
@@ -86,6 +93,27 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert "numaserve.cpus" in worker.attributes and "numaserve.numa_nodes" in worker.attributes
     # each child inside its parent's time
     assert front.start_ns <= shard.start_ns <= worker.start_ns <= worker.end_ns <= front.end_ns
+
+
+def test_an_http_reply_says_where_its_time_went_as_tei_does_and_the_log_leads_to_its_trace(
+    traced,
+):
+    headers = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "x-request-id": "req-42"}
+    with httpx.Client(base_url=traced.url, timeout=30) as http:
+        answer = http.post("/embed", json={"inputs": ["one text", "two"]}, headers=headers)
+        unnamed = http.post("/embed", json={"inputs": "x"}, headers={"x-request-id": "a b"})
+    assert answer.headers["x-request-id"] == "req-42"
+    assert len(unnamed.headers["x-request-id"]) == 32  # not a plain token: one is made
+    timing = {h: int(answer.headers[h]) for h in TEI_TIMING}
+    assert all(ms >= 0 for ms in timing.values())
+    assert timing["x-compute-time"] <= timing["x-total-time"]
+    assert answer.headers["x-compute-characters"] == "11"
+    assert int(answer.headers["x-compute-tokens"]) == 4 + 3  # with [CLS] and [SEP] each
+    # server.slow_request_ms: 1 logs every request, with where its time went and its ids
+    line = eventually(
+        lambda: next((x for x in traced.log().splitlines() if "request_id=req-42" in x), None)
+    )
+    assert "slow request POST /embed -> 200" in line and f"trace_id={CALLER_TRACE}" in line
 
 
 def test_a_python_client_with_an_active_span_gets_numaserves_spans_in_its_trace(traced, receiver):

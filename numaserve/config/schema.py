@@ -135,6 +135,8 @@ class ServerConfig:
     http_max_body_bytes: int = field(default=8 << 20, metadata=_bounds(1024, 1 << 30))  # 413
     http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))  # 408
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry: off unless an endpoint is named
+    # An HTTP request slower than this is logged by its front, with where its time went (0: none)
+    slow_request_ms: int = field(default=0, metadata=_bounds(0, 3_600_000))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ numaserve's own) only translate between their API's shapes and the protocol's.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +24,8 @@ from numaserve.http.upstream import Upstream
 from numaserve.processes.specs import HttpModel, HttpSpec
 from numaserve.processes.tracing import Tracing
 from numaserve.wire.requests import PRIORITIES
+
+log = logging.getLogger("numaserve.http")
 
 
 class App:
@@ -45,6 +50,9 @@ class App:
         self.tokenizers: dict[str, Any] = {}
 
     async def handle(self, request: Request) -> Response:
+        request.request_id = given_request_id(request.headers.get("x-request-id")) or (
+            uuid.uuid4().hex
+        )
         if self.tracing is None:
             return await self.answer(request)
         return await traced(self.tracing, self.routes, self.answer, request)
@@ -66,7 +74,14 @@ class App:
                     response.headers = (*response.headers, ("x-truncated-inputs", cut))
             except ApiError as e:
                 response = route.error(e)
-        self.stats.count(name, response.status, time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self.stats.count(name, response.status, took)
+        response.headers = (*response.headers, ("x-request-id", request.request_id))
+        if request.timings:
+            response.headers = (*response.headers, *timing_headers(request, took))
+        slow = self.spec.server.slow_request_ms
+        if slow and took * 1000 >= slow:
+            log_slow(request, response.status, took)
         return response
 
     def _no_route(self, request: Request) -> Response:
@@ -116,7 +131,7 @@ class App:
         if request.gone:  # asked and hung up: nothing runs for nobody
             raise ApiError(499, "the client closed the connection")
         self.check_count(texts)
-        body = {"op": op, "texts": texts}
+        body = {"op": op, "texts": texts, "timings": True}
         if request.trace is not None:
             body["traceparent"], body["tracestate"] = request.trace
             request.span.set_attributes(
@@ -134,6 +149,10 @@ class App:
         if reply.get("status") != "ok":
             raise api_errors.from_reply(reply.get("error") or {})
         results = reply["results"]
+        for key, ms in (reply.get("timings") or {}).items():
+            request.timings[key] = request.timings.get(key, 0.0) + ms
+        request.characters += sum(map(characters, texts))
+        request.tokens += sum(r.get("tokens", 0) for r in results)
         request.truncated += [
             r.get("index", i) for i, r in enumerate(results) if r.get("truncated")
         ]
@@ -168,6 +187,62 @@ class App:
             tokenizer.no_truncation()
             self.tokenizers[model.name] = tokenizer
         return self.tokenizers[model.name]
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")
+
+
+def given_request_id(value: str | None) -> str | None:
+    """A client's X-Request-Id, echoed where it is a plain token of up to 128 characters
+    (another is replaced: it goes into headers and log lines)."""
+    return value if value is not None and REQUEST_ID.fullmatch(value) else None
+
+
+def characters(text) -> int:
+    """A text's characters, or a pair's (token ids count none)."""
+    if isinstance(text, str):
+        return len(text)
+    return sum(len(t) for t in text if isinstance(t, str)) if isinstance(text, list) else 0
+
+
+def timing_headers(request: Request, took: float) -> tuple[tuple[str, str], ...]:
+    """TEI's timing headers, in whole milliseconds as TEI writes them: the front's whole
+    time, the shards' part, and within it tokenizing, the queue and the forward pass."""
+    ms = request.timings
+    return (
+        ("x-compute-type", "cpu"),
+        ("x-compute-time", str(round(ms.get("total_ms", 0.0)))),
+        ("x-compute-characters", str(request.characters)),
+        ("x-compute-tokens", str(request.tokens)),
+        ("x-total-time", str(round(took * 1000))),
+        ("x-tokenization-time", str(round(ms.get("tokenize_ms", 0.0)))),
+        ("x-queue-time", str(round(ms.get("queue_ms", 0.0)))),
+        ("x-inference-time", str(round(ms.get("inference_ms", 0.0)))),
+    )
+
+
+def log_slow(request: Request, status: int, took: float) -> None:
+    """One line for a request slower than server.slow_request_ms: where its time went, its
+    request id, and its trace id where it is traced (a log line leads to its trace)."""
+    ms, request_id = request.timings, request.request_id
+    trace_id = request.trace[0].split("-")[1] if request.trace else None
+    log.warning(
+        "slow request %s %s -> %d: %.0f ms (in the shards %.0f: tokenize %.1f, queue %.1f, "
+        "forward pass %.1f), %d characters, %d tokens; request_id=%s%s",
+        request.method,
+        request.path,
+        status,
+        took * 1000,
+        ms.get("total_ms", 0.0),
+        ms.get("tokenize_ms", 0.0),
+        ms.get("queue_ms", 0.0),
+        ms.get("inference_ms", 0.0),
+        request.characters,
+        request.tokens,
+        request_id,
+        f" trace_id={trace_id}" if trace_id else "",
+        extra={"request_id": request_id, **({"trace_id": trace_id} if trace_id else {})},
+    )
 
 
 def _query(query: str) -> dict[str, str]:

@@ -62,6 +62,12 @@ class Request:
     # Where traced (http/traced.py): its span, and that span's W3C context for the shards.
     span: Any = field(default=None, repr=False)
     trace: tuple[str, str] | None = field(default=None, repr=False)
+    # What the shards said of its texts (App.run): where the time went, their characters and
+    # tokens; for TEI's timing headers and the slow-request log line.
+    request_id: str = ""  # its X-Request-Id, or one made for it (App.handle)
+    timings: dict[str, float] = field(default_factory=dict, repr=False)
+    characters: int = field(default=0, repr=False)
+    tokens: int = field(default=0, repr=False)
 
     @property
     def gone(self) -> bool:

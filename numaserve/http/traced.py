@@ -22,6 +22,7 @@ async def traced(
 
     route = routes.get((request.method, request.path))
     attributes = {
+        "numaserve.request_id": request.request_id,
         "http.request.method": request.method,
         "url.path": request.path,
         "url.scheme": "http",

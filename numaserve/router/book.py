@@ -18,7 +18,7 @@ from itertools import islice
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher, Item, Job, WorkerState
-from numaserve.router.in_flight import Deadlines, Pending
+from numaserve.router.in_flight import Deadlines, Pending, Timed
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.traces import RequestTraces
 from numaserve.tasks import TASKS
@@ -116,13 +116,7 @@ class RequestBook:
             self.error(envelope, request, ErrorCode.OVERLOADED, OVERLOADED_MESSAGE, now)
             return
         try:
-            inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
-            windows = self._windows(request)
-            if windows > 1:
-                encoded = self.tokenizer.encode_windows(inputs, windows)
-            else:
-                encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
-                encoded = encode(inputs, request.truncate, request.cuts_left)
+            encoded = self._encode(request)
         except TooLongError as e:
             self.error(envelope, request, ErrorCode.TOO_LONG, str(e), now)
             return
@@ -132,6 +126,8 @@ class RequestBook:
         deadline = now + request.deadline_ms / 1000 if request.deadline_ms else None
         pending = Pending(envelope, request, encoded, [None] * len(encoded), deadline, now)
         misses = self._from_cache(pending)
+        if request.timings:
+            pending.timed = Timed(tokenize=time.monotonic() - now)
         if self.traces is not None:
             self.traces.received(pending, time.monotonic(), len(encoded) - len(misses))
         if not misses:
@@ -162,6 +158,16 @@ class RequestBook:
                 self.backlogged += rest
             if deadline is not None:
                 self.deadlines.add(pending)
+
+    def _encode(self, request: Request) -> list:
+        """The request's inputs, its model's prompt before each, tokenized (in windows,
+        where its task reads a long document so)."""
+        inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
+        windows = self._windows(request)
+        if windows > 1:
+            return self.tokenizer.encode_windows(inputs, windows)
+        encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
+        return encode(inputs, request.truncate, request.cuts_left)
 
     def feed(self, now: float) -> None:
         """Queue the next piece of each big request whose queued texts went to instances,
@@ -276,7 +282,7 @@ class RequestBook:
                 message = "an instance returned the wrong number of results"
                 self.fail(item.owner, ErrorCode.INTERNAL, which_text(item, message))
         else:
-            self._job_done(job, results, self.key_of(worker))
+            self._job_done(job, results, self.key_of(worker), body.get("pass_s"))
 
     def _job_failed(self, job: Job, error: dict) -> None:
         if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
@@ -286,13 +292,16 @@ class RequestBook:
         for item in job.items:
             self.fail(item.owner, code, which_text(item, str(error.get("message"))))
 
-    def _job_done(self, job: Job, results: list, computed_by: str) -> None:
+    def _job_done(self, job: Job, results: list, computed_by: str, pass_s) -> None:
+        """`pass_s`: the instance's forward pass, in seconds (as its RESULT says)."""
         for item, result in zip(job.items, results, strict=True):
             if not item.whole:
                 self.cache.put((computed_by, item.ids, item.second), result)
             pending = item.owner
             if pending.done:
                 continue
+            if pending.timed is not None and isinstance(pass_s, (int, float)):
+                pending.timed.inference = max(pending.timed.inference, pass_s)
             self._put(pending, item.index, result)
             pending.remaining -= 1
             if pending.remaining == 0:
@@ -335,7 +344,8 @@ class RequestBook:
         self.counters["replies_ok"] += 1
         took = time.monotonic() - pending.received
         self.metrics.replied(request.op, "ok", took, request.bulk)
-        self.reply(pending.envelope, protocol.ok_reply(request.id, results=results))
+        timings = {"timings": pending.timed.to_wire(took)} if pending.timed else {}
+        self.reply(pending.envelope, protocol.ok_reply(request.id, results=results, **timings))
 
     def fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
         """Answer `pending` with an error, once; NO_INSTANCE first tries a peer shard."""

@@ -10,6 +10,20 @@ from typing import Any
 from numaserve.wire.requests import Request
 
 
+@dataclass
+class Timed:
+    """Where a request's time went in the shard, for a caller that asks (`timings`)."""
+
+    tokenize: float = 0.0  # seconds tokenizing and looking up the cache
+    queue: float = 0.0  # its longest wait in a queue
+    inference: float = 0.0  # its longest forward pass
+
+    def to_wire(self, total: float) -> dict:
+        ms = {"tokenize_ms": self.tokenize, "queue_ms": self.queue}
+        ms |= {"inference_ms": self.inference, "total_ms": total}
+        return {key: round(seconds * 1000, 3) for key, seconds in ms.items()}
+
+
 @dataclass(eq=False)
 class Pending:
     """A client request waiting for its texts' results."""
@@ -28,6 +42,7 @@ class Pending:
     starved_since: float | None = None
     longest: int = 1  # tokens of its longest text to run: what sizes its pieces
     span: Any = None  # its span, where tracing is on and it is traced (router/traces.py)
+    timed: Timed | None = None  # where its time went, where its request asks
 
 
 class Deadlines:

@@ -444,6 +444,9 @@ class Router:
                     body["trace"] = contexts
             send(self.workers, [job.worker], body)
             waited = [now - item.queued_at for item in items]
+            for item, wait in zip(items, waited, strict=True):
+                if (timed := item.owner.timed) is not None:
+                    timed.queue = max(timed.queue, wait)
             self.metrics.dispatched(items[0].pool, waited, sum(map(len, inputs)))
 
     # -- status ----------------------------------------------------------------------------

@@ -32,7 +32,10 @@ COMMON_KEYS = (
     "priority",
     "traceparent",
     "tracestate",
+    "timings",
 )
+# `timings`: true asks the reply to say where the request's time went in the shard (`timings`:
+# tokenize_ms, queue_ms, inference_ms, total_ms); the HTTP front asks, for TEI's headers.
 # `traceparent` and `tracestate`: the caller's trace, as W3C Trace Context's headers say it,
 # so that the server's spans join it (docs/monitoring.md). One that is not W3C's form is left
 # out, as W3C says a receiver does: the request starts a trace of its own.
@@ -77,6 +80,7 @@ class Request:
     truncation_direction: str | None = None  # "left": a cut keeps the end; None: "right"
     bulk: bool = False  # priority: bulk
     trace: tuple[str, str] | None = None  # (traceparent, tracestate): the caller's trace
+    timings: bool = False  # the reply says where the time went
 
     @property
     def task(self) -> Task:
@@ -104,6 +108,8 @@ class Request:
             body["truncate"] = self.truncate
         if self.truncation_direction is not None:
             body["truncation_direction"] = self.truncation_direction
+        if self.timings:
+            body["timings"] = True
         if self.trace is not None:
             body["traceparent"], state = self.trace
             if state:
@@ -159,8 +165,11 @@ def parse_request(body: dict, max_texts: int) -> Request:
             "request (a text's token vectors are up to max_length times its vector's size)"
         )
     bulk = priority == "bulk"
+    timings = body.get("timings", False)
+    if not isinstance(timings, bool):
+        raise bad("timings must be true or false")
     return Request(
-        request_id, op, texts, deadline, model, options, truncate, direction, bulk, trace
+        request_id, op, texts, deadline, model, options, truncate, direction, bulk, trace, timings
     )
 
 
