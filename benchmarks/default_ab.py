@@ -8,8 +8,12 @@ stdlib sentences, after a warm-up). The worktree's code is run by putting it fir
 PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
 throughput and p50 latency: on a noisy VM only ratios within one run mean anything.
 
+With `--collector`, the new side exports its traces to an OTLP receiver in this process
+(numaserve/testing/otlp.py), with `--new-env` saying the rest (OTEL_TRACES_SAMPLER_ARG=0.01):
+what tracing costs the same server.
+
 Run:  .venv/bin/python -m benchmarks.default_ab --old REV [--rounds 3] [--clients 8]
-          [--requests 300] [--cache-off] [--json FILE]
+          [--requests 300] [--cache-off] [--collector] [--new-env KEY=VALUE ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ def all_ready(numaserve: list[str], endpoint: str, env: dict) -> bool:
     return bool(instances) and all(i["state"] == "ready" for i in instances)
 
 
-def serve_and_load(tree: Path, args, work: Path) -> dict:
+def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = work / "default.yaml"
     cache = ", cache_entries: 0" if args.cache_off else ""
     config.write_text(f"server: {{endpoint: '{endpoint}'{cache}}}\n")
     # One ONNX cache for both trees: the artifact's key is the same, so it is built once.
     env = {**os.environ, "PYTHONPATH": str(tree), "NUMASERVE_CACHE": str(work.parent / "cache")}
+    env |= extra_env
     numaserve = [sys.executable, "-c", "from numaserve.cli import main; main()"]
     log = (work / "server.log").open("a")
     server = subprocess.Popen(
@@ -88,8 +93,20 @@ def main() -> None:
     parser.add_argument(
         "--cache-off", action="store_true", help="server.cache_entries: 0: every request runs"
     )
+    parser.add_argument(
+        "--collector", action="store_true", help="the new side traces to a receiver here"
+    )
+    parser.add_argument("--new-env", action="append", default=[], help="KEY=VALUE, new side")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    new_env = dict(pair.split("=", 1) for pair in args.new_env)
+    receiver = None
+    if args.collector:
+        from numaserve.testing.otlp import HttpReceiver
+
+        receiver = HttpReceiver()
+        new_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+    print(f"new side's environment: {new_env or 'as the old'}")
     topo = read_topology()
     print(
         f"{len(topo.allowed_cpus)} CPUs; ISA {' '.join(topo.isa)}; old {args.old}, new: this checkout"
@@ -107,7 +124,7 @@ def main() -> None:
                 for name, tree in order if n % 2 == 0 else order[::-1]:
                     work = Path(tmp) / f"{name}{n}"
                     work.mkdir()
-                    summary = serve_and_load(tree, args, work)
+                    summary = serve_and_load(tree, args, work, new_env if name == "new" else {})
                     rounds.append({"tree": name, "round": n, **summary})
                     print(
                         f"round {n} {name}: {summary['throughput_rps']:.1f} req/s, "
@@ -123,6 +140,8 @@ def main() -> None:
     throughput = statistics.median(n["throughput_rps"] / o["throughput_rps"] for o, n in pairs)
     p50 = statistics.median(n["latency_ms"]["p50"] / o["latency_ms"]["p50"] for o, n in pairs)
     print(f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x")
+    if receiver is not None:
+        print(f"spans received: {len(receiver.received.spans)}")
     if args.json:
         args.json.write_text(json.dumps({"old": args.old, "rounds": rounds}, indent=1))
 

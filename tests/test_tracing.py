@@ -1,5 +1,5 @@
 """OpenTelemetry traces across the processes: a real server whose processes export to a real
-OTLP receiver (tests/harness/otlp.py: OpenTelemetry's own protobuf messages, over HTTP and
+OTLP receiver (numaserve/testing/otlp.py: OpenTelemetry's own protobuf messages, over HTTP and
 over gRPC), real requests over HTTP and ZeroMQ, and the spans each process sent."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from numaserve.client import Client
 from numaserve.testing.cluster import free_port
+from numaserve.testing.otlp import GrpcReceiver, HttpReceiver
 from tests.harness import server as server_
-from tests.harness.otlp import GrpcReceiver, HttpReceiver
 from tests.harness.waiting import eventually
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,7 @@
-"""A real OTLP trace receiver for the tests: OTLP over HTTP/protobuf (POST /v1/traces) and
-over gRPC (TraceService/Export), decoding OpenTelemetry's own `opentelemetry-proto` messages
-into one flat record per span, as a collector would receive them."""
+"""A real OTLP trace receiver, for tests and benchmarks (tests/test_tracing.py,
+benchmarks/default_ab.py --collector): OTLP over HTTP/protobuf (POST /v1/traces) and over gRPC
+(TraceService/Export), decoding OpenTelemetry's own `opentelemetry-proto` messages into one
+flat record per span, as a collector would receive them."""
 
 from __future__ import annotations
 
