@@ -216,6 +216,8 @@ class RequestBook:
         and an index would cost every request."""
         for pending in list(self.active.values()):
             if pending.request.id == request_id and pending.envelope == envelope:
+                if pending.span is not None:
+                    self.traces.answered(pending, ("cancelled", "its client gave up"))
                 self._forget(pending)
                 self.counters["cancelled"] += 1
                 return
