@@ -193,15 +193,16 @@ def test_a_dead_collector_costs_requests_nothing_and_its_lost_spans_are_counted(
         with Client(s.endpoint, timeout=30) as client:
             for i in range(20):
                 assert len(client.embed([f"text {i} for no collector"])) == 1
+        with httpx.Client(base_url=s.url, timeout=30) as http:
+            for i in range(5):
+                assert http.post("/embed", json={"inputs": f"http {i}"}).status_code == 200
 
-        def dropped():
+        def dropped(name: str, least: int):
             text = httpx.get(f"http://{s.metrics}/metrics", timeout=5).text
-            line = next(
-                (x for x in text.splitlines() if x.startswith("numaserve_router_spans_dropped")),
-                "",
-            )
-            return line and float(line.rsplit(" ", 1)[1]) >= 20
+            line = next((x for x in text.splitlines() if x.startswith(name)), "")
+            return line and float(line.rsplit(" ", 1)[1]) >= least
 
-        eventually(dropped, timeout=30)
+        eventually(lambda: dropped("numaserve_router_spans_dropped", 25), timeout=30)
+        eventually(lambda: dropped("numaserve_http_spans_dropped", 5), timeout=30)
     finally:
         s.stop()

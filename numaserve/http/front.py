@@ -118,6 +118,8 @@ class Front:
 
     def _write_stats(self) -> None:
         self.stats.connections = len(self.live)
+        if self.tracing is not None:
+            self.stats.spans_dropped = self.tracing.dropped()
         if self.spec.stats_file:
             try:
                 self.stats.write(self.spec.stats_file)

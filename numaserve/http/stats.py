@@ -20,6 +20,7 @@ class Stats:
         self.requests: Counter[tuple[str, int]] = Counter()
         self.latency: dict[str, Histogram] = {}  # by route
         self.connections = 0
+        self.spans_dropped = 0  # trace spans not delivered to the collector, where it traces
 
     def count(self, route: str, status: int, seconds: float) -> None:
         self.requests[route, status] += 1
@@ -33,6 +34,7 @@ class Stats:
             "front": self.index,
             "pid": os.getpid(),
             "connections": self.connections,
+            "spans_dropped": self.spans_dropped,
             "requests": [[route, status, n] for (route, status), n in self.requests.items()],
             "latency": {route: hist.wire() for route, hist in self.latency.items()},
         }

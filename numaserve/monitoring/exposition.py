@@ -87,8 +87,14 @@ def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
         "Open client connections of each HTTP front.",
         labels=["front"],
     )
+    dropped = CounterMetricFamily(
+        "numaserve_http_spans_dropped",
+        "Trace spans an HTTP front could not deliver to the OTLP collector (down, refusing, slow).",
+        labels=["front"],
+    )
     for stats in fronts:
         front = str(stats.get("front", 0))
+        dropped.add_metric([front], stats.get("spans_dropped", 0))
         for route, code, count in stats.get("requests", ()):
             requests.add_metric([front, str(route), str(code)], count)
         for route, hist in sorted((stats.get("latency") or {}).items()):
@@ -97,6 +103,7 @@ def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
     yield requests
     yield latency
     yield connections
+    yield dropped
 
 
 def _build(snapshot: Snapshot) -> Iterator[Metric]:
