@@ -10,21 +10,27 @@ from functools import cache
 
 
 @cache
-def _propagator():
-    """W3C Trace Context's propagator, or None where OpenTelemetry's API is not installed
-    (looked for once: a client that does not trace pays nothing per call)."""
+def _propagation():
+    """OpenTelemetry's current-context getter and W3C Trace Context's propagator, or None
+    where OpenTelemetry's API is not installed (looked for once)."""
     if importlib.util.find_spec("opentelemetry") is None:
         return None
+    from opentelemetry.context import get_current
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    return TraceContextTextMapPropagator()
+    return get_current, TraceContextTextMapPropagator()
 
 
 def caller_trace() -> dict[str, str]:
-    """`traceparent` (and `tracestate`) of the current span, where there is one."""
-    propagator = _propagator()
-    if propagator is None:
+    """`traceparent` (and `tracestate`) of the current span, where there is one. A caller
+    that does not trace has an empty context: it pays one lookup a call, not an injection."""
+    propagation = _propagation()
+    if propagation is None:
+        return {}
+    get_current, propagator = propagation
+    current = get_current()
+    if not current:
         return {}
     carrier: dict[str, str] = {}
-    propagator.inject(carrier)
+    propagator.inject(carrier, current)
     return carrier

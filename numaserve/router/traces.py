@@ -35,29 +35,32 @@ class RequestTraces:
 
     def received(self, pending: Pending, tokenized: float, hits: int) -> None:
         """A request read, tokenized and looked up in the cache: its span begins (at
-        `pending.received`), with the tokenizing as its first child."""
+        `pending.received`), with the tokenizing as its first child. One the sampler leaves
+        out is not traced further (`pending.span` stays None): nothing of it is recorded."""
         request = pending.request
-        attributes = {
-            "rpc.system": "numaserve",
-            "rpc.service": "numaserve",
-            "rpc.method": request.op,
-            "numaserve.model": self.model_name,
-            "numaserve.texts": len(pending.encoded),
-            "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
-            "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
-            "numaserve.cache.hits": hits,
-            "numaserve.priority": "bulk" if request.bulk else "interactive",
-        }
         span = self.tracer.start_span(
             f"numaserve/{request.op}",
             context=self.tracing.parent(request.trace),
             kind=self.kinds.SERVER,
-            attributes=attributes,
             start_time=self.wall(pending.received),
         )
+        if not span.is_recording():  # not sampled: nothing of it is traced, here or after
+            return
         pending.span = span
-        if span.is_recording():
-            self._child(span, "tokenize", pending.received, tokenized)
+        span.set_attributes(
+            {
+                "rpc.system": "numaserve",
+                "rpc.service": "numaserve",
+                "rpc.method": request.op,
+                "numaserve.model": self.model_name,
+                "numaserve.texts": len(pending.encoded),
+                "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
+                "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
+                "numaserve.cache.hits": hits,
+                "numaserve.priority": "bulk" if request.bulk else "interactive",
+            }
+        )
+        self._child(span, "tokenize", pending.received, tokenized)
 
     def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
         """A job sent to `instance`: for each traced request it serves, its wait in the queue
@@ -71,11 +74,6 @@ class RequestTraces:
         contexts = []
         for pending, queued in owners.values():
             parent = pending.span
-            if not parent.is_recording():  # not sampled: the instance records nothing either
-                context = self.tracing.w3c(parent)
-                if context is not None:
-                    contexts.append(context[0])
-                continue
             self._child(parent, "queue", queued, now, {"numaserve.instance": instance})
             run = self._start(parent, f"run on {instance}", now, self.kinds.CLIENT)
             run.set_attribute("numaserve.instance", instance)
