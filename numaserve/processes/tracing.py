@@ -104,7 +104,7 @@ class CountedExporter:
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.exported = self.dropped = 0
+        self.dropped = 0
         self.lock = threading.Lock()
 
     def export(self, spans):
@@ -114,10 +114,8 @@ class CountedExporter:
             result = self.inner.export(spans)
         except Exception:  # an exporter's own failure loses the batch, not the process
             result = SpanExportResult.FAILURE
-        with self.lock:
-            if result == SpanExportResult.SUCCESS:
-                self.exported += len(spans)
-            else:
+        if result != SpanExportResult.SUCCESS:
+            with self.lock:
                 self.dropped += len(spans)
         return result
 
