@@ -71,13 +71,14 @@ def openvino(first: list[str]):
     from sentence_transformers import export_static_quantized_openvino_model
 
     kwargs = {"ov_config": {"INFERENCE_NUM_THREADS": "1", "PERFORMANCE_HINT": "LATENCY"}}
-    fp32 = SentenceTransformer(path, backend="openvino", device="cpu", model_kwargs=kwargs)
+    exported = SentenceTransformer(path, backend="openvino", device="cpu", model_kwargs=kwargs)
+    exported.save(path)  # its fp32 IR, openvino/openvino_model.xml
     calibration = Path(path) / "calibration"
     calibration.mkdir()
     lines = "".join(json.dumps({"text": text}) + "\n" for text in first)
     (calibration / "train.jsonl").write_text(lines)
     export_static_quantized_openvino_model(
-        fp32,
+        exported,
         OVQuantizationConfig(num_samples=len(first)),
         path,
         dataset_name=str(calibration),
@@ -85,9 +86,17 @@ def openvino(first: list[str]):
         dataset_split="train",
         column_name="text",
     )
-    name = "openvino/openvino_model_qint8_quantized.xml"
-    int8 = SentenceTransformer(
-        path, backend="openvino", device="cpu", model_kwargs={**kwargs, "file_name": name}
+    # The quantizer replaces the model it is given by its int8 one, in place: the fp32 side
+    # is loaded again from the IR saved before.
+    del exported
+    fp32, int8 = (
+        SentenceTransformer(
+            path, backend="openvino", device="cpu", model_kwargs={**kwargs, "file_name": name}
+        )
+        for name in (
+            "openvino/openvino_model.xml",
+            "openvino/openvino_model_qint8_quantized.xml",
+        )
     )
     return fp32, int8, {"quantized": "static, calibrated on the probe texts"}
 
