@@ -53,13 +53,14 @@ class App:
         request.request_id = given_request_id(request.headers.get("x-request-id")) or (
             uuid.uuid4().hex
         )
-        if self.tracing is None:
-            return await self.answer(request)
-        return await traced(self.tracing, self.routes, self.answer, request)
-
-    async def answer(self, request: Request) -> Response:
-        started = time.perf_counter()
         route = self.routes.get((request.method, request.path))
+        if self.tracing is None:
+            return await self.answer(request, route)
+        return await traced(self.tracing, route, self.answer, request)
+
+    async def answer(self, request: Request, route) -> Response:
+        """The reply of `route` (None: no route serves this method and path)."""
+        started = time.perf_counter()
         if route is None:
             response = self._no_route(request)
             name = "other"

@@ -14,13 +14,14 @@ from numaserve.processes.tracing import Tracing
 
 async def traced(
     tracing: Tracing,
-    routes: dict,
-    answer: Callable[[Request], Awaitable[Response]],
+    route,
+    answer: Callable[[Request, object], Awaitable[Response]],
     request: Request,
 ) -> Response:
+    """`answer(request, route)` inside the request's span; `route`: None where none serves
+    the request's method and path."""
     from opentelemetry.trace import SpanKind, StatusCode
 
-    route = routes.get((request.method, request.path))
     attributes = {
         "numaserve.request_id": request.request_id,
         "http.request.method": request.method,
@@ -38,7 +39,7 @@ async def traced(
     span = tracing.tracer.start_span(name, tracing.parent_of(headers), SpanKind.SERVER, attributes)
     request.span, request.trace = span, tracing.w3c(span)
     try:
-        response = await answer(request)
+        response = await answer(request, route)
     except BaseException as e:
         span.set_status(StatusCode.ERROR, type(e).__name__)
         span.end()

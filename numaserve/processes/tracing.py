@@ -22,6 +22,7 @@ bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048), and what is dropped is counted (`Trac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -126,6 +127,14 @@ class CountedExporter:
         return self.inner.force_flush(timeout_millis)
 
 
+@functools.cache
+def _w3c():
+    """W3C Trace Context's propagator (it holds no state)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
 @dataclass
 class Tracing:
     """One process's tracer, its provider (flushed at exit) and its exporter's counts."""
@@ -145,20 +154,19 @@ class Tracing:
     def parent_of(headers: Mapping[str, str]):
         """The context W3C headers (`traceparent`, `tracestate`) name; one they do not name
         (none, or malformed) starts a trace."""
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        return TraceContextTextMapPropagator().extract(headers)
+        return _w3c().extract(headers)
 
     @staticmethod
     def w3c(span) -> tuple[str, str] | None:
-        """A span's (traceparent, tracestate), for the next process; None for one not
-        sampled (its children would not be recorded either)."""
-        context = span.get_span_context()
-        if not context.is_valid:
+        """A span's W3C (traceparent, tracestate), for the next process, as W3C's propagator
+        writes them; None for a span with no valid context."""
+        from opentelemetry.trace import set_span_in_context
+
+        carrier: dict[str, str] = {}
+        _w3c().inject(carrier, set_span_in_context(span))
+        if "traceparent" not in carrier:
             return None
-        flags = f"{int(context.trace_flags):02x}"
-        parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags}"
-        return parent, context.trace_state.to_header()
+        return carrier["traceparent"], carrier.get("tracestate", "")
 
     def batch(self, parents: list, name: str, seconds: float, attributes: dict) -> None:
         """A span just ended that served several requests (a forward pass): a child of the
