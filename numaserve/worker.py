@@ -181,9 +181,14 @@ class Control(threading.Thread):
     parent into STOP for the model thread, a silent router into ANNOUNCE (the router may have
     restarted and forgotten us), and a router gone while stopping into LEAVE."""
 
-    def __init__(self, ctx: zmq.Context, spec: WorkerSpec, instance: bytes, wake_fd: int):
+    def __init__(
+        self, ctx: zmq.Context, spec: WorkerSpec, instance: bytes, wake_fd: int, tracing=None
+    ):
+        """`tracing`: the process's, where it traces: its heartbeats say how many spans it
+        could not deliver, for the shard's /metrics."""
         super().__init__(name="numaserve-control", daemon=True)
         self.ctx, self.spec, self.instance, self.wake_fd = ctx, spec, instance, wake_fd
+        self.tracing = tracing
         self.parent = os.getppid()
         self.busy = self.served = 0  # the model thread's, read for heartbeats
         self.stopping = False
@@ -197,6 +202,13 @@ class Control(threading.Thread):
         except BaseException:  # without this thread the worker is deaf: die, to be restarted
             log.exception("control thread failed")
             os._exit(exitcodes.CRASH)
+
+    def heartbeat(self) -> dict:
+        beat = {"type": protocol.HEARTBEAT, "instance": self.instance, "busy": self.busy}
+        beat["served"] = self.served
+        if self.tracing is not None:
+            beat["spans_dropped"] = self.tracing.dropped()
+        return beat
 
     def loop(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -227,8 +239,7 @@ class Control(threading.Thread):
                 break
             now = time.monotonic()
             if now >= next_beat:
-                beat = {"type": protocol.HEARTBEAT, "instance": self.instance, "busy": self.busy}
-                sock.send_multipart(protocol.pack(beat | {"served": self.served}))
+                sock.send_multipart(protocol.pack(self.heartbeat()))
                 next_beat = now + interval
                 if now - last_heard > self.spec.liveness * interval and not self.stopping:
                     self.model.send(ANNOUNCE)
@@ -285,7 +296,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     jobs.linger = 1000
     jobs.setsockopt(zmq.ROUTING_ID, instance)
     jobs.connect(spec.router)
-    control = Control(ctx, spec, instance, wake_r)
+    control = Control(ctx, spec, instance, wake_r, engine.tracing)
     control.start()
     log.info(
         "ready in %.1f s: CPUs %s, memory on node(s) %s (bound by %s), %d thread(s)",

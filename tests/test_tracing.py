@@ -4,6 +4,9 @@ over gRPC), real requests over HTTP and ZeroMQ, and the spans each process sent.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 
@@ -197,12 +200,58 @@ def test_a_dead_collector_costs_requests_nothing_and_its_lost_spans_are_counted(
             for i in range(5):
                 assert http.post("/embed", json={"inputs": f"http {i}"}).status_code == 200
 
-        def dropped(name: str, least: int):
-            text = httpx.get(f"http://{s.metrics}/metrics", timeout=5).text
-            line = next((x for x in text.splitlines() if x.startswith(name)), "")
-            return line and float(line.rsplit(" ", 1)[1]) >= least
-
-        eventually(lambda: dropped("numaserve_router_spans_dropped", 25), timeout=30)
-        eventually(lambda: dropped("numaserve_http_spans_dropped", 5), timeout=30)
+        eventually(lambda: dropped(s, "numaserve_router_spans_dropped", 25), timeout=30)
+        eventually(lambda: dropped(s, "numaserve_router_instance_spans_dropped", 20), timeout=30)
+        eventually(lambda: dropped(s, "numaserve_http_spans_dropped", 5), timeout=30)
     finally:
+        s.stop()
+
+
+def dropped(server, name: str, least: int) -> bool:
+    """Whether /metrics counts at least `least` for the counter `name`."""
+    text = httpx.get(f"http://{server.metrics}/metrics", timeout=5).text
+    line = next((x for x in text.splitlines() if x.startswith(name + "_total")), "")
+    return bool(line) and float(line.rsplit(" ", 1)[1]) >= least
+
+
+# A receiver in a process of its own, to be killed: its address, then its count of spans
+# received each time it grows.
+RECEIVER = """
+import time
+from numaserve.testing.otlp import HttpReceiver
+receiver, seen = HttpReceiver(), 0
+print(receiver.endpoint, flush=True)
+while True:
+    time.sleep(0.05)
+    if len(receiver.received.spans) != seen:
+        seen = len(receiver.received.spans)
+        print(seen, flush=True)
+"""
+
+
+def test_a_collector_killed_mid_run_costs_requests_nothing_and_its_lost_spans_are_counted(
+    tmp_path,
+):
+    collector = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True
+    )
+    endpoint = collector.stdout.readline().strip()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    s = server_.Server(tmp_path, CONFIG, env={**env, **FAST_EXPORT})
+    try:
+        s.wait_ready()
+        with Client(s.endpoint, timeout=30) as client:
+            for i in range(10):
+                assert len(client.embed([f"text {i} while the collector runs"])) == 1
+            while int(collector.stdout.readline()) < 10 * 5:  # each: 4 in the shard, 1 worker
+                pass
+            collector.kill()
+            collector.wait()
+            for i in range(20):
+                assert len(client.embed([f"text {i} after the collector died"])) == 1
+        assert s.proc.poll() is None
+        eventually(lambda: dropped(s, "numaserve_router_spans_dropped", 20 * 4), timeout=30)
+        eventually(lambda: dropped(s, "numaserve_router_instance_spans_dropped", 20), timeout=30)
+    finally:
+        collector.kill()
         s.stop()

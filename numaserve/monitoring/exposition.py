@@ -207,6 +207,9 @@ def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
         "internal_errors": "Messages that failed in the router on a bug, dropped.",
         "cancelled": "Requests their client gave up on (an HTTP client that hung up), not run.",
         "spans_dropped": "Trace spans not delivered to the OTLP collector (down, refusing, slow).",
+        "instance_spans_dropped": (
+            "Trace spans the shard's instances did not deliver to the OTLP collector."
+        ),
     }
     simple = {
         key: CounterMetricFamily(f"numaserve_router_{key}", doc, labels=["shard", "model_name"])

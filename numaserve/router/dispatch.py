@@ -81,6 +81,7 @@ class WorkerState:
     served: int = 0
     stopping: bool = False
     control: bytes | None = None  # its control connection, where heartbeats go, if it has one
+    spans_dropped: int = 0  # trace spans it could not deliver, as its heartbeats say
 
 
 @dataclass
@@ -132,6 +133,7 @@ class Dispatcher:
         self.workers: dict[bytes, WorkerState] = {}
         self.jobs: dict[int, Job] = {}
         self._next_job = 0
+        self.gone_spans_dropped = 0  # the last count of each instance forgotten
 
     @classmethod
     def for_server(cls, pools: tuple[PoolConfig, ...], server: ServerConfig) -> Dispatcher:
@@ -373,10 +375,17 @@ class Dispatcher:
     def remove_worker(self, identity: bytes) -> tuple[WorkerState | None, list[Item]]:
         """Forget an instance; returns it and the texts it was running."""
         worker = self.workers.pop(identity, None)
+        if worker is not None:
+            self.gone_spans_dropped += worker.spans_dropped
         lost = [job for job in self.jobs.values() if job.worker == identity]
         for job in lost:
             del self.jobs[job.id]
         return worker, [item for job in lost for item in job.items]
+
+    def spans_dropped(self) -> int:
+        """Trace spans the instances could not deliver, those forgotten included: a count
+        that only grows, however often they restart."""
+        return self.gone_spans_dropped + sum(w.spans_dropped for w in self.workers.values())
 
     def silent_workers(self, now: float, timeout: float) -> list[bytes]:
         return [w.identity for w in self.workers.values() if now - w.last_seen > timeout]

@@ -374,6 +374,9 @@ class Router:
             worker = self.dispatch.worker_seen(body["instance"], now)
             if worker is not None:
                 worker.control = identity
+                dropped = body.get("spans_dropped")
+                if type(dropped) is int and dropped > worker.spans_dropped:
+                    worker.spans_dropped = dropped
         else:
             self._on_job_connection(identity, kind, body, now)
 

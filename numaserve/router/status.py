@@ -39,7 +39,7 @@ def shard(
         instances=instances(dispatch, table.slots if table else None),
         pools=pools(dispatch, spec.model_name),
         cache=Cache(**book.cache.stats()),
-        requests={**book.counters, **connections.counts(), **traced_counts(book)},
+        requests={**book.counters, **connections.counts(), **traced_counts(book, dispatch)},
         errors=dict(book.errors),
         metrics=metrics.wire(),
         draining=book.draining_until is not None,
@@ -48,9 +48,15 @@ def shard(
     )
 
 
-def traced_counts(book: RequestBook) -> dict[str, int]:
-    """The spans this shard could not deliver to its collector, where it traces."""
-    return {"spans_dropped": book.traces.tracing.dropped()} if book.traces else {}
+def traced_counts(book: RequestBook, dispatch: Dispatcher) -> dict[str, int]:
+    """The spans this shard and its instances could not deliver to the collector, where
+    they trace."""
+    if book.traces is None:
+        return {}
+    return {
+        "spans_dropped": book.traces.tracing.dropped(),
+        "instance_spans_dropped": dispatch.spans_dropped(),
+    }
 
 
 def instances(dispatch: Dispatcher, slots: tuple[Instance, ...] | None) -> tuple[Instance, ...]:
