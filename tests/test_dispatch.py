@@ -281,3 +281,12 @@ def test_bulk_is_shed_when_its_own_queue_is_full_and_interactive_still_gets_in()
     assert d.admit([bulk_item(d, 10) for _ in range(5)], now=0) is None  # 4 queued + the idle one
     assert d.admit([bulk_item(d, 10)], now=0) is ErrorCode.OVERLOADED
     assert d.admit([item(d, 10) for _ in range(4)], now=0) is None
+
+
+def test_the_instances_undelivered_spans_only_grow_as_instances_come_and_go():
+    d = dispatcher()
+    a, b = add_worker(d, "a", "short"), add_worker(d, "b", "long")
+    d.workers[a].spans_dropped, d.workers[b].spans_dropped = 5, 3
+    d.remove_worker(a)  # a restarted instance starts counting from 0 again
+    add_worker(d, "a2", "short")
+    assert d.spans_dropped() == 8
