@@ -68,17 +68,20 @@ class Engine:
             self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = self.model.task
         self.warm_up(min(spec.max_tokens, spec.model.max_length))
-        # Where tracing is on: this process's, and what each forward pass's span says of it.
-        self.tracing = start_tracing("worker")
-        self.span_attributes = {
-            "numaserve.instance": spec.slot.name,
-            "numaserve.pool": spec.slot.pool,
-            "numaserve.cpus": format_cpulist(report.cpus),
-            "numaserve.numa_nodes": format_cpulist(report.nodes),
-            "numaserve.model.path": spec.model.path,
-            "numaserve.model.backend": self.model.config.backend,
-            "numaserve.model.precision": self.model.config.quantize,
-        }
+        # Where tracing is on: this process's, with what holds for each of its forward passes
+        # on its resource (sent once a batch of spans, not on every span).
+        self.tracing = start_tracing(
+            "worker",
+            attributes={
+                "numaserve.instance": spec.slot.name,
+                "numaserve.pool": spec.slot.pool,
+                "numaserve.cpus": format_cpulist(report.cpus),
+                "numaserve.numa_nodes": format_cpulist(report.nodes),
+                "numaserve.model.path": spec.model.path,
+                "numaserve.model.backend": self.model.config.backend,
+                "numaserve.model.precision": self.model.config.quantize,
+            },
+        )
 
     def warm_up(self, longest: int) -> None:
         """Run every shape family once, so the first real request pays no one-off costs."""
@@ -133,7 +136,7 @@ class Engine:
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
         results = [self.task.to_wire(output) for output in outputs]
         if self.tracing is not None and body.get("trace"):
-            attributes = self.span_attributes | {
+            attributes = {
                 "numaserve.batch.texts": len(inputs),
                 "numaserve.batch.tokens": sum(map(len, inputs)),
             }

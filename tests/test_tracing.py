@@ -90,10 +90,12 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert shard.attributes["rpc.method"] == "embed"
     assert shard.attributes["numaserve.texts"] == 1
     assert shard.attributes["numaserve.cache.hits"] == 0
-    assert worker.attributes["numaserve.instance"] == run.attributes["numaserve.instance"]
+    assert shard.resource["numaserve.model"] == "default"
+    # what holds for every span of an instance is on its resource
+    assert worker.resource["numaserve.instance"] == run.attributes["numaserve.instance"]
     assert worker.attributes["numaserve.batch.texts"] == 1
-    assert worker.attributes["numaserve.model.backend"] == "torch"
-    assert "numaserve.cpus" in worker.attributes and "numaserve.numa_nodes" in worker.attributes
+    assert worker.resource["numaserve.model.backend"] == "torch"
+    assert "numaserve.cpus" in worker.resource and "numaserve.numa_nodes" in worker.resource
     # each child inside its parent's time
     assert front.start_ns <= shard.start_ns <= worker.start_ns <= worker.end_ns <= front.end_ns
 

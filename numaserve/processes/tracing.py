@@ -64,8 +64,14 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     return any(environ.get(name, "").strip() for name in ENDPOINTS)
 
 
-def start(role: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
-    """This process's tracing, set up from the environment; None where it is off."""
+def start(
+    role: str,
+    environ: Mapping[str, str] = os.environ,
+    attributes: Mapping[str, str] | None = None,
+) -> Tracing | None:
+    """This process's tracing, set up from the environment; None where it is off.
+    `attributes`: what holds for every span of the process (an instance's CPUs, its model),
+    sent once per batch of spans on their resource, not on each span."""
     if not wanted(environ):
         return None
     from opentelemetry import trace
@@ -75,7 +81,7 @@ def start(role: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
 
     from numaserve import __version__
 
-    attributes = {"numaserve.process": role}
+    attributes = {"numaserve.process": role, **(attributes or {})}
     named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )

@@ -92,7 +92,7 @@ class Router:
         """`prompts`: an embedding model's own (tasks/embed.py), read with its tokenizer.
         `tracing`: this process's, where tracing is on (processes/tracing.py)."""
         self.spec = spec
-        self.traces = RequestTraces(tracing, spec.model_name) if tracing else None
+        self.traces = RequestTraces(tracing) if tracing else None
         self.server = spec.server
         self.dispatch = Dispatcher.for_server(spec.pools, spec.server)
         self.heartbeat = spec.server.heartbeat_ms / 1000
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         log.error("%s", e)
         return exitcodes.MODEL
-    tracing = start_tracing("router")
+    tracing = start_tracing("router", attributes={"numaserve.model": spec.model_name})
     router = Router(spec, tokenizer, context(), prompts, tracing)
     try:
         router.bind()

@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 
 
 class RequestTraces:
-    def __init__(self, tracing: Tracing, model_name: str) -> None:
+    def __init__(self, tracing: Tracing) -> None:
         from opentelemetry.trace import SpanKind, StatusCode
 
         self.tracing, self.tracer = tracing, tracing.tracer
-        self.model_name = model_name
         self.kinds, self.codes = SpanKind, StatusCode
         # monotonic seconds -> the wall clock's nanoseconds
         self.offset_ns = time.time_ns() - time.monotonic_ns()
@@ -52,7 +51,6 @@ class RequestTraces:
                 "rpc.system": "numaserve",
                 "rpc.service": "numaserve",
                 "rpc.method": request.op,
-                "numaserve.model": self.model_name,
                 "numaserve.texts": len(pending.encoded),
                 "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
                 "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
