@@ -10,10 +10,13 @@ throughput and p50 latency: on a noisy VM only ratios within one run mean anythi
 
 With `--collector`, the new side exports its traces to an OTLP receiver in this process
 (numaserve/testing/otlp.py), with `--new-env` saying the rest (OTEL_TRACES_SAMPLER_ARG=0.01):
-what tracing costs the same server.
+what tracing costs the same server. The receiver keeps what it is sent and decodes it after
+the last round (`--decoding-collector`: as it comes, on the machine being measured, as a
+collector on the same host would).
 
 Run:  .venv/bin/python -m benchmarks.default_ab --old REV [--rounds 3] [--clients 8]
-          [--requests 300] [--cache-off] [--collector] [--new-env KEY=VALUE ...] [--json FILE]
+          [--requests 300] [--cache-off] [--collector | --decoding-collector]
+          [--new-env KEY=VALUE ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -96,15 +99,18 @@ def main() -> None:
     parser.add_argument(
         "--collector", action="store_true", help="the new side traces to a receiver here"
     )
+    parser.add_argument(
+        "--decoding-collector", action="store_true", help="... which decodes as spans come"
+    )
     parser.add_argument("--new-env", action="append", default=[], help="KEY=VALUE, new side")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     new_env = dict(pair.split("=", 1) for pair in args.new_env)
     receiver = None
-    if args.collector:
+    if args.collector or args.decoding_collector:
         from numaserve.testing.otlp import HttpReceiver
 
-        receiver = HttpReceiver()
+        receiver = HttpReceiver(lazy=not args.decoding_collector)
         new_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
     print(f"new side's environment: {new_env or 'as the old'}")
     topo = read_topology()
@@ -140,10 +146,13 @@ def main() -> None:
     throughput = statistics.median(n["throughput_rps"] / o["throughput_rps"] for o, n in pairs)
     p50 = statistics.median(n["latency_ms"]["p50"] / o["latency_ms"]["p50"] for o, n in pairs)
     print(f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x")
+    result = {"old": args.old, "new_env": new_env, "rounds": rounds}
     if receiver is not None:
-        print(f"spans received: {len(receiver.received.spans)}")
+        receiver.received.decode_kept()
+        result["spans_received"] = len(receiver.received.spans)
+        print(f"spans received: {result['spans_received']}")
     if args.json:
-        args.json.write_text(json.dumps({"old": args.old, "rounds": rounds}, indent=1))
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,16 @@ class Received:
     spans: list[Span] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)  # each export's HTTP headers
     lock: threading.Lock = field(default_factory=threading.Lock)
+    undecoded: list[bytes] = field(default_factory=list)  # a lazy receiver's bodies
+
+    def decode_kept(self) -> None:
+        """Decode the bodies a lazy receiver kept (HttpReceiver(lazy=True)) into `spans`."""
+        with self.lock:
+            bodies, self.undecoded = self.undecoded, []
+        for body in bodies:
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            self.add(request, {})
 
     def add(self, request: trace_service_pb2.ExportTraceServiceRequest, headers: dict) -> None:
         spans = [
@@ -72,9 +82,12 @@ class Received:
 
 
 class HttpReceiver:
-    """OTLP/HTTP with protobuf bodies on 127.0.0.1, as a collector's `otlp` receiver."""
+    """OTLP/HTTP with protobuf bodies on 127.0.0.1, as a collector's `otlp` receiver.
+    `lazy`: keep each body as it came and decode none until `received.decode_kept()`, so
+    that a benchmark's receiver takes the machine it measures no more time than a collector
+    elsewhere would."""
 
-    def __init__(self) -> None:
+    def __init__(self, lazy: bool = False) -> None:
         self.received = Received()
         received = self.received
 
@@ -85,9 +98,13 @@ class HttpReceiver:
                     self.send_response(404)
                     self.end_headers()
                     return
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                received.add(request, {k.lower(): v for k, v in self.headers.items()})
+                if lazy:
+                    with received.lock:
+                        received.undecoded.append(body)
+                else:
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    received.add(request, {k.lower(): v for k, v in self.headers.items()})
                 answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
