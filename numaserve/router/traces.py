@@ -58,6 +58,9 @@ class RequestTraces:
                 "numaserve.priority": "bulk" if request.bulk else "interactive",
             }
         )
+        windows = sum(len(e.more) for e in pending.encoded)
+        if windows:  # long documents read in windows (rerank): every window run
+            span.set_attribute("numaserve.windows", len(pending.encoded) + windows)
         self._child(span, "tokenize", pending.received, tokenized)
 
     def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
