@@ -1,10 +1,8 @@
-"""Static int8 for benchmarks/model_paths.py: two paths numaserve does not offer, built here
-from the fp32 ONNX artifact so that their accuracy and speed are on record.
-
-- ONNX Runtime static int8: quantize_static, QDQ format, activations uint8 asymmetric,
-  weights int8 per channel, MatMuls only, calibrated (min-max) on the passages given.
-- OpenVINO int8 by NNCF: nncf.quantize(model_type=TRANSFORMER), the same calibration.
-"""
+"""ONNX Runtime's static int8 for benchmarks/model_paths.py, a path numaserve does not offer,
+built here from the fp32 ONNX artifact so that its accuracy and speed are on record:
+quantize_static, QDQ format, activations uint8 asymmetric, weights int8 per channel, MatMuls
+only, calibrated (min-max) on the passages given. (OpenVINO's static int8 by NNCF is offered:
+backends/openvino_build.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ import numpy as np
 
 from numaserve.backends.base import Model, ModelFacts
 from numaserve.backends.onnx import prepare_artifact
-from numaserve.backends.openvino import import_openvino
 from numaserve.config.model_paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 
@@ -39,55 +36,39 @@ class Runner(Model):
         return np.asarray(self.infer({"input_ids": ids, "attention_mask": mask}), np.float32)
 
 
-def load_static(kind: str, isa, calibration: list[list[int]]) -> Runner:
+def load_static(isa, calibration: list[list[int]]) -> Runner:
+    import onnxruntime as ort
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
     fp32, _ = prepare_artifact(CONFIG, isa)
     work = Path(tempfile.mkdtemp(prefix="static-int8-"))
-    if kind == "static-onnxruntime":
-        import onnxruntime as ort
-        from onnxruntime.quantization import (
-            CalibrationDataReader,
-            QuantFormat,
-            QuantType,
-            quantize_static,
-        )
 
-        class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self.left = iter(calibration)
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(calibration)
 
-            def get_next(self):
-                ids = next(self.left, None)
-                return None if ids is None else feeds(ids)
+        def get_next(self):
+            ids = next(self.left, None)
+            return None if ids is None else feeds(ids)
 
-        quantize_static(
-            str(fp32),
-            str(work / "qdq.onnx"),
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-        )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        session = ort.InferenceSession(
-            str(work / "qdq.onnx"), options, providers=["CPUExecutionProvider"]
-        )
-        return Runner(lambda f: session.run(None, f)[0])
-    ov = import_openvino()  # its usage statistics unloaded, for nncf too
-    import nncf
-
-    core = ov.Core()
-    quantized = nncf.quantize(
-        core.read_model(str(fp32)),
-        nncf.Dataset(calibration, feeds),
-        model_type=nncf.ModelType.TRANSFORMER,
-        subset_size=len(calibration),
+    quantize_static(
+        str(fp32),
+        str(work / "qdq.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
     )
-    request = core.compile_model(
-        quantized,
-        "CPU",
-        {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "ENABLE_CPU_PINNING": False},
-    ).create_infer_request()
-    return Runner(lambda f: request.infer(f)[0])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(
+        str(work / "qdq.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    return Runner(lambda f: session.run(None, f)[0])

@@ -269,9 +269,9 @@ def test_placement_pools_with_models_are_an_error():
             "auto chooses by itself",
         ),
         (
-            "models: [{name: a, backend: openvino, quantize: int8}]",
-            "models[0].quantize: int8 is not offered by backend openvino, which runs bf16 or "
-            "none; int8 runs on backend onnxruntime, torch",
+            "models: [{name: a, backend: openvino, quantize: int16}]",
+            "models[0].quantize: int16 is not offered by backend openvino, which runs int8 or "
+            "bf16 or none; int16 runs on backend ctranslate2",
         ),
         (
             "models: [{name: a, backend: torch, quantize: bf16}]",

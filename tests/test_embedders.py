@@ -57,6 +57,36 @@ def test_the_onnx_paths_serve_each_as_sentence_transformers_encodes_it(tmp_path,
     assert_same(served(path, "embed", backend, "none"), reference(path))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EMBEDDERS)
+def test_openvinos_pytorch_frontend_converts_each_as_transformers_runs_it(tmp_path, name):
+    # What OpenVINO's int8 is quantized from (openvino_build.convert), at fp32.
+    import torch
+
+    from numaserve.backends.openvino import import_openvino
+    from numaserve.backends.openvino_build import convert
+    from numaserve.backends.torch import load_transformers_model
+    from tests.test_onnx import token_ids
+
+    config = ModelConfig(path=str(save(tmp_path, name)), task="embed")
+    model = load_transformers_model(config)
+    compiled = import_openvino().Core().compile_model(convert(model, config), "CPU")
+    for ids in token_ids(config.path, TEXTS):
+        feeds = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), int)}
+        with torch.no_grad():
+            theirs = model(**{k: torch.tensor(v) for k, v in feeds.items()}).last_hidden_state
+        np.testing.assert_allclose(compiled(feeds)[0], theirs.numpy(), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EMBEDDERS)
+def test_openvinos_int8_serves_each_near_sentence_transformers(tmp_path, name):
+    # Random weights make int8 less accurate than trained ones (the gate judges those).
+    path = save(tmp_path, name)
+    ours, theirs = served(path, "embed", "openvino", "int8"), reference(path)
+    assert (ours * theirs).sum(axis=1).min() >= 0.9  # both unit length
+
+
 @pytest.mark.parametrize("name", EMBEDDERS)
 def test_ctranslate2_refuses_each_in_one_line_naming_what_serves_it(tmp_path, name):
     path = save(tmp_path, name)

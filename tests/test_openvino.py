@@ -1,6 +1,8 @@
 """The OpenVINO backend: real compilations of the shared fp32 ONNX artifact, a real pinned
 worker, and its usage statistics kept off."""
 
+import dataclasses
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -94,3 +96,75 @@ def test_a_pinned_openvino_worker_serves_with_every_thread_on_its_cpu(
     )
     ready = pinned_worker_serves(model, tmp_path)
     assert ready["model_path"]["backend"] == "openvino"
+
+
+def passages(count: int) -> list[str]:
+    """Passages the gate judges on (and int8's calibration leaves out), 20 words and up."""
+    from numaserve.backends.gate import gate_texts
+    from numaserve.corpus import stdlib_passages
+
+    return [p for p in gate_texts(stdlib_passages()) if len(p.split()) >= 20][:count]
+
+
+def test_int8_minilm_embeddings_of_passages_stay_within_cosine_0_99_of_fp32(cache):
+    int8 = load_model(ModelConfig(backend="openvino", quantize="int8"), ISA)
+    fp32 = load_model(ModelConfig(backend="torch", quantize="none"))
+    for ids in token_ids("bundled:minilm", passages(40)):
+        (a,), (b,) = int8.run([ids]), fp32.run([ids])
+        assert float(np.dot(a, b)) >= 0.99  # both unit length
+
+
+def test_int8_is_quantized_by_nncf_once_into_a_kept_model_of_int8_weights(classifier_dir, cache):
+    from numaserve.backends.openvino import import_openvino
+
+    config = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="openvino", quantize="int8"
+    )
+    first = load_model(config, ISA)
+    built = first.artifact.stat().st_mtime_ns
+    assert load_model(config, ISA).artifact == first.artifact
+    assert first.artifact.stat().st_mtime_ns == built
+    assert list(cache.glob("openvino/*/model/model.xml")) == [first.artifact]
+    ov = import_openvino()
+    weights = {
+        op.get_output_element_type(0)
+        for op in ov.Core().read_model(str(first.artifact)).get_ordered_ops()
+        if op.get_type_name() == "Constant"
+        and op.get_output_partial_shape(0).rank.get_length() == 2
+    }
+    assert ov.Type.i8 in weights  # the Linear layers' weights
+    fp32 = load_model(replace(config, backend="torch", quantize="none"))
+    for ids in token_ids(str(classifier_dir), SENTENCES[:16]):
+        (a,), (b,) = first.run([ids]), fp32.run([ids])
+        assert np.allclose(a.probs, b.probs, atol=0.02)
+
+
+def test_nncf_sends_no_usage_statistics():
+    # NNCF sends them through openvino_telemetry where it can import it; numaserve imports
+    # openvino first (import_openvino), which leaves that package unloadable.
+    code = (
+        "from numaserve.backends.openvino import import_openvino\n"
+        "import_openvino()\n"
+        "from nncf.telemetry import wrapper\n"
+        "print(isinstance(wrapper.telemetry, wrapper.NNCFTelemetry))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # NNCF's stub, which sends nothing
+
+
+def test_int8_without_nncf_is_a_clear_error(classifier_dir, tmp_path):
+    # Fakes the missing package (a sys.modules entry of None makes its import fail).
+    config = ModelConfig(path=str(classifier_dir), task="classify", quantize="int8")
+    code = (
+        "import sys, json; sys.modules['nncf'] = None\n"
+        "from numaserve.backends.openvino_build import main\n"
+        f"sys.exit(main([{json.dumps(dataclasses.asdict(config))!r}, {str(tmp_path / 'm')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 3  # refused, in one line
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("model.backend openvino with quantize: int8 needs the nncf package")
+    )

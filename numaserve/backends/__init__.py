@@ -214,7 +214,9 @@ def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) ->
     """The path's artifact, built or verified: None for torch, which loads the checkpoint."""
     if config.backend == "torch":
         return None
-    what = "CTranslate2 model" if config.backend == "ctranslate2" else "ONNX artifact"
+    what = {"ctranslate2": "CTranslate2 model", "openvino": "OpenVINO model"}.get(
+        config.backend, "ONNX artifact"
+    )
     log.info(
         "preparing the %s of %s (built once and kept; a first build takes a while)",
         what,
@@ -226,23 +228,18 @@ def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) ->
         from numaserve.backends.ct2 import prepare_converted
 
         artifact, _ = prepare_converted(config, digest)
+    elif config.backend == "openvino":
+        from numaserve.backends.openvino import import_openvino, inference_precision, prepare_model
+
+        inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
+        import_openvino()
+        artifact, _ = prepare_model(config, isa, digest)
     else:
+        from numaserve.backends.node_weights import packed_form
         from numaserve.backends.onnx import prepare_artifact
-        from numaserve.backends.openvino import (
-            fp32_artifact_config,
-            import_openvino,
-            inference_precision,
-        )
 
-        if config.backend == "openvino":
-            inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
-            import_openvino()
-            config = fp32_artifact_config(config)
         artifact, _ = prepare_artifact(config, isa, digest)
-        if config.backend == "onnxruntime":
-            from numaserve.backends.node_weights import packed_form
-
-            artifact = packed_form(artifact)  # its weights mapped, shared (node_weights.py)
+        artifact = packed_form(artifact)  # its weights mapped, shared (node_weights.py)
     log.info(
         "%s ready in %.1f s: %s",
         what,

@@ -1,5 +1,6 @@
 """What a model is built into once and kept on disk for every worker that serves it: an ONNX
-graph (onnx_build.py), a CTranslate2 model (ct2_build.py).
+graph (onnx_build.py), a CTranslate2 model (ct2_build.py), an OpenVINO int8 model
+(openvino_build.py).
 
 An artifact lives at CACHE/KIND/KEY/NAME, where KEY hashes the checkpoint's files and every
 option that changes what is built. The first process to need it builds it under the
@@ -26,9 +27,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.backends.base import ModelFacts
+from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.processes import exitcodes
+from numaserve.tasks import TASKS
 
 log = logging.getLogger("numaserve.backends")
 T = TypeVar("T")
@@ -82,6 +85,22 @@ def prepared_artifact(path: str) -> Path:
             "`numaserve prepare` ran): restart the server, or run `numaserve prepare` again"
         )
     return Path(path)
+
+
+def checkpoint_artifact(
+    config: ModelConfig, artifact: str | None, make: Callable[[Path], Path]
+) -> tuple[Path, ModelFacts]:
+    """An artifact of the checkpoint and the checkpoint's facts, checked against the config
+    before a build that can take minutes: the one `numaserve prepare` built (`artifact`, as an
+    instance is told it), else `make(checkpoint directory)`'s, built now if missing (prepare
+    itself, tune's probes)."""
+    directory = Path(resolve_model_path(config.path))
+    facts = ModelFacts.read(directory)
+    facts.check(config)
+    if artifact is not None:
+        return prepared_artifact(artifact), facts
+    TASKS[config.task].check_checkpoint(directory, config.path)
+    return make(directory), facts
 
 
 @dataclasses.dataclass(frozen=True)

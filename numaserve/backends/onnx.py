@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.artifacts import prepared_artifact
+from numaserve.backends.artifacts import checkpoint_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.node_weights import is_packed, node_copy, weights_of
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
-from numaserve.tasks import TASKS
 
 
 def prepare_artifact(
@@ -24,16 +23,13 @@ def prepare_artifact(
     digest: str | None = None,
     artifact: str | None = None,
 ) -> tuple[Path, ModelFacts]:
-    """The model's ONNX artifact and the checkpoint's facts: the one `numaserve prepare`
-    built (`artifact`, as an instance is told it), else built now if missing (prepare
-    itself, tune's probes). `digest`: the checkpoint's, where the caller has it."""
-    directory = Path(resolve_model_path(config.path))
-    facts = ModelFacts.read(directory)
-    facts.check(config)  # before a build that can take minutes
-    if artifact is not None:
-        return prepared_artifact(artifact), facts
-    TASKS[config.task].check_checkpoint(directory, config.path)
-    return ensure_artifact(directory, config, full_range_int8(isa), digest=digest), facts
+    """The model's ONNX artifact and the checkpoint's facts (artifacts.checkpoint_artifact).
+    `digest`: the checkpoint's, where the caller has it."""
+    return checkpoint_artifact(
+        config,
+        artifact,
+        lambda directory: ensure_artifact(directory, config, full_range_int8(isa), digest=digest),
+    )
 
 
 class OnnxModel(Model):

@@ -125,20 +125,18 @@ def bidirectional_masks(model, attention_mask):
     return {"full_attention": full, "sliding_attention": sliding}
 
 
-def build(model, config: ModelConfig, destination: Path, full_range: bool) -> None:
-    """Export (dynamic batch and sequence axes), optimise, and quantise when asked. Its
-    errors are reported by main(), the one place that words them."""
-    import onnx
+def graph_module(model, config: ModelConfig):
+    """The torch module an exporter traces, its inputs' names and its one output's: the
+    model's tensor that the task reads (`logits` or `last_hidden_state`), from the inputs it
+    takes (`token_type_ids` where a pair's second text has type 1)."""
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.transformers import optimizer
 
     output = "logits" if TASKS[config.task].output.logits else "last_hidden_state"
     inputs = ["input_ids", "attention_mask"]
     if uses_token_types(TASKS[config.task], getattr(model.config, "type_vocab_size", 0) or 0):
-        inputs.append("token_type_ids")  # a pair's second text has type 1
+        inputs.append("token_type_ids")
 
-    class Outputs(torch.nn.Module):  # one tensor out, named for what the task reads
+    class Outputs(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
@@ -150,6 +148,18 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
                 given["attention_mask"] = masks
             return getattr(self.model(**given), output)
 
+    return Outputs().eval(), inputs, output
+
+
+def build(model, config: ModelConfig, destination: Path, full_range: bool) -> None:
+    """Export (dynamic batch and sequence axes), optimise, and quantise when asked. Its
+    errors are reported by main(), the one place that words them."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers import optimizer
+
+    module, inputs, output = graph_module(model, config)
     work = Path(tempfile.mkdtemp(dir=destination.parent, prefix="build-"))
     exported, optimized, quantized = work / "export.onnx", work / "opt.onnx", work / "int8.onnx"
     example = tuple(torch.ones((1, 8), dtype=torch.long) for _ in inputs)
@@ -159,7 +169,7 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
         with warnings.catch_warnings():  # the tracer's notes on code paths it fixed as traced
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                Outputs().eval(),
+                module,
                 example,
                 str(exported),
                 input_names=inputs,

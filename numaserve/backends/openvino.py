@@ -1,5 +1,7 @@
-"""The OpenVINO backend: the runtime of OpenVINO Model Server and optimum-intel, on the same
-ONNX artifact as the onnxruntime backend's fp32 one (onnx_build.py), compiled for this CPU.
+"""The OpenVINO backend: the runtime of OpenVINO Model Server and optimum-intel. In fp32 and
+bf16 it compiles the same ONNX artifact as the onnxruntime backend's fp32 one (onnx_build.py);
+`quantize: int8` runs the model NNCF quantized, weights and activations (openvino_build.py),
+as sentence-transformers' OpenVINO backend runs its int8 models.
 
 `quantize: bf16` runs the matrix products in bfloat16 on CPUs that have them in hardware
 (AMX, AVX512_BF16): about twice fp32's speed on long texts at fp32's accuracy
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.base import Model
+from numaserve.backends.artifacts import checkpoint_artifact
+from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx import prepare_artifact
+from numaserve.backends.openvino_build import ensure_int8_model
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
@@ -43,7 +48,9 @@ def import_openvino():
 
 
 def inference_precision(config: ModelConfig, isa: tuple[str, ...]) -> str:
-    """OpenVINO's INFERENCE_PRECISION_HINT for model.quantize on a CPU with these extensions."""
+    """OpenVINO's INFERENCE_PRECISION_HINT for model.quantize on a CPU with these extensions:
+    f32 for int8 too, whose int8 operations run in int8 and the rest (softmax, LayerNorm)
+    in fp32."""
     if config.quantize == "bf16":
         if not BF16_ISA & set(isa):
             raise ModelLoadError(
@@ -61,6 +68,23 @@ def fp32_artifact_config(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(config, backend="onnxruntime", quantize="none", keep_fp32=())
 
 
+def prepare_model(
+    config: ModelConfig,
+    isa: tuple[str, ...] = (),
+    digest: str | None = None,
+    artifact: str | None = None,
+) -> tuple[Path, ModelFacts]:
+    """What OpenVINO compiles, and the checkpoint's facts: int8's own model, else the fp32
+    ONNX artifact. `artifact`: the one `numaserve prepare` built."""
+    if config.quantize != "int8":
+        return prepare_artifact(fp32_artifact_config(config), isa, digest, artifact)
+    return checkpoint_artifact(
+        config,
+        artifact,
+        lambda directory: ensure_int8_model(directory, config, full_range_int8(isa), digest=digest),
+    )
+
+
 class OpenVinoModel(Model):
     def __init__(
         self,
@@ -71,9 +95,7 @@ class OpenVinoModel(Model):
     ):
         precision = inference_precision(config, isa)
         ov = import_openvino()
-        self.artifact, facts = prepare_artifact(
-            fp32_artifact_config(config), isa, artifact=artifact
-        )
+        self.artifact, facts = prepare_model(config, isa, artifact=artifact)
         core = ov.Core()
         try:
             compiled = core.compile_model(

@@ -7,7 +7,7 @@ from __future__ import annotations
 # `backend: auto` with a named precision runs it on the first backend here that offers it.
 PRECISIONS = {
     "onnxruntime": ("int8", "none"),
-    "openvino": ("bf16", "none"),
+    "openvino": ("int8", "bf16", "none"),
     "torch": ("int8", "none"),
     "ctranslate2": ("int8", "int16", "none"),
 }
