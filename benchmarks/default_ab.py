@@ -6,7 +6,9 @@ in turns, ABBA (old, new, new, old, old, new, ...) so that neither always goes f
 loaded each time with `numaserve bench` (closed loop,
 stdlib sentences, after a warm-up). The worktree's code is run by putting it first on
 PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
-throughput and p50 latency: on a noisy VM only ratios within one run mean anything.
+throughput, p50 latency and the server's CPU time a request (its processes' user and system
+time over the measured load, /proc): on a noisy VM only ratios within one run mean anything,
+and the CPU time a request moves least with the neighbours.
 
 With `--collector`, the new side exports its traces to an OTLP receiver in this process
 (numaserve/testing/otlp.py), with `--new-env` saying the rest (OTEL_TRACES_SAMPLER_ARG=0.01):
@@ -51,6 +53,23 @@ def all_ready(numaserve: list[str], endpoint: str, env: dict) -> bool:
     return bool(instances) and all(i["state"] == "ready" for i in instances)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) of the server's processes so far: the supervisor, its
+    shards and instances. Unlike throughput on a shared machine, the work a request costs
+    does not move with what else runs."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in (root, *root.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = work / "default.yaml"
@@ -74,6 +93,7 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
         subprocess.run(
             [*bench, "--clients", "2", "--requests", "50"], env=env, check=True, capture_output=True
         )  # warm every instance and the path
+        before = cpu_seconds(server.pid)
         out = subprocess.run(
             [*bench, "--clients", str(args.clients), "--requests", str(args.requests)],
             env=env,
@@ -81,7 +101,10 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
             capture_output=True,
             text=True,
         ).stdout
-        return json.loads(out)
+        summary = json.loads(out)
+        spent = cpu_seconds(server.pid) - before
+        summary["server_cpu_ms_per_request"] = 1000 * spent / summary["requests"]
+        return summary
     finally:
         server.terminate()
         server.wait(60)
@@ -135,7 +158,8 @@ def main() -> None:
                     print(
                         f"round {n} {name}: {summary['throughput_rps']:.1f} req/s, "
                         f"p50 {summary['latency_ms']['p50']:.2f} ms, "
-                        f"p99 {summary['latency_ms']['p99']:.2f} ms, errors {summary['errors']}"
+                        f"p99 {summary['latency_ms']['p99']:.2f} ms, errors {summary['errors']}, "
+                        f"server CPU {summary['server_cpu_ms_per_request']:.3f} ms a request"
                     )
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)])
@@ -145,7 +169,13 @@ def main() -> None:
     ]
     throughput = statistics.median(n["throughput_rps"] / o["throughput_rps"] for o, n in pairs)
     p50 = statistics.median(n["latency_ms"]["p50"] / o["latency_ms"]["p50"] for o, n in pairs)
-    print(f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x")
+    cpu = statistics.median(
+        n["server_cpu_ms_per_request"] / o["server_cpu_ms_per_request"] for o, n in pairs
+    )
+    print(
+        f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x, "
+        f"server CPU a request {cpu:.3f}x"
+    )
     result = {"old": args.old, "new_env": new_env, "rounds": rounds}
     if receiver is not None:
         receiver.received.decode_kept()

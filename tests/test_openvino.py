@@ -12,6 +12,7 @@ import pytest
 
 from numaserve.backends import load_model, prepare_model
 from numaserve.backends.openvino import BF16_ISA
+from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.router_side import (
@@ -168,3 +169,18 @@ def test_int8_without_nncf_is_a_clear_error(classifier_dir, tmp_path):
         .splitlines()[-1]
         .startswith("model.backend openvino with quantize: int8 needs the nncf package")
     )
+
+
+def test_int8_of_a_cross_encoder_scores_pairs_near_torch(cache, tmp_path):
+    from tests.harness.checkpoints import save_tiny_cross_encoder
+
+    path = save_tiny_cross_encoder(tmp_path / "ranker")
+    config = ModelConfig(path=str(path), task="rerank", backend="openvino", quantize="int8")
+    int8 = load_model(config, ISA)
+    fp32 = load_model(replace(config, backend="torch", quantize="none"))
+    assert "token_type_ids" in int8.inputs  # a pair's second text has type 1
+    tokenizer = Tokenizer(str(path), 128)
+    pairs = tokenizer.encode([(s, SENTENCES[i + 1]) for i, s in enumerate(SENTENCES[:8])])
+    for e in pairs:
+        (a,), (b,) = int8.run([list(e.ids)], [e.second]), fp32.run([list(e.ids)], [e.second])
+        assert abs(a.score - b.score) <= 0.05, (a, b)

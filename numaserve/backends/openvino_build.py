@@ -128,13 +128,15 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
     converted = convert(model, config)
     inputs = {port.get_any_name() for port in converted.inputs}
     tokenizer = Tokenizer(config.path, config.max_length, truncate=True)
-    feeds = []
-    for encoded in tokenizer.encode(calibration_texts()):
+    feeds = []  # as the task reads them: a reranker's (query, passage) pairs
+    for encoded in TASKS[config.task].gate_inputs(tokenizer, calibration_texts()):
         ids = np.array([encoded.ids], dtype=np.int64)
         given = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         if "token_type_ids" in inputs:
             given["token_type_ids"] = np.zeros_like(ids)
+            given["token_type_ids"][0, encoded.second or ids.shape[1] :] = 1
         feeds.append(given)
+    feeds = feeds[: 2 * CALIBRATION_TEXTS]  # a reranker's gate asks several pairs a text
     overflow = OverflowFix.DISABLE if full_range else OverflowFix.ENABLE
     quantized = nncf.quantize(
         converted,
