@@ -132,7 +132,16 @@ class Engine:
             outputs = self.model.run(inputs, segments, whole)
             pass_s = time.perf_counter() - started
         except Exception as e:
-            log.exception("forward pass failed")
+            given = body.get("trace") or ()
+            traces = sorted(
+                {t.split("-")[1] for t in given if isinstance(t, str) and t.count("-") == 3}
+            )
+            log.exception(  # a log line that leads to the traces of the requests it failed
+                "forward pass failed (job %s%s)",
+                job,
+                f", trace_ids {','.join(traces)}" if traces else "",
+                extra={"trace_ids": traces} if traces else {},
+            )
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
         results = [self.task.to_wire(output) for output in outputs]
         if self.tracing is not None and body.get("trace"):

@@ -260,3 +260,25 @@ def test_unpinnable_slot_exits_with_the_pinning_code(router, tmp_path):
     code, log = exit_of(worker_spec(router, cpus=(4095,)), tmp_path)
     assert code == exitcodes.PINNING
     assert "cannot pin to CPUs 4095" in log
+
+
+def test_a_failed_forward_pass_is_logged_with_the_trace_ids_of_the_requests_it_served(caplog):
+    from numaserve.backends import load_model
+    from numaserve.worker import Engine
+
+    engine = object.__new__(Engine)  # its parts set here, not loaded from a spec
+    engine.model = load_model(ModelConfig(backend="torch", quantize="none"))
+    engine.task, engine.tracing = engine.model.task, None
+
+    def fail(*args):
+        raise RuntimeError("cannot allocate memory")
+
+    engine.model.run = fail
+    traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    reply = engine.run({"job": 7, "inputs": [[101, 102]], "trace": [traced, 5]})
+    assert reply["error"]["message"] == "forward pass failed: cannot allocate memory"
+    (record,) = [r for r in caplog.records if "forward pass failed" in r.getMessage()]
+    assert record.getMessage() == (
+        "forward pass failed (job 7, trace_ids 4bf92f3577b34da6a3ce929d0e0e4736)"
+    )
+    assert record.trace_ids == ["4bf92f3577b34da6a3ce929d0e0e4736"]

@@ -25,7 +25,7 @@ class JSONFormatter(logging.Formatter):
             "pid": record.process,
             "message": record.getMessage(),
         }
-        for key in ("event", "instance", "request_id", "trace_id"):
+        for key in ("event", "instance", "request_id", "trace_id", "trace_ids"):
             if hasattr(record, key):
                 entry[key] = getattr(record, key)
         if record.exc_info:
