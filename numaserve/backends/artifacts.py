@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from numaserve.backends.base import ModelFacts
+from numaserve.backends.base import ModelFacts, uses_token_types
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.processes import exitcodes
@@ -75,6 +75,27 @@ def key_of(model_dir: Path, options: dict, digest: str | None = None) -> str:
     key = hashlib.sha256((digest or model_digest(model_dir)).encode())
     key.update(json.dumps(options, sort_keys=True).encode())
     return key.hexdigest()[:32]
+
+
+def checkpoint_key(
+    model_dir: Path, config: ModelConfig, full_range: bool, options: dict, digest: str | None
+) -> str:
+    """KEY of an artifact built from the checkpoint for the config's task: its files, the
+    task, the CPU's int8 range (`full_range`), whether the graph takes token types, and the
+    builder's own `options`."""
+    options = {"task": config.task, "full_range": full_range, **options}
+    if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
+        options["token_type_ids"] = True  # an input of the graph
+    return key_of(model_dir, options, digest)
+
+
+def built_in_child(
+    kind: str, key: str, name: str, build: Build, root: Path | None, full_range: bool
+) -> Path:
+    """CACHE/KIND/KEY/NAME, built by `build` (told the CPU's int8 range) if missing."""
+    args = ["--full-range"] if full_range else []
+    build = dataclasses.replace(build, args=(*build.args, *args))
+    return ensure((root or cache_root()) / kind / key, name, build)
 
 
 def prepared_artifact(path: str) -> Path:

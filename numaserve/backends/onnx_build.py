@@ -20,8 +20,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from numaserve.backends.artifacts import Build, build_main, cache_root, ensure, key_of
-from numaserve.backends.base import ModelFacts, uses_token_types
+from numaserve.backends.artifacts import Build, build_main, built_in_child, checkpoint_key
+from numaserve.backends.base import uses_token_types
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
@@ -43,18 +43,14 @@ def artifact_key(
 ) -> str:
     options = {
         "format": FORMAT,
-        "task": config.task,
         "quantize": config.quantize,
-        "full_range": full_range,
         "opset": OPSET,
         # From package metadata: importing it would cost the worker memory it never uses.
         "onnxruntime": importlib.metadata.version("onnxruntime"),
     }
-    if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
-        options["token_type_ids"] = True  # an input of the graph (the key of others is as it was)
     if config.quantize == "int8" and config.keep_fp32:
         options["keep_fp32"] = sorted(config.keep_fp32)
-    return key_of(model_dir, options, digest)
+    return checkpoint_key(model_dir, config, full_range, options, digest)
 
 
 def ensure_artifact(
@@ -67,10 +63,8 @@ def ensure_artifact(
     """The artifact's path, built first if it is missing or does not match its digest.
     `digest`: the checkpoint's, where the caller has it (artifacts.model_digest)."""
     key = artifact_key(model_dir, config, full_range, digest)
-    directory = (root or cache_root()) / "onnx" / key
-    args = ["--full-range"] if full_range else []
-    build = Build("the ONNX artifact", "numaserve.backends.onnx_build", config, args)
-    return ensure(directory, "model.onnx", build)
+    build = Build("the ONNX artifact", "numaserve.backends.onnx_build", config)
+    return built_in_child("onnx", key, "model.onnx", build, root, full_range)
 
 
 def fp32_nodes(graph_path: Path, model, keep_fp32) -> list[str]:

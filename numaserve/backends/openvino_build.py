@@ -20,8 +20,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from numaserve.backends.artifacts import Build, build_main, cache_root, ensure, key_of
-from numaserve.backends.base import ModelFacts, uses_token_types
+from numaserve.backends.artifacts import Build, build_main, built_in_child, checkpoint_key
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 
@@ -39,16 +38,12 @@ def artifact_key(
 ) -> str:
     options = {
         "format": FORMAT,
-        "task": config.task,
-        "full_range": full_range,
         "max_length": config.max_length,  # the calibration's longest texts
         # From package metadata: importing them would cost the worker memory it never uses.
         "openvino": importlib.metadata.version("openvino"),
         "nncf": _version("nncf"),  # None: not installed, and the build says so
     }
-    if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
-        options["token_type_ids"] = True
-    return key_of(model_dir, options, digest)
+    return checkpoint_key(model_dir, config, full_range, options, digest)
 
 
 def _version(package: str) -> str | None:
@@ -68,10 +63,8 @@ def ensure_int8_model(
     """The int8 model's IR (model.xml, its weights beside it), built first if it is missing
     or does not match its digest."""
     key = artifact_key(model_dir, config, full_range, digest)
-    directory = (root or cache_root()) / "openvino" / key
-    args = ["--full-range"] if full_range else []
-    build = Build("the OpenVINO int8 model", "numaserve.backends.openvino_build", config, args)
-    return ensure(directory, "model", build) / "model.xml"
+    build = Build("the OpenVINO int8 model", "numaserve.backends.openvino_build", config)
+    return built_in_child("openvino", key, "model", build, root, full_range) / "model.xml"
 
 
 def calibration_texts(count: int = CALIBRATION_TEXTS) -> list[str]:
