@@ -63,8 +63,8 @@ def test_openvinos_pytorch_frontend_converts_each_as_transformers_runs_it(tmp_pa
     # What OpenVINO's int8 is quantized from (openvino_build.convert), at fp32.
     import torch
 
-    from numaserve.backends.openvino import import_openvino
     from numaserve.backends.openvino_build import convert
+    from numaserve.backends.openvino_runtime import import_openvino
     from numaserve.backends.torch import load_transformers_model
     from tests.test_onnx import token_ids
 

@@ -116,7 +116,7 @@ def test_int8_minilm_embeddings_of_passages_stay_within_cosine_0_99_of_fp32(cach
 
 
 def test_int8_is_quantized_by_nncf_once_into_a_kept_model_of_int8_weights(classifier_dir, cache):
-    from numaserve.backends.openvino import import_openvino
+    from numaserve.backends.openvino_runtime import import_openvino
 
     config = ModelConfig(
         path=str(classifier_dir), task="classify", backend="openvino", quantize="int8"
@@ -144,7 +144,7 @@ def test_nncf_sends_no_usage_statistics():
     # NNCF sends them through openvino_telemetry where it can import it; numaserve imports
     # openvino first (import_openvino), which leaves that package unloadable.
     code = (
-        "from numaserve.backends.openvino import import_openvino\n"
+        "from numaserve.backends.openvino_runtime import import_openvino\n"
         "import_openvino()\n"
         "from nncf.telemetry import wrapper\n"
         "print(isinstance(wrapper.telemetry, wrapper.NNCFTelemetry))\n"

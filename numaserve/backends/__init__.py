@@ -229,7 +229,8 @@ def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) ->
 
         artifact, _ = prepare_converted(config, digest)
     elif config.backend == "openvino":
-        from numaserve.backends.openvino import import_openvino, inference_precision, prepare_model
+        from numaserve.backends.openvino import inference_precision, prepare_model
+        from numaserve.backends.openvino_runtime import import_openvino
 
         inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
         import_openvino()

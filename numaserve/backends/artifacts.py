@@ -25,13 +25,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from numaserve.backends.base import ModelFacts, uses_token_types
 from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.processes import exitcodes
-from numaserve.tasks import TASKS
+
+if TYPE_CHECKING:
+    from numaserve.backends.base import ModelFacts
 
 log = logging.getLogger("numaserve.backends")
 T = TypeVar("T")
@@ -83,6 +84,9 @@ def checkpoint_key(
     """KEY of an artifact built from the checkpoint for the config's task: its files, the
     task, the CPU's int8 range (`full_range`), whether the graph takes token types, and the
     builder's own `options`."""
+    from numaserve.backends.base import ModelFacts, uses_token_types  # numpy: not the router's
+    from numaserve.tasks import TASKS
+
     options = {"task": config.task, "full_range": full_range, **options}
     if uses_token_types(TASKS[config.task], ModelFacts.read(model_dir).type_vocab_size):
         options["token_type_ids"] = True  # an input of the graph
@@ -115,6 +119,9 @@ def checkpoint_artifact(
     before a build that can take minutes: the one `numaserve prepare` built (`artifact`, as an
     instance is told it), else `make(checkpoint directory)`'s, built now if missing (prepare
     itself, tune's probes)."""
+    from numaserve.backends.base import ModelFacts  # numpy: not the router's
+    from numaserve.tasks import TASKS
+
     directory = Path(resolve_model_path(config.path))
     facts = ModelFacts.read(directory)
     facts.check(config)

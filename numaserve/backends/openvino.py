@@ -13,7 +13,6 @@ and memory policy, and OpenVINO is told not to re-pin them.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from numaserve.backends.artifacts import checkpoint_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.openvino_build import ensure_int8_model
+from numaserve.backends.openvino_runtime import import_openvino
 from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
@@ -30,21 +30,6 @@ BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
 # 220 MB to 3.9 GB under micro-batches of random shapes; 64 held it at 620 MB, 4% slower
 # (benchmarks/openvino_shape_cache.py, docs/benchmarks.md#model-paths). None: OpenVINO's own.
 RUNTIME_CACHE_SHAPES: int | None = 64
-INSTALL_HINT = (
-    "model.backend openvino needs the openvino package, a numaserve dependency that is "
-    "missing here: reinstall numaserve, or set model.backend: onnxruntime"
-)
-
-
-def import_openvino():
-    """openvino, with its usage statistics switched off before it loads: its converter and
-    NNCF send them unless told not to, and no numaserve process reaches off the host."""
-    sys.modules.setdefault("openvino_telemetry", None)  # their senders import it; None: absent
-    try:
-        import openvino
-    except ImportError:
-        raise ModelLoadError(INSTALL_HINT) from None
-    return openvino
 
 
 def inference_precision(config: ModelConfig, isa: tuple[str, ...]) -> str:

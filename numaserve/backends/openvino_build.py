@@ -85,7 +85,7 @@ def convert(model, config: ModelConfig):
     import torch
 
     from numaserve.backends.onnx_build import graph_module
-    from numaserve.backends.openvino import import_openvino
+    from numaserve.backends.openvino_runtime import import_openvino
 
     ov = import_openvino()
     module, inputs, output = graph_module(model, config)
@@ -103,7 +103,7 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
     """Convert, calibrate, quantize and save. Its errors are reported by main()."""
     import numpy as np
 
-    from numaserve.backends.openvino import import_openvino
+    from numaserve.backends.openvino_runtime import import_openvino
     from numaserve.backends.tokenizer import Tokenizer
 
     ov = import_openvino()  # first: it switches NNCF's usage statistics off too
