@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -76,6 +77,15 @@ def key_of(model_dir: Path, options: dict, digest: str | None = None) -> str:
     key = hashlib.sha256((digest or model_digest(model_dir)).encode())
     key.update(json.dumps(options, sort_keys=True).encode())
     return key.hexdigest()[:32]
+
+
+def installed_version(package: str) -> str | None:
+    """The package's installed version, from its metadata (importing it would cost a worker
+    memory it never uses); None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def checkpoint_key(

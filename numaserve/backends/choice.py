@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.backends.artifacts import write_atomically
+from numaserve.backends.artifacts import installed_version, write_atomically
 from numaserve.backends.gate import Judgement, Span, length_bands
 from numaserve.backends.race import Standing, race, ratios, winner
 from numaserve.config.model_paths import MissingRuntime, ModelLoadError, resolve_model_path
@@ -283,13 +282,7 @@ def choice_key(
 
 def _versions(packages) -> dict[str, str | None]:
     """Each package's installed version; None where it is not installed."""
-    versions = {}
-    for package in packages:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return versions
+    return {package: installed_version(package) for package in packages}
 
 
 def _key(seed: str, settings: dict) -> str:

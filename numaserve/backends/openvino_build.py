@@ -20,7 +20,13 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from numaserve.backends.artifacts import Build, build_main, built_in_child, checkpoint_key
+from numaserve.backends.artifacts import (
+    Build,
+    build_main,
+    built_in_child,
+    checkpoint_key,
+    installed_version,
+)
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 
@@ -41,16 +47,9 @@ def artifact_key(
         "max_length": config.max_length,  # the calibration's longest texts
         # From package metadata: importing them would cost the worker memory it never uses.
         "openvino": importlib.metadata.version("openvino"),
-        "nncf": _version("nncf"),  # None: not installed, and the build says so
+        "nncf": installed_version("nncf"),  # None: not installed, and the build says so
     }
     return checkpoint_key(model_dir, config, full_range, options, digest)
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def ensure_int8_model(
