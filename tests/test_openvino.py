@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model, prepare_model
+from numaserve.backends.base import full_range_int8
 from numaserve.backends.openvino import BF16_ISA
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.model_paths import ModelLoadError
@@ -107,12 +108,27 @@ def passages(count: int) -> list[str]:
     return [p for p in gate_texts(stdlib_passages()) if len(p.split()) >= 20][:count]
 
 
-def test_int8_minilm_embeddings_of_passages_stay_within_cosine_0_99_of_fp32(cache):
-    int8 = load_model(ModelConfig(backend="openvino", quantize="int8"), ISA)
+@pytest.mark.parametrize(
+    "isa, lowest",
+    [
+        pytest.param(  # 8-bit weights, whose products only int32 sums (VNNI, AMX) hold
+            ISA,
+            0.99,
+            marks=pytest.mark.skipif(
+                not full_range_int8(ISA), reason="this CPU's int8 sums pairs into int16"
+            ),
+        ),
+        # 7-bit weights, as on an AVX2-only CPU; they cannot saturate, so any CPU computes
+        # what that one does (0.9887 lowest here)
+        (("avx2", "avx512f"), 0.98),
+    ],
+)
+def test_int8_minilm_embeddings_of_passages_stay_near_fp32_on_either_int8_range(cache, isa, lowest):
+    int8 = load_model(ModelConfig(backend="openvino", quantize="int8"), isa)
     fp32 = load_model(ModelConfig(backend="torch", quantize="none"))
     for ids in token_ids("bundled:minilm", passages(40)):
         (a,), (b,) = int8.run([ids]), fp32.run([ids])
-        assert float(np.dot(a, b)) >= 0.99  # both unit length
+        assert float(np.dot(a, b)) >= lowest  # both unit length
 
 
 def test_int8_is_quantized_by_nncf_once_into_a_kept_model_of_int8_weights(classifier_dir, cache):
