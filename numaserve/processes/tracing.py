@@ -16,11 +16,13 @@ processes hold `None` for their tracer and test it once per request.
 
 Spans leave through OpenTelemetry's batch processor, on a thread of its own: a request never
 waits for a collector. A collector that is down or slow loses spans, not time: the queue is
-bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048), and what is dropped is counted (`Tracing.dropped`).
+bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048), and what is lost is counted (`Tracing.dropped`):
+spans dropped from a full queue as well as those an export failed to deliver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -89,9 +91,27 @@ def start(
         attributes["service.name"] = SERVICE
     counted = CountedExporter(_exporter(environ))
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(counted))
+    # The processor reports what it drops only where the SDK's own metrics are on (read once,
+    # as it is made); the provider, made before, keeps its per-span metrics off.
+    with _variable("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true"):
+        processor = BatchSpanProcessor(counted, meter_provider=counted.meters())
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     return Tracing(provider.get_tracer("numaserve", __version__), provider, counted)
+
+
+@contextlib.contextmanager
+def _variable(name: str, value: str):
+    """The environment variable `name` is `value` inside, then as before."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _exporter(environ: Mapping[str, str]):
@@ -106,13 +126,22 @@ def _exporter(environ: Mapping[str, str]):
 
 
 class CountedExporter:
-    """An exporter that counts the spans it could not deliver (a collector down, refusing,
-    or too slow): `dropped`, for /metrics."""
+    """An exporter that counts the spans lost on their way out (`dropped`, for /metrics):
+    those it could not deliver (a collector down, refusing, or too slow to answer) and those
+    the batch processor dropped because its queue was full while an export waited, which the
+    processor reports on OpenTelemetry's own `otel.sdk.processor.span.processed` counter with
+    an `error.type` (`meters()`: a meter provider that keeps that count and nothing else)."""
+
+    PROCESSED = "otel.sdk.processor.span.processed"
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.dropped = 0
         self.lock = threading.Lock()
+
+    def lost(self, count: int) -> None:
+        with self.lock:
+            self.dropped += count
 
     def export(self, spans):
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -122,9 +151,32 @@ class CountedExporter:
         except Exception:  # an exporter's own failure loses the batch, not the process
             result = SpanExportResult.FAILURE
         if result != SpanExportResult.SUCCESS:
-            with self.lock:
-                self.dropped += len(spans)
+            self.lost(len(spans))
         return result
+
+    def meters(self):
+        """A meter provider for the batch processor's own metrics: its dropped spans are
+        counted here; every other instrument is OpenTelemetry's no-op one."""
+        from opentelemetry.metrics import NoOpCounter, NoOpMeter, NoOpMeterProvider
+
+        exporter = self
+
+        class Processed(NoOpCounter):
+            def add(self, amount, attributes=None, context=None) -> None:
+                if attributes and attributes.get("error.type"):
+                    exporter.lost(int(amount))
+
+        class Meter(NoOpMeter):
+            def create_counter(self, name, unit="", description=""):
+                if name == exporter.PROCESSED:
+                    return Processed(name, unit=unit, description=description)
+                return super().create_counter(name, unit, description)
+
+        class Provider(NoOpMeterProvider):
+            def get_meter(self, name, version=None, schema_url=None, attributes=None):
+                return Meter(name, version, schema_url)
+
+        return Provider()
 
     def shutdown(self, *args, **kwargs):
         return self.inner.shutdown(*args, **kwargs)
