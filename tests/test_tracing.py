@@ -69,14 +69,13 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
         answer = http.post("/embed", json={"inputs": ["a traced text"]}, headers=headers)
     assert answer.status_code == 200
     assert answer.headers["traceresponse"].startswith(f"00-{CALLER_TRACE}-")
-    names = {"POST /embed", "numaserve/embed", "tokenize", "queue", "forward pass"}
+    names = {"POST /embed", "numaserve/embed", "forward pass"}
     spans = spans_of(receiver, CALLER_TRACE, names)
     front, shard, worker = spans["POST /embed"], spans["numaserve/embed"], spans["forward pass"]
     run = next(s for s in spans.values() if s.name.startswith("run on "))
     # parented as the request flowed: caller -> front -> shard -> run -> forward pass
     assert front.parent_id == CALLER_SPAN
     assert shard.parent_id == front.span_id
-    assert spans["tokenize"].parent_id == spans["queue"].parent_id == shard.span_id
     assert run.parent_id == shard.span_id and worker.parent_id == run.span_id
     assert [s.resource["numaserve.process"] for s in (front, shard, worker)] == [
         "http",
@@ -90,6 +89,9 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert shard.attributes["rpc.method"] == "embed"
     assert shard.attributes["numaserve.texts"] == 1
     assert shard.attributes["numaserve.cache.hits"] == 0
+    assert (
+        shard.attributes["numaserve.tokenize_ms"] >= 0 and run.attributes["numaserve.queue_ms"] >= 0
+    )
     assert shard.resource["numaserve.model"] == "default"
     # what holds for every span of an instance is on its resource
     assert worker.resource["numaserve.instance"] == run.attributes["numaserve.instance"]
@@ -245,14 +247,14 @@ def test_a_collector_killed_mid_run_costs_requests_nothing_and_its_lost_spans_ar
         with Client(s.endpoint, timeout=30) as client:
             for i in range(10):
                 assert len(client.embed([f"text {i} while the collector runs"])) == 1
-            while int(collector.stdout.readline()) < 10 * 5:  # each: 4 in the shard, 1 worker
+            while int(collector.stdout.readline()) < 10 * 3:  # each: 2 in the shard, 1 worker
                 pass
             collector.kill()
             collector.wait()
             for i in range(20):
                 assert len(client.embed([f"text {i} after the collector died"])) == 1
         assert s.proc.poll() is None
-        eventually(lambda: dropped(s, "numaserve_router_spans_dropped", 20 * 4), timeout=30)
+        eventually(lambda: dropped(s, "numaserve_router_spans_dropped", 20 * 2), timeout=30)
         eventually(lambda: dropped(s, "numaserve_router_instance_spans_dropped", 20), timeout=30)
     finally:
         collector.kill()

@@ -231,18 +231,16 @@ class Tracing:
         first's (W3C traceparents, as the shard sent them), linked to every one's."""
         from opentelemetry import trace
 
-        contexts = [self.parent((p, "")) for p in parents if isinstance(p, str)]
-        contexts = [c for c in contexts if trace.get_current_span(c).get_span_context().is_valid]
+        contexts = [c for c in map(span_context, parents) if c is not None]
         if not contexts:
             return
-        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in contexts]
         ended = time.time_ns()
         span = self.tracer.start_span(
             name,
-            contexts[0],
+            trace.set_span_in_context(trace.NonRecordingSpan(contexts[0])),
             trace.SpanKind.INTERNAL,
             attributes,
-            links,
+            [trace.Link(c) for c in contexts],
             start_time=ended - int(seconds * 1e9),
         )
         span.end(ended)
@@ -253,3 +251,29 @@ class Tracing:
     def close(self) -> None:
         """Send what is queued (bounded by OTEL_BSP_EXPORT_TIMEOUT), then stop."""
         self.provider.shutdown()
+
+
+def traceparent(context) -> str:
+    """A span context as W3C's `traceparent` (version 00), as W3C's propagator writes it,
+    without the propagator's context objects: a shard writes one for every traced request."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def span_context(traceparent: object):
+    """The remote span context a W3C `traceparent` names; None for one that names none
+    (malformed, all-zero ids, version ff). Its reading of the header, without the
+    propagator's: an instance reads one for every request of each batch."""
+    from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID, SpanContext, TraceFlags
+
+    if not isinstance(traceparent, str) or len(traceparent) < 55:
+        return None
+    version, trace_id, span_id, flags = traceparent[:55].split("-", 3)
+    if version == "ff" or len(version) != 2 or len(trace_id) != 32 or len(span_id) != 16:
+        return None
+    try:
+        ids = int(trace_id, 16), int(span_id, 16), int(flags[:2], 16)
+    except ValueError:
+        return None
+    if ids[0] == INVALID_TRACE_ID or ids[1] == INVALID_SPAN_ID:
+        return None
+    return SpanContext(ids[0], ids[1], is_remote=True, trace_flags=TraceFlags(ids[2]))

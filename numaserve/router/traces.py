@@ -1,11 +1,13 @@
 """A shard's spans of the requests it serves, where tracing is on (processes/tracing.py).
 
 Each request is one span of its caller's trace, `numaserve/OP` (an RPC server span: it came
-over ZeroMQ), opened when the shard reads it and ended when it answers; inside it, the
-tokenizing (with the cache's lookups), each wait in a pool's queue, and each run on an
-instance: a client span whose context goes to the instance with the job (RUN's `trace`), so
-that the instance's forward pass is a span of the same trace. Times are the shard's monotonic
-clock's, carried over to the wall clock once.
+over ZeroMQ), opened when the shard reads it and ended when it answers, and inside it each run
+on an instance: a client span whose context goes to the instance with the job (RUN's `trace`),
+so that the instance's forward pass is a span of the same trace. The tokenizing (with the
+cache's lookups) and each wait in a pool's queue are durations on those two spans, not spans
+of their own: at 100% sampling each span a request makes costs the shard ~0.1 ms of CPU to
+make and encode (docs/benchmarks.md), and these two said nothing a duration does not. Times
+are the shard's monotonic clock's, carried over to the wall clock once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from numaserve.processes.tracing import traceparent
 from numaserve.router.dispatch import Job
 from numaserve.router.in_flight import Pending
 
@@ -22,10 +25,10 @@ if TYPE_CHECKING:
 
 class RequestTraces:
     def __init__(self, tracing: Tracing) -> None:
-        from opentelemetry.trace import SpanKind, StatusCode
+        from opentelemetry import trace
 
-        self.tracing, self.tracer = tracing, tracing.tracer
-        self.kinds, self.codes = SpanKind, StatusCode
+        self.tracing, self.tracer, self.trace_api = tracing, tracing.tracer, trace
+        self.kinds, self.codes = trace.SpanKind, trace.StatusCode
         # monotonic seconds -> the wall clock's nanoseconds
         self.offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -34,8 +37,8 @@ class RequestTraces:
 
     def received(self, pending: Pending, tokenized: float, hits: int) -> None:
         """A request read, tokenized and looked up in the cache: its span begins (at
-        `pending.received`), with the tokenizing as its first child. One the sampler leaves
-        out is not traced further (`pending.span` stays None): nothing of it is recorded."""
+        `pending.received`). One the sampler leaves out is not traced further (`pending.span`
+        stays None): nothing of it is recorded."""
         request = pending.request
         span = self.tracer.start_span(
             f"numaserve/{request.op}",
@@ -56,16 +59,17 @@ class RequestTraces:
                 "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
                 "numaserve.cache.hits": hits,
                 "numaserve.priority": "bulk" if request.bulk else "interactive",
+                "numaserve.tokenize_ms": _ms(tokenized - pending.received),
             }
         )
         windows = sum(len(e.more) for e in pending.encoded)
         if windows:  # long documents read in windows (rerank): every window run
             span.set_attribute("numaserve.windows", len(pending.encoded) + windows)
-        self._child(span, "tokenize", pending.received, tokenized)
 
     def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
-        """A job sent to `instance`: for each traced request it serves, its wait in the queue
-        and a span of its run there; their contexts, for the instance's own span."""
+        """A job sent to `instance`: for each traced request it serves, a span of its run
+        there, which says how long it waited in the queue; their W3C traceparents, for the
+        instance's own span."""
         owners: dict[int, tuple[Pending, float]] = {}
         for item in job.items:
             pending = item.owner
@@ -74,13 +78,19 @@ class RequestTraces:
                 owners[id(pending)] = (pending, min(queued, item.queued_at))
         contexts = []
         for pending, queued in owners.values():
-            parent = pending.span
-            self._child(parent, "queue", queued, now, {"numaserve.instance": instance})
-            run = self._start(parent, f"run on {instance}", now, self.kinds.CLIENT)
-            run.set_attribute("numaserve.instance", instance)
-            run.set_attribute("numaserve.batch.texts", len(job.items))
+            run = self.tracer.start_span(
+                f"run on {instance}",
+                self.trace_api.set_span_in_context(pending.span),
+                self.kinds.CLIENT,
+                {
+                    "numaserve.instance": instance,
+                    "numaserve.batch.texts": len(job.items),
+                    "numaserve.queue_ms": _ms(now - queued),
+                },
+                start_time=self.wall(now),
+            )
             job.spans.append(run)
-            contexts.append(self.tracing.w3c(run)[0])
+            contexts.append(traceparent(run.get_span_context()))
         return contexts
 
     def ran(self, job: Job, error: dict | None, now: float) -> None:
@@ -105,15 +115,6 @@ class RequestTraces:
         span.end()
         pending.span = None
 
-    def _start(self, parent, name: str, start: float, kind=None):
-        from opentelemetry import trace
 
-        context = trace.set_span_in_context(parent)
-        kind = kind or self.kinds.INTERNAL
-        return self.tracer.start_span(name, context, kind, start_time=self.wall(start))
-
-    def _child(self, parent, name: str, start: float, end: float, attributes=None) -> None:
-        span = self._start(parent, name, start)
-        if attributes:
-            span.set_attributes(attributes)
-        span.end(self.wall(end))
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
