@@ -99,3 +99,17 @@ def test_an_instance_reads_a_traceparent_as_w3cs_propagator_does():
         "00-4bf92f3577b34da6a3ce929d0e0e473x-00f067aa0ba902b7-01",  # not hex
     ):
         assert span_context(malformed) is None, malformed
+
+
+def test_a_forward_pass_of_two_requests_is_a_child_of_the_first_and_linked_to_the_second():
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracing = Tracing(provider.get_tracer("test"), provider, CountedExporter(exported))
+    first = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    second = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    tracing.batch([first, second, None], "forward pass", 0.012, {"numaserve.batch.texts": 3})
+    (span,) = exported.get_finished_spans()
+    assert traceparent(span.parent) == first  # in the first's trace
+    assert [traceparent(link.context) for link in span.links] == [second]
+    assert span.end_time - span.start_time == 12_000_000

@@ -88,7 +88,7 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert front.attributes["http.response.status_code"] == 200
     assert shard.attributes["rpc.method"] == "embed"
     assert shard.attributes["numaserve.texts"] == 1
-    assert shard.attributes["numaserve.cache.hits"] == 0
+    assert "numaserve.cache.hits" not in shard.attributes  # none: counts of 0 are left out
     assert (
         shard.attributes["numaserve.tokenize_ms"] >= 0 and run.attributes["numaserve.queue_ms"] >= 0
     )

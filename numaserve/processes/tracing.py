@@ -228,7 +228,7 @@ class Tracing:
 
     def batch(self, parents: list, name: str, seconds: float, attributes: dict) -> None:
         """A span just ended that served several requests (a forward pass): a child of the
-        first's (W3C traceparents, as the shard sent them), linked to every one's."""
+        first's (W3C traceparents, as the shard sent them), linked to every other's."""
         from opentelemetry import trace
 
         contexts = [c for c in map(span_context, parents) if c is not None]
@@ -240,7 +240,7 @@ class Tracing:
             trace.set_span_in_context(trace.NonRecordingSpan(contexts[0])),
             trace.SpanKind.INTERNAL,
             attributes,
-            [trace.Link(c) for c in contexts],
+            [trace.Link(c) for c in contexts[1:]],
             start_time=ended - int(seconds * 1e9),
         )
         span.end(ended)

@@ -49,22 +49,24 @@ class RequestTraces:
         if not span.is_recording():  # not sampled: nothing of it is traced, here or after
             return
         pending.span = span
-        span.set_attributes(
-            {
-                "rpc.system": "numaserve",
-                "rpc.service": "numaserve",
-                "rpc.method": request.op,
-                "numaserve.texts": len(pending.encoded),
-                "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
-                "numaserve.truncated": sum(1 for e in pending.encoded if e.truncated),
-                "numaserve.cache.hits": hits,
-                "numaserve.priority": "bulk" if request.bulk else "interactive",
-                "numaserve.tokenize_ms": _ms(tokenized - pending.received),
-            }
-        )
-        windows = sum(len(e.more) for e in pending.encoded)
-        if windows:  # long documents read in windows (rerank): every window run
-            span.set_attribute("numaserve.windows", len(pending.encoded) + windows)
+        # Each attribute costs the shard ~5 us to check and encode, at every traced request:
+        # the counts that are most often 0 are set only where they are not.
+        attributes = {
+            "rpc.system": "numaserve",
+            "rpc.method": request.op,
+            "numaserve.texts": len(pending.encoded),
+            "numaserve.tokens": sum(e.tokens_read for e in pending.encoded),
+            "numaserve.priority": "bulk" if request.bulk else "interactive",
+            "numaserve.tokenize_ms": _ms(tokenized - pending.received),
+        }
+        if truncated := sum(1 for e in pending.encoded if e.truncated):
+            attributes["numaserve.truncated"] = truncated
+        if hits:
+            attributes["numaserve.cache.hits"] = hits
+        if windows := sum(len(e.more) for e in pending.encoded):
+            # long documents read in windows (rerank): every window run
+            attributes["numaserve.windows"] = len(pending.encoded) + windows
+        span.set_attributes(attributes)
 
     def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
         """A job sent to `instance`: for each traced request it serves, a span of its run
