@@ -43,7 +43,7 @@ def test_a_request_span_says_its_texts_tokens_cache_hits_and_its_time_tokenizing
     assert "numaserve.windows" not in span.attributes  # none read in windows
 
 
-def test_a_job_is_a_run_span_of_each_traced_request_it_serves_saying_its_wait_in_the_queue():
+def test_a_job_is_an_event_on_each_traced_request_it_serves_saying_its_wait_in_the_queue():
     made, exported = traces()
     first, second = (pending("embed", [Encoded((1, 2), False)]) for _ in range(2))
     for request in (first, second):
@@ -55,23 +55,39 @@ def test_a_job_is_a_run_span_of_each_traced_request_it_serves_saying_its_wait_in
     job = Job(7, b"w", items)
     parents = made.dispatched(job, "pool0-0", now=1.010)
     made.ran(job, None, now=1.020)
-    runs = [s for s in exported.get_finished_spans() if s.name == "run on pool0-0"]
-    assert [r.parent.span_id for r in runs] == [
-        first.span.context.span_id,
-        second.span.context.span_id,
-    ]
-    assert [r.attributes["numaserve.queue_ms"] for r in runs] == [8.0, 6.0]
-    assert {r.attributes["numaserve.batch.texts"] for r in runs} == {2}
-    # what the instance is told: each run's context, as W3C's propagator would write it
+    for request in (first, second):
+        made.answered(request)
+    spans = exported.get_finished_spans()
+    assert [s.name for s in spans] == ["numaserve/embed"] * 2  # no span of its own
+    events = [s.events[0] for s in spans]
+    assert {e.name for e in events} == {"dispatched"}
+    assert [e.attributes["numaserve.queue_ms"] for e in events] == [8.0, 6.0]
+    assert {e.attributes["numaserve.instance"] for e in events} == {"pool0-0"}
+    assert {e.attributes["numaserve.batch.texts"] for e in events} == {2}
+    # what the instance is told: each request's context, as W3C's propagator would write it
     written = []
-    for run in runs:
+    for span in spans:
         carrier: dict[str, str] = {}
-        TraceContextTextMapPropagator().inject(
-            carrier, set_span_in_context(NonRecordingSpan(run.context))
-        )
+        context = set_span_in_context(NonRecordingSpan(span.context))
+        TraceContextTextMapPropagator().inject(carrier, context)
         written.append(carrier["traceparent"])
     assert parents == written
-    assert abs(runs[0].end_time - runs[0].start_time - 10_000_000) < 1_000  # dispatch to results
+
+
+def test_an_instances_error_is_an_event_on_each_request_it_failed_still_open():
+    made, exported = traces()
+    open_, answered = (pending("embed", [Encoded((1, 2), False)]) for _ in range(2))
+    for request in (open_, answered):
+        made.received(request, tokenized=1.001, hits=0)
+    job = Job(7, b"w", [Item(r, 0, (1, 2), 0, queued_at=1.002) for r in (open_, answered)])
+    made.dispatched(job, "pool0-0", now=1.010)
+    made.answered(answered)  # its deadline passed first: its span has ended
+    made.ran(job, {"code": "internal", "message": "the forward pass failed"}, now=1.020)
+    made.answered(open_, ("internal", "the forward pass failed"))
+    ended_first, ended_last = exported.get_finished_spans()
+    assert [e.name for e in ended_first.events] == ["dispatched"]  # nothing after its end
+    assert [e.name for e in ended_last.events] == ["dispatched", "instance failed"]
+    assert ended_last.events[1].attributes["error.type"] == "internal"
 
 
 def test_a_rerank_whose_long_document_is_read_in_windows_says_how_many_ran():

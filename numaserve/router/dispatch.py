@@ -66,7 +66,7 @@ class Job:
     id: int
     worker: bytes
     items: list[Item]
-    spans: list = field(default_factory=list)  # its requests' runs, where traced (traces.py)
+    spans: list = field(default_factory=list)  # its traced requests' spans (traces.py)
 
 
 @dataclass(eq=False)

@@ -1,13 +1,14 @@
 """A shard's spans of the requests it serves, where tracing is on (processes/tracing.py).
 
 Each request is one span of its caller's trace, `numaserve/OP` (an RPC server span: it came
-over ZeroMQ), opened when the shard reads it and ended when it answers, and inside it each run
-on an instance: a client span whose context goes to the instance with the job (RUN's `trace`),
-so that the instance's forward pass is a span of the same trace. The tokenizing (with the
-cache's lookups) and each wait in a pool's queue are durations on those two spans, not spans
-of their own: at 100% sampling each span a request makes costs the shard ~0.1 ms of CPU to
-make and encode (docs/benchmarks.md), and these two said nothing a duration does not. Times
-are the shard's monotonic clock's, carried over to the wall clock once.
+over ZeroMQ), opened when the shard reads it and ended when it answers; its context goes to
+the instance with each job (RUN's `trace`), so that the instance's forward pass is its child.
+The tokenizing (with the cache's lookups) is a duration on it, and each dispatch to an
+instance an event (which instance, its wait in the queue), not spans of their own: at 100%
+sampling each span costs the shard ~60 us of CPU to make and encode in OpenTelemetry's SDK, an
+event about half (docs/benchmarks.md#what-tracing-costs), and those spans said nothing an
+attribute or an event does not. Times are the shard's monotonic clock's, carried over to the
+wall clock once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class RequestTraces:
     def __init__(self, tracing: Tracing) -> None:
         from opentelemetry import trace
 
-        self.tracing, self.tracer, self.trace_api = tracing, tracing.tracer, trace
+        self.tracing, self.tracer = tracing, tracing.tracer
         self.kinds, self.codes = trace.SpanKind, trace.StatusCode
         # monotonic seconds -> the wall clock's nanoseconds
         self.offset_ns = time.time_ns() - time.monotonic_ns()
@@ -69,9 +70,10 @@ class RequestTraces:
         span.set_attributes(attributes)
 
     def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
-        """A job sent to `instance`: for each traced request it serves, a span of its run
-        there, which says how long it waited in the queue; their W3C traceparents, for the
-        instance's own span."""
+        """A job sent to `instance`: each traced request it serves notes it on its span (the
+        event `dispatched`: which instance, how many texts its batch holds, how long the
+        request's texts waited in the queue); their W3C traceparents, for the instance's
+        forward pass, a child of each request's span."""
         owners: dict[int, tuple[Pending, float]] = {}
         for item in job.items:
             pending = item.owner
@@ -80,28 +82,31 @@ class RequestTraces:
                 owners[id(pending)] = (pending, min(queued, item.queued_at))
         contexts = []
         for pending, queued in owners.values():
-            run = self.tracer.start_span(
-                f"run on {instance}",
-                self.trace_api.set_span_in_context(pending.span),
-                self.kinds.CLIENT,
+            span = pending.span
+            span.add_event(
+                "dispatched",
                 {
                     "numaserve.instance": instance,
                     "numaserve.batch.texts": len(job.items),
                     "numaserve.queue_ms": _ms(now - queued),
                 },
-                start_time=self.wall(now),
+                self.wall(now),
             )
-            job.spans.append(run)
-            contexts.append(traceparent(run.get_span_context()))
+            job.spans.append(span)
+            contexts.append(traceparent(span.get_span_context()))
         return contexts
 
     def ran(self, job: Job, error: dict | None, now: float) -> None:
-        """A job's results (or its error) back from its instance."""
+        """A job's error back from its instance, noted on each traced request's span it
+        served, where that span is still open (its results need no note: the instance's
+        forward pass is their span)."""
+        if error is None:
+            return
         for span in job.spans:
-            if error is not None:
-                span.set_status(self.codes.ERROR, str(error.get("message")))
-                span.set_attribute("error.type", str(error.get("code")))
-            span.end(self.wall(now))
+            if span.is_recording():
+                attributes = {"error.type": str(error.get("code"))}
+                attributes["exception.message"] = str(error.get("message"))
+                span.add_event("instance failed", attributes, self.wall(now))
 
     def answered(
         self, pending: Pending, error: tuple[str, str] | None = None, handed_over: bool = False

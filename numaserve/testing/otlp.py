@@ -26,6 +26,7 @@ class Span:
     resource: dict  # service.name, numaserve.process, ...
     links: tuple[str, ...]  # the span ids linked to
     status: int  # 0 unset, 1 ok, 2 error
+    events: tuple[tuple[str, dict], ...] = ()  # (name, attributes) of each, in order
 
 
 def _value(v):
@@ -67,6 +68,7 @@ class Received:
                 _attributes(rs.resource.attributes),
                 tuple(link.span_id.hex() for link in s.links),
                 s.status.code,
+                tuple((e.name, _attributes(e.attributes)) for e in s.events),
             )
             for rs in request.resource_spans
             for ss in rs.scope_spans
