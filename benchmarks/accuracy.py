@@ -31,7 +31,7 @@ from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.backends.torch import TorchModel, quantize_int8
-from numaserve.config.model_paths import resolve_model_path
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.host.topology import read_topology

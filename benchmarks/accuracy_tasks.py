@@ -36,7 +36,7 @@ import torch
 from benchmarks.accuracy import AREA_OF, VARIANTS
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import resolve_model_path
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences_by_module
 from numaserve.host.topology import read_topology

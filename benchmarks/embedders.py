@@ -110,7 +110,7 @@ def save(name: str, path: Path) -> Path:
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     config_class, shape, pooling, dense = SHAPES[name]
     torch.manual_seed(0)

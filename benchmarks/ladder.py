@@ -28,8 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client
-from numaserve.config.model_paths import resolve_model_path
 from numaserve.corpus import stdlib_sentences
 from numaserve.loadgen.bench import closed_loop, numaserve_target
 from numaserve.testing.server import ENDPOINT, Server

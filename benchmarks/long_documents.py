@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import machine
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client
-from numaserve.config.model_paths import resolve_model_path
 from numaserve.testing.server import ENDPOINT, Server
 from numaserve.testing.windows import document, windows_by_hand
 

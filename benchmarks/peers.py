@@ -50,8 +50,8 @@ from benchmarks.instance_scaling import raw
 from benchmarks.peer_apps.minilm import Embedder, cosine
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.tokenizer import Tokenizer
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client
-from numaserve.config.model_paths import resolve_model_path
 from numaserve.config.schema import ModelConfig, load_config
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology

@@ -130,7 +130,7 @@ PATHS = (
 def load_path(name: str, isa: tuple[str, ...]):
     """A path as ModelPath spells it, loaded for one thread; None where it cannot run here."""
     from numaserve.backends import load_model
-    from numaserve.config.model_paths import ModelLoadError
+    from numaserve.checkpoint.errors import ModelLoadError
     from numaserve.config.schema import ModelConfig
 
     backend, quantize, *keep = name.split()

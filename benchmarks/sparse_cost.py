@@ -25,7 +25,7 @@ from pathlib import Path
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import resolve_model_path
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_passages, stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology

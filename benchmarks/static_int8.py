@@ -13,7 +13,7 @@ import numpy as np
 
 from numaserve.backends.base import Model, ModelFacts
 from numaserve.backends.onnx import prepare_artifact
-from numaserve.config.model_paths import resolve_model_path
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 
 CONFIG = ModelConfig(quantize="none", max_length=512)

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client
-from numaserve.config.model_paths import resolve_model_path
 from numaserve.host.topology import read_topology
 from numaserve.status.format import path_summary
 from numaserve.testing.server import ENDPOINT, Server

@@ -22,7 +22,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.precisions import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (

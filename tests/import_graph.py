@@ -17,15 +17,14 @@ PACKAGE = Path(__file__).parents[1] / "numaserve"
 
 # Each part of the pipeline, and the parts it may import (docs/architecture.md). A part is a
 # subpackage, or one of the top-level modules ("root" is the package itself: its version).
-# The shared base is config/, wire/, tasks/, status/ and corpus.py: each may import only the
-# others of the base; processes/ (how every child process begins, and what it is told) sits on
-# the base and host/.
-SHARED = {"root", "config", "wire", "tasks", "status", "corpus"}
+# The shared base is in layers, each importing only those before it (BASE_LAYERS): what reads
+# a checkpoint, what crosses a socket, the tasks (with a request's checks), the configuration;
+# status/ (which alone of the base reads host/: cpulists) and corpus.py stand apart.
+# processes/ (how every child process begins, and what it is told) sits on the base and host/.
+BASE_LAYERS = ("root", "checkpoint", "wire", "tasks", "config")
+SHARED = {*BASE_LAYERS, "status", "corpus"}
 ALLOWED = {
-    "root": {"root"},
-    "config": {"root", "config", "tasks", "wire"},
-    "wire": {"root", "wire", "tasks", "config"},
-    "tasks": {"root", "tasks", "wire", "config"},
+    **{layer: set(BASE_LAYERS[: i + 1]) for i, layer in enumerate(BASE_LAYERS)},
     "status": {"root", "status", "wire", "host"},  # format.py: cpulists, how memory is bound
     "corpus": {"root", "corpus"},
     "host": {"root", "config", "host"},

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import architectures, save_tiny_model
 

@@ -21,7 +21,7 @@ from numaserve.backends.choice import (
     ensure_choice,
 )
 from numaserve.backends.gate import Judgement, Span, gate_texts
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_passages
 from tests.harness.router_side import ISA

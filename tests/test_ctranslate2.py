@@ -11,7 +11,7 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.ct2_build import CONVERTED
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_model
 from tests.harness.router_side import (

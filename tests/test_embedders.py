@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from numaserve.backends import load_model
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.client import Client
-from numaserve.config.model_paths import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.testing.server import ENDPOINT, Server
 from tests.harness.checkpoints import embedders, save_tiny_embedder

@@ -48,6 +48,23 @@ def test_the_checks_find_a_cycle_and_an_import_across_the_lines():
     ]
 
 
+def test_the_base_imports_only_down_its_layers_so_its_old_circle_is_forbidden():
+    # config -> tasks -> config (the checkpoint's paths lived in config/) and wire -> tasks
+    # (a request's checks lived in wire/) made a circle; each arrow is now an error.
+    old_arrows = {
+        "numaserve.tasks.embed": {"numaserve.config.schema"},
+        "numaserve.wire.protocol": {"numaserve.tasks"},
+        "numaserve.checkpoint.paths": {"numaserve.config.schema"},
+    }
+    assert import_graph.forbidden(old_arrows) == [
+        "numaserve.checkpoint.paths imports numaserve.config.schema (checkpoint -> config)",
+        "numaserve.tasks.embed imports numaserve.config.schema (tasks -> config)",
+        "numaserve.wire.protocol imports numaserve.tasks (wire -> tasks)",
+    ]
+    for i, layer in enumerate(import_graph.BASE_LAYERS):
+        assert import_graph.ALLOWED[layer] == set(import_graph.BASE_LAYERS[: i + 1])
+
+
 def test_an_import_for_type_checking_only_counts_as_an_import(tmp_path):
     """A type named across a circle is a circle: each side is needed to read the other."""
     module = tmp_path / "helper.py"

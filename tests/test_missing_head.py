@@ -8,7 +8,7 @@ import time
 import pytest
 
 from numaserve.backends import load_model
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.harness.console import numaserve

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client, NumaserveError
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import load_config
 from numaserve.testing.cluster import free_port
 from tests.harness.checkpoints import save_tiny_classifier
@@ -70,7 +71,9 @@ def hub_cache(root: Path, repo_id: str, checkpoint: Path) -> Path:
 
 def test_a_hub_id_is_served_offline_from_the_local_hugging_face_cache(tiny, tmp_path):
     snapshot = hub_cache(tmp_path / "hf", "acme/tiny-clf", tiny)
-    script = "from numaserve.config.model_paths import resolve_model_path as r; print(r('acme/tiny-clf'))"
+    script = (
+        "from numaserve.checkpoint.paths import resolve_model_path as r; print(r('acme/tiny-clf'))"
+    )
     env = {"HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True

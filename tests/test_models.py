@@ -11,7 +11,8 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import read_topology
@@ -177,7 +178,7 @@ def test_weights_the_server_cannot_read_are_a_clear_error(classifier_dir, tmp_pa
     weights = model / "model.safetensors"
     os.chown(weights, 65534, 65534)
     weights.chmod(0o600)
-    check = f"from numaserve.config.model_paths import resolve_model_path; resolve_model_path({str(model)!r})"
+    check = f"from numaserve.checkpoint.paths import resolve_model_path; resolve_model_path({str(model)!r})"
     no_override = "--bounding-set=-dac_override,-dac_read_search"
     out = subprocess.run(
         ["setpriv", no_override, sys.executable, "-c", check], capture_output=True, text=True

@@ -16,8 +16,8 @@ from numaserve.client import AsyncClient, Entities, Entity
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks.entities import entities
 from numaserve.tasks.ner import AGGREGATIONS
+from numaserve.tasks.requests import RequestError, parse_request
 from numaserve.testing.cluster import Cluster
-from numaserve.wire.requests import RequestError, parse_request
 from tests.harness.checkpoints import (
     architectures,
     save_byte_level_bpe_tokenizer,

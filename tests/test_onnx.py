@@ -19,7 +19,7 @@ from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
 from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.corpus import stdlib_sentences
 from numaserve.wire import protocol

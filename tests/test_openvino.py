@@ -14,7 +14,7 @@ from numaserve.backends import load_model, prepare_model
 from numaserve.backends.base import full_range_int8
 from numaserve.backends.openvino import BF16_ISA
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.router_side import (
     ISA,

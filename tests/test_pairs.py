@@ -12,15 +12,16 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import AsyncClient, BadRequest, Ranked
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
 from numaserve.config.schema import ModelConfig
+from numaserve.tasks.requests import Request, RequestError, parse_request
 from numaserve.tasks.rerank import ranked
 from numaserve.testing.cluster import Cluster
 from numaserve.testing.windows import document
 from numaserve.testing.windows import windows_by_hand as cut_by_hand
 from numaserve.wire import protocol
-from numaserve.wire.requests import Request, RequestError, parse_request
 from tests.harness.checkpoints import (
     LABELS,
     architectures,

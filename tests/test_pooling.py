@@ -8,7 +8,7 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ConfigError, ModelConfig, parse_config
 from numaserve.tasks.pooling import MODES, Pooling
 from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_embedder
@@ -99,7 +99,7 @@ def test_the_older_boolean_pooling_config_is_read(tmp_path):
 
 
 def test_the_bundled_default_is_mean_pooled_and_normalised():
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     assert Pooling.read(resolve_model_path("bundled:minilm")) == Pooling(("mean",), True)
 

@@ -9,7 +9,7 @@ import torch
 from numaserve.backends import load_model
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ConfigError, ModelConfig, parse_config
 from numaserve.corpus import stdlib_sentences
 from tests.harness.router_side import ISA

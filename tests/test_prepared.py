@@ -15,7 +15,7 @@ from numaserve.backends import load_model, load_prepared, prepare_model
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.backends.prepared import BandPath, PoolPath, Prepared
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig, load_config
 from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve

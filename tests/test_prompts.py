@@ -5,11 +5,11 @@ the model's default where none is named, each against sentence-transformers' `en
 import numpy as np
 import pytest
 
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.client import Client, NumaserveError
-from numaserve.config.model_paths import ModelLoadError
 from numaserve.tasks.prompts import Prompts
+from numaserve.tasks.requests import RequestError, parse_request
 from numaserve.testing.server import ENDPOINT, Server
-from numaserve.wire.requests import RequestError, parse_request
 from tests.harness.checkpoints import save_tiny_embedder
 from tests.harness.console import numaserve
 

@@ -12,9 +12,9 @@ from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher
 from numaserve.router.metrics import RouterMetrics
+from numaserve.tasks.requests import Request
 from numaserve.wire import protocol
 from numaserve.wire.protocol import ErrorCode
-from numaserve.wire.requests import Request
 
 POOLS = [PoolConfig(name="short", max_tokens=32), PoolConfig(name="long", max_tokens=128)]
 

@@ -12,7 +12,7 @@ from numaserve.processes.tracing import CountedExporter, Tracing, span_context, 
 from numaserve.router.dispatch import Item, Job
 from numaserve.router.in_flight import Pending
 from numaserve.router.traces import RequestTraces
-from numaserve.wire.requests import Request
+from numaserve.tasks.requests import Request
 
 
 def traces() -> tuple[RequestTraces, InMemorySpanExporter]:

@@ -10,7 +10,7 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import save_tiny_splade, sparse_encoder_weights
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client, NoInstance, NumaserveError
-from numaserve.config.model_paths import resolve_model_path
 from numaserve.config.schema import load_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology

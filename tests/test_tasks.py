@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from numaserve.tasks import NAMES, TASKS
-from numaserve.wire.requests import OWNERS, REQUEST_KEYS, parse_request
+from numaserve.tasks.requests import OWNERS, REQUEST_KEYS, parse_request
 
 PACKAGE = Path(__file__).parents[1] / "numaserve"
 # What runs a request: parsing, the router, the worker, the backends, the supervisor.
 MACHINERY = [
     "wire/protocol.py",
-    "wire/requests.py",
+    "tasks/requests.py",
     "processes/specs.py",
     "worker.py",
     "router",

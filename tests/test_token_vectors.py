@@ -12,7 +12,7 @@ import pytest
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.schema import ModelConfig
-from numaserve.wire.requests import RequestError, parse_request
+from numaserve.tasks.requests import RequestError, parse_request
 from tests.harness.checkpoints import save_tiny_embedder
 
 TEXTS = ["What is the capital of France?", "a fox", "Paris is the capital of France."]

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.corpus import stdlib_sentences
 
 SENTENCES = stdlib_sentences(300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numaserve.config.schema import TracingConfig
 from numaserve.processes.tracing import environment, wanted
-from numaserve.wire.requests import parse_request
+from numaserve.tasks.requests import parse_request
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -3,7 +3,7 @@ the server's model.truncate, as TEI's requests choose. Over real sockets: tests/
 
 import pytest
 
-from numaserve.wire.requests import RequestError, parse_request
+from numaserve.tasks.requests import RequestError, parse_request
 
 
 def test_truncate_is_any_requests_choice_and_passes_on_with_it():

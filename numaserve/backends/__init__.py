@@ -26,7 +26,8 @@ from numaserve.backends.choice import (
     named_cost,
 )
 from numaserve.backends.prepared import BandPath, PoolPath, Prepared
-from numaserve.config.model_paths import MissingRuntime, ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 
 if TYPE_CHECKING:

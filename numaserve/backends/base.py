@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Task

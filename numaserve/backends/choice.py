@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 from numaserve.backends.artifacts import installed_version, write_atomically
 from numaserve.backends.gate import Judgement, Span, length_bands
 from numaserve.backends.race import Standing, race, ratios, winner
-from numaserve.config.model_paths import MissingRuntime, ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.precisions import PRECISIONS
 from numaserve.config.schema import ModelConfig
 

@@ -16,7 +16,8 @@ import numpy as np
 from numaserve.backends.artifacts import prepared_artifact
 from numaserve.backends.base import Model, ModelFacts
 from numaserve.backends.ct2_build import Converted, ensure_converted, refuse_unconverted
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from numaserve.backends.artifacts import Build, build_main, cache_root, ensure, key_of
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output
@@ -48,7 +48,7 @@ def import_ctranslate2():
 
 
 def model_type(model_dir: Path) -> str | None:
-    from numaserve.config.model_paths import read_json
+    from numaserve.checkpoint.files import read_json
 
     return read_json(model_dir / "config.json").get("model_type")
 
@@ -165,7 +165,7 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
     import transformers
     from ctranslate2.converters.transformers import _MODEL_LOADERS
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     refuse_unconverted(Path(resolve_model_path(config.path)), config.path)
     loader = _MODEL_LOADERS[type(model.config).__name__]

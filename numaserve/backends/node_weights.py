@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.backends.artifacts import kept_or_made, run_child, write_atomically
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 
 log = logging.getLogger("numaserve.backends")
 GRAPH = "model.onnx"

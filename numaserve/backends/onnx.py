@@ -13,7 +13,7 @@ from numaserve.backends.artifacts import checkpoint_artifact
 from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.node_weights import is_packed, node_copy, weights_of
 from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
 

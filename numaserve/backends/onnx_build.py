@@ -23,7 +23,7 @@ from pathlib import Path
 from numaserve.backends.artifacts import Build, build_main, built_in_child, checkpoint_key
 from numaserve.backends.base import uses_token_types
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 

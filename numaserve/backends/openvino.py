@@ -22,7 +22,7 @@ from numaserve.backends.base import Model, ModelFacts, full_range_int8
 from numaserve.backends.onnx import prepare_artifact
 from numaserve.backends.openvino_build import ensure_int8_model
 from numaserve.backends.openvino_runtime import import_openvino
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
 BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})

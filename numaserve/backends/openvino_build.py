@@ -113,7 +113,7 @@ def build(model, config: ModelConfig, destination: Path, full_range: bool) -> No
             OverflowFix,
         )
     except ImportError:
-        from numaserve.config.model_paths import ModelLoadError
+        from numaserve.checkpoint.errors import ModelLoadError
 
         raise ModelLoadError(INSTALL_HINT) from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 
 INSTALL_HINT = (
     "model.backend openvino needs the openvino package, a numaserve dependency that is "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 
 ONNX_PREFIX = "/model/"  # onnx_build exports the transformers model as the attribute `model`
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import ModelPath
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from tokenizers import Tokenizer as FastTokenizer
 
 from numaserve.backends.wordpiece_memo import WordPieceMemo
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.tasks.tokens import Tokens
 
 

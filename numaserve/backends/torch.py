@@ -17,7 +17,9 @@ from numaserve.backends.base import (
     usable_positions,
 )
 from numaserve.backends.precision import kept_in_fp32
-from numaserve.config.model_paths import ModelLoadError, read_json, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output

@@ -38,7 +38,8 @@ class ModelError(click.ClickException):
 def model_problems(config) -> list[str]:
     """What is wrong with each model's path, checked before anything is planned or started:
     a missing directory is the config's mistake, not an instance's failure seconds later."""
-    from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+    from numaserve.checkpoint.errors import ModelLoadError
+    from numaserve.checkpoint.paths import resolve_model_path
 
     problems = []
     for i, served in enumerate(config.models):

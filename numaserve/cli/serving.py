@@ -189,7 +189,7 @@ def _model_config(
     import tempfile
     from pathlib import Path
 
-    from numaserve.config.model_paths import path_against
+    from numaserve.checkpoint.paths import path_against
 
     model = {"path": path_against(model_path, Path.cwd()), "task": task}
     model |= {k: v for k, v in (("quantize", quantize), ("max_length", max_length)) if v}

@@ -26,9 +26,9 @@ from numaserve.client.errors import (
 from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
 from numaserve.client.trace_context import caller_trace
+from numaserve.tasks.requests import PRIORITIES, TOKEN_VECTOR_TEXTS
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys
-from numaserve.wire.requests import PRIORITIES, TOKEN_VECTOR_TEXTS
 
 # A list longer than this (or larger than protocol.SMALLEST_MESSAGE_LIMIT) is split by the
 # server's limits, asked once (its ping reply): no server takes fewer by default.

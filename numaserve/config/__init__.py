@@ -1,4 +1,9 @@
-"""A server's configuration: the schema and its checks (`schema.py`), the paths a file names
-(`files.py`), the ports a command line moves (`ports.py`), which backend runs which precision
-(`precisions.py`), `host:port` and endpoints (`addresses.py`), where a model's path points
-(`model_paths.py`) and the HTTP API keys file (`keys_file.py`)."""
+"""A server's configuration, the top of the shared base (it may import checkpoint/, wire/ and
+tasks/: a config names its tasks and sizes its messages):
+
+- `schema.py`: the schema and its checks (frozen dataclasses; every key, its bounds, its error);
+- `files.py`: the paths a file names, read against its directory;
+- `ports.py`: the ports a command line moves, over the file's;
+- `precisions.py`: which backend runs which precision;
+- `addresses.py`: `host:port` and endpoints, and whether other hosts reach one;
+- `keys_file.py`: the HTTP API keys file's format and rules."""

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from numaserve.config.model_paths import path_against
+from numaserve.checkpoint.paths import path_against
 
 
 def read_against(config, base: Path | None, named: bool):

@@ -17,9 +17,10 @@ from typing import Literal, TypeVar, Union
 
 import yaml
 
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import checkpoint_max_length
 from numaserve.config.addresses import is_local, split_host_port
 from numaserve.config.files import read_against
-from numaserve.config.model_paths import ModelLoadError, checkpoint_max_length
 from numaserve.config.precisions import precision_problem
 from numaserve.tasks import NAMES
 from numaserve.tasks.base import MAX_WINDOWS

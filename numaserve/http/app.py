@@ -23,7 +23,7 @@ from numaserve.http.traced import traced
 from numaserve.http.upstream import Upstream
 from numaserve.processes.specs import HttpModel, HttpSpec
 from numaserve.processes.tracing import Tracing
-from numaserve.wire.requests import PRIORITIES
+from numaserve.tasks.requests import PRIORITIES
 
 log = logging.getLogger("numaserve.http")
 

@@ -23,9 +23,9 @@ from numaserve.router.metrics import RouterMetrics
 from numaserve.router.traces import RequestTraces
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, PromptError, Prompts
+from numaserve.tasks.requests import Request
 from numaserve.wire import protocol
 from numaserve.wire.protocol import ErrorCode
-from numaserve.wire.requests import Request
 
 log = logging.getLogger("numaserve.router")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import zmq
 
 from numaserve.status.report import SlotTable
+from numaserve.tasks.requests import Request
 from numaserve.wire import protocol
-from numaserve.wire.requests import Request
 
 PREFIX = b"handover/"  # the routing id of a shard's connection to a peer: b"handover/<shard>"
 

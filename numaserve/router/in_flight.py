@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from numaserve.wire.requests import Request
+from numaserve.tasks.requests import Request
 
 
 @dataclass

@@ -19,7 +19,8 @@ from pathlib import Path
 import zmq
 
 from numaserve.backends.tokenizer import Tokenizer
-from numaserve.config.model_paths import ModelLoadError, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
 from numaserve.processes.specs import RouterSpec, model_key
@@ -39,9 +40,9 @@ from numaserve.status.merge import whole_server
 from numaserve.status.report import BadReport, Report, SlotTable
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
+from numaserve.tasks.requests import Request, RequestError, parse_request
 from numaserve.wire import curve, protocol
 from numaserve.wire.protocol import ErrorCode
-from numaserve.wire.requests import Request, RequestError, parse_request
 
 log = logging.getLogger("numaserve.router")
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again

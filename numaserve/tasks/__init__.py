@@ -1,7 +1,12 @@
 """The tasks numaserve serves, one module each: what its requests carry, what its model's
 head computes, what its worker sends, what its router adds and what its client returns.
 
-A new task is a module here (a `Task`, base.py) and its line in TASKS.
+A new task is a module here (a `Task`, base.py) and its line in TASKS. Beside them:
+`requests.py` checks a client's request completely (the keys every request has; a task's own
+by its task); `pooling.py` and `prompts.py` read and apply a sentence-transformers model's
+pooling and prompts; `entities.py` groups a token classifier's tokens (`tokens.py`: what the
+tokenizer says of each); `agreement.py` holds the accuracy gate's bars for each kind of answer.
+May import: checkpoint/ and wire/.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.tasks.base import Answers, Bad, Head, Output, Task, flag_option, windows_option
 from numaserve.tasks.prompts import Prompts
 from numaserve.wire import protocol

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numaserve.config.model_paths import ModelLoadError, read_json
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
 
 # sentence-transformers' names, in the order it concatenates them.
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")

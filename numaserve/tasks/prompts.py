@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numaserve.config.model_paths import ModelLoadError, read_json
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
 
 PROMPTS_FILE = "config_sentence_transformers.json"
 

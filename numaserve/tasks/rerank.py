@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.config.model_paths import ModelLoadError, read_json
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
 from numaserve.tasks.agreement import Verdict, agreement_verdict
 from numaserve.tasks.base import Bad, Head, Output, RawScores, Task, flag_option, windows_option
 from numaserve.wire.protocol import check_text

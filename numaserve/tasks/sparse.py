@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.config.model_paths import ModelLoadError, read_json
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
 from numaserve.tasks.agreement import Verdict, cosine_verdict
 from numaserve.tasks.base import Head, Output, Task
 from numaserve.wire.protocol import embedding_from_wire, embedding_to_wire

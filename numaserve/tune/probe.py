@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from numaserve.config.model_paths import ModelLoadError
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import thread_settings
 from numaserve.processes import exitcodes

@@ -15,7 +15,7 @@ def save_tiny_classifier(path: Path, problem_type: str | None = None) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -56,7 +56,7 @@ def save_tiny_embedder(
         warnings.simplefilter("ignore", DeprecationWarning)
         from sentence_transformers import SentenceTransformer, models
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     torch.manual_seed(0)
     if config is None:
@@ -168,7 +168,7 @@ def save_tiny_model(path: Path, architecture: str, task: str = "embed") -> Path:
         AutoTokenizer,
     )
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     torch.manual_seed(0)
     config = architectures()[architecture]()
@@ -252,7 +252,7 @@ def save_tiny_splade(
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from numaserve.config.model_paths import resolve_model_path
+    from numaserve.checkpoint.paths import resolve_model_path
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.config.model_paths import resolve_model_path
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.http import api_errors
 from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response

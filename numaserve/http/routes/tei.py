@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve import __version__
-from numaserve.config.model_paths import ModelLoadError, read_json, resolve_model_path
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.http import api_errors
 from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response

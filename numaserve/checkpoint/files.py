@@ -1,0 +1,68 @@
+"""What a checkpoint's own files say: its JSON files read with errors that name them, and
+the longest input it takes (sentence-transformers' `max_seq_length`, else its tokenizer's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
+
+
+def checkpoint_max_length(path: str, task: str = "embed") -> tuple[int, str, str] | None:
+    """The length the checkpoint's own library cuts texts to, and what says so: the
+    `max_seq_length` of a sentence-transformers checkpoint's Transformer module
+    (sentence_bert_config.json, what its `encode` cuts to); for a reranker without one, its
+    tokenizer's `model_max_length` within the model's positions (what CrossEncoder cuts
+    to): (length, its key, its file). None: the checkpoint does not say, or is not a directory here (its load will say
+    why)."""
+    try:
+        root = Path(resolve_model_path(path))
+    except ModelLoadError:
+        return None
+    config = _transformer_directory(root) / "sentence_bert_config.json"
+    if config.is_file():
+        data = read_json(config)
+        value = data.get("max_seq_length") if isinstance(data, dict) else None
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(
+                    f"{config}: max_seq_length must be a positive integer; got {value!r}"
+                )
+            return value, "max_seq_length", "sentence_bert_config.json"
+    if task == "rerank":
+        return _tokenizer_max_length(root)
+    return None
+
+
+def _tokenizer_max_length(root: Path) -> tuple[int, str, str] | None:
+    """A tokenizer's model_max_length, where it is a length the model's positions hold
+    (transformers writes a huge number where a tokenizer sets none)."""
+    saved = root / "tokenizer_config.json"
+    data = read_json(saved) if saved.is_file() else {}
+    value = data.get("model_max_length") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    model = read_json(root / "config.json") if (root / "config.json").is_file() else {}
+    positions = model.get("max_position_embeddings") if isinstance(model, dict) else None
+    if isinstance(positions, int) and not isinstance(positions, bool) and value > positions:
+        return None
+    return value, "tokenizer's model_max_length", "tokenizer_config.json"
+
+
+def _transformer_directory(root: Path) -> Path:
+    """Where modules.json puts the Transformer module: the top directory, as a rule."""
+    listed = read_json(root / "modules.json") if (root / "modules.json").is_file() else []
+    for module in listed if isinstance(listed, list) else []:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith("Transformer"):
+            return root / str(module.get("path", ""))
+    return root
+
+
+def read_json(path: Path):
+    """A checkpoint's JSON file; a clear ModelLoadError if it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from None
