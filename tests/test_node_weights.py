@@ -16,9 +16,9 @@ import pytest
 
 from numaserve.backends import load_model, load_prepared
 from numaserve.backends.node_weights import DATA, is_packed, node_copy
-from numaserve.backends.prepared import Prepared
 from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import read_numa_maps
+from numaserve.processes.prepared import Prepared
 from numaserve.wire import protocol
 from tests.harness.checkpoints import save_tiny_splade
 from tests.harness.processes import still_running, wait_gone

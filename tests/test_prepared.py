@@ -1,4 +1,4 @@
-"""What `numaserve prepare` resolves once for every instance (backends/prepared.py): each
+"""What `numaserve prepare` resolves once for every instance (processes/prepared.py): each
 pool's model path and artifact, written where the server's instances read it, and loaded by
 an instance exactly as told, with no hashing, judging or choosing. Real checkpoints, real
 artifacts, the real CLI."""
@@ -14,9 +14,9 @@ import pytest
 from numaserve.backends import load_model, load_prepared, prepare_model
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
-from numaserve.backends.prepared import BandPath, PoolPath, Prepared
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig, load_config
+from numaserve.processes.prepared import BandPath, PoolPath, Prepared
 from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve
 from tests.harness.router_side import ISA

@@ -25,10 +25,10 @@ from numaserve.backends.choice import (
     named,
     named_cost,
 )
-from numaserve.backends.prepared import BandPath, PoolPath, Prepared
 from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
+from numaserve.processes.prepared import BandPath, PoolPath, Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model

@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -32,6 +31,7 @@ from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.processes import exitcodes
+from numaserve.processes.prepared import write_atomically
 
 if TYPE_CHECKING:
     from numaserve.backends.base import ModelFacts
@@ -265,15 +265,6 @@ def _build_in_child(build: Build, output: Path) -> None:
     if child.lines and child.returncode != REFUSED:  # a refusal's one line is the whole story
         log.error("the build's output:\n%s", "\n".join(child.lines[-40:]))
     raise ModelLoadError(child.failure("the build process"))
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`path` replaced whole, readable by all (a temporary file is its owner's alone): what
-    root prepares, the user the service runs as must read."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
-        f.write(text)
-    os.chmod(f.name, 0o644)
-    os.replace(f.name, path)
 
 
 def build_main(argv: list[str] | None, module: str, build, failure: str) -> int:

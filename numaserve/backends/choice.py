@@ -36,13 +36,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.backends.artifacts import installed_version, write_atomically
+from numaserve.backends.artifacts import installed_version
 from numaserve.backends.gate import Judgement, Span, length_bands
 from numaserve.backends.race import Standing, race, ratios, winner
 from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.precisions import PRECISIONS
 from numaserve.config.schema import ModelConfig
+from numaserve.processes.prepared import ModelPath, write_atomically
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
@@ -52,28 +53,6 @@ FORMAT = 4  # bump when the candidates or the gate change, so that old choices a
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
 PROJECTIONS = ("*.output.dense",)
-
-
-@dataclass(frozen=True)
-class ModelPath:
-    backend: str
-    quantize: str
-    keep_fp32: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
-        return f"{self.backend} {self.quantize}{keep}"
-
-    @classmethod
-    def from_json(cls, data: dict) -> ModelPath:
-        """A path as dataclasses.asdict wrote it (a kept choice, a prepared record)."""
-        return cls(data["backend"], data["quantize"], tuple(data["keep_fp32"]))
-
-    def applied_to(self, config: ModelConfig) -> ModelConfig:
-        """`config` running this path."""
-        return dataclasses.replace(
-            config, backend=self.backend, quantize=self.quantize, keep_fp32=self.keep_fp32
-        )
 
 
 # Tried in this order, which is also their memory per instance's, least first (PSS loaded
@@ -221,7 +200,7 @@ def concrete(
     every length: `quantize: auto` from the choice (made now if none is kept), `backend: auto`
     with a named precision from the first backend that runs it (onnxruntime for int8 and
     none, openvino for bf16, ctranslate2 for int16). A server's instances are told their
-    pool's path by `numaserve prepare` instead (backends/prepared.py)."""
+    pool's path by `numaserve prepare` instead (processes/prepared.py)."""
     if config.quantize != "auto":
         return named(config), None
     choice = ensure_choice(config, isa, load).for_pool()

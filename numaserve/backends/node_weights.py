@@ -33,8 +33,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.backends.artifacts import kept_or_made, run_child, write_atomically
+from numaserve.backends.artifacts import kept_or_made, run_child
 from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.processes.prepared import write_atomically
 
 log = logging.getLogger("numaserve.backends")
 GRAPH = "model.onnx"

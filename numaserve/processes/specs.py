@@ -151,7 +151,7 @@ class WorkerSpec(JSONSpec):
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
     use_numactl: bool = True  # where numactl is installed; else set_mempolicy in-process
     shard: int = 0  # the router shard it serves
-    # What `numaserve prepare` resolved for the model (backends/prepared.py): the instance
+    # What `numaserve prepare` resolved for the model (processes/prepared.py): the instance
     # loads its pool's path and artifact from it. "": a model with nothing to prepare (torch,
     # a named precision), which loads the checkpoint as it is.
     prepared: str = field(default="", metadata={"empty": True})

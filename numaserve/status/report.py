@@ -101,7 +101,7 @@ class Instance:
     routed: bool = False
     threads: int | None = None
     membind: str | None = None
-    model_path: dict | None = None  # backends/choice.py's ModelPath, as the worker said it
+    model_path: dict | None = None  # processes/prepared.py's ModelPath, as the worker said it
     # The weights files it maps, shared with the instances that map them
     # (backends/node_weights.py's Weights, as the worker said them); empty: its own copy.
     weights: list[dict] | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Cell:
-    path: str  # a backends.choice.ModelPath, as str() spells it
+    path: str  # a processes.prepared.ModelPath, as str() spells it
     cores: int
     length: int
     batch: int

@@ -44,7 +44,7 @@ class ProbeSpec(JSONSpec):
     module = "numaserve.tune.probe"
 
     model: ModelConfig  # with its backend and precision named (the path measured)
-    path: str  # that path as backends.choice.ModelPath spells it
+    path: str  # that path as processes.prepared.ModelPath spells it
     cpus: tuple[int, ...]
     nodes: tuple[int, ...]
     lengths: tuple[int, ...]

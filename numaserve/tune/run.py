@@ -13,12 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from numaserve.backends.choice import ModelPath, candidates, ensure_choice, named
+from numaserve.backends.choice import candidates, ensure_choice, named
 from numaserve.backends.race import in_turn
 from numaserve.config.schema import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
+from numaserve.processes.prepared import ModelPath
 from numaserve.tune.measure import Job, measure, rounds
 from numaserve.tune.report import comment, table, winner
 from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search, to_verify

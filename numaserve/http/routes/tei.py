@@ -22,6 +22,7 @@ from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
 from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
+from numaserve.processes.prepared import ModelPath, Prepared
 from numaserve.processes.specs import HttpModel
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
@@ -261,43 +262,41 @@ async def decode(app: App, request: Request) -> Response:
 DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "int16": "int16", "auto": "auto"}
 
 
-def prepared(model: HttpModel) -> dict:
-    """What `numaserve prepare` resolved for the model (backends/prepared.py's record, read
-    as the JSON it is written as): {} where nothing was prepared or it cannot be read."""
+def prepared(model: HttpModel) -> Prepared | None:
+    """What `numaserve prepare` resolved for the model (processes/prepared.py's record): None
+    where nothing was prepared or it cannot be read."""
     try:
-        return read_json(Path(model.prepared)) if model.prepared else {}
+        return Prepared.read(model.prepared) if model.prepared else None
     except ModelLoadError:
-        return {}
+        return None
+
+
+def _words(path: ModelPath) -> str:
+    """A model path as /info names it: its backend and precision."""
+    return f"{path.backend} {path.quantize}"
 
 
 async def info(app: App, request: Request) -> Response:
     model = app.model_of(request, {})
     settings, server = model.model, app.spec.server
     record = prepared(model)
-    pools = record.get("pools", {})
-    paths = {pool: p["path"] for pool, p in pools.items()}
-    every = [*paths.values(), *(b["path"] for p in pools.values() for b in p["shorter"])]
-    dtypes = sorted({DTYPES[p["quantize"]] for p in every}) or [DTYPES[settings.quantize]]
+    pools = record.pools if record else {}
+    every = [p.path for p in pools.values()] + [b.path for p in pools.values() for b in p.shorter]
+    dtypes = sorted({DTYPES[p.quantize] for p in every}) or [DTYPES[settings.quantize]]
     return ok(
         {
             "model_id": settings.path,
-            "model_sha": record.get("digest"),  # the checkpoint's files (no commit here)
+            "model_sha": record.digest if record else None,  # the checkpoint's files
             "model_dtype": ",".join(dtypes),  # each path's, where they differ
-            "model_paths": {pool: f"{p['backend']} {p['quantize']}" for pool, p in paths.items()},
+            "model_paths": {pool: _words(p.path) for pool, p in pools.items()},
             # A pool's shorter texts on paths of their own (quantize: auto), and what a
             # precision the config names costs on this CPU (the accuracy gate's verdicts).
             "model_paths_shorter": {
-                pool: [
-                    {
-                        "last_tokens": b["last"],
-                        "path": f"{b['path']['backend']} {b['path']['quantize']}",
-                    }
-                    for b in p["shorter"]
-                ]
+                pool: [{"last_tokens": b.last, "path": _words(b.path)} for b in p.shorter]
                 for pool, p in pools.items()
-                if p["shorter"]
+                if p.shorter
             },
-            "model_accuracy": {pool: p["accuracy"] for pool, p in pools.items() if p["accuracy"]},
+            "model_accuracy": {pool: p.accuracy for pool, p in pools.items() if p.accuracy},
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,

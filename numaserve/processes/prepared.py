@@ -1,6 +1,8 @@
 """What `numaserve prepare` resolved for one model, once, for every instance that serves it:
 the checkpoint (its directory and digest) and, for each pool, the model path (a backend and a
-precision), its artifact, and who chose it and why.
+precision), its artifact, and who chose it and why. The one record of what runs: here, below
+the code that chooses, so that every reader (the supervisor, an instance, an HTTP front,
+tune) reads it typed, and none reaches the choosing code.
 
 A server's prepare step writes it to the server's runtime directory (`--record-dir`), and
 each instance's spec names it (specs.WorkerSpec.prepared): an instance loads the artifact it
@@ -12,13 +14,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from numaserve.backends.artifacts import write_atomically
-from numaserve.backends.choice import ModelPath
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelPath:
+    backend: str
+    quantize: str
+    keep_fp32: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
+        return f"{self.backend} {self.quantize}{keep}"
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelPath:
+        """A path as dataclasses.asdict wrote it (a kept choice, a prepared record)."""
+        return cls(data["backend"], data["quantize"], tuple(data["keep_fp32"]))
+
+    def applied_to(self, config: ModelConfig) -> ModelConfig:
+        """`config` running this path."""
+        return dataclasses.replace(
+            config, backend=self.backend, quantize=self.quantize, keep_fp32=self.keep_fp32
+        )
 
 
 @dataclass(frozen=True)
@@ -95,3 +119,12 @@ class Prepared:
                 f"not {pool}: prepare again (a start or a reload does)"
             ) from None
         return entry.path.applied_to(config), entry
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path` replaced whole, readable by all (a temporary file is its owner's alone): what
+    root prepares, the user the service runs as must read."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+        f.write(text)
+    os.chmod(f.name, 0o644)
+    os.replace(f.name, path)
