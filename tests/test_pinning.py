@@ -135,7 +135,7 @@ def test_affinity_if_alive_is_none_for_a_process_that_is_gone_or_no_pid():
 
     from numaserve.host.pinning import affinity_if_alive, live_affinity
 
-    assert affinity_if_alive(os.getpid()) == live_affinity(os.getpid())
+    assert affinity_if_alive(os.getpid()) == list(live_affinity(os.getpid()))
     assert affinity_if_alive(2**22 + 7) is None  # no such process
     assert affinity_if_alive(None) is None and affinity_if_alive(True) is None
 

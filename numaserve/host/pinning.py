@@ -135,12 +135,14 @@ def live_affinity(pid: int | str = "self") -> tuple[int, ...]:
     return _status_list(pid, "Cpus_allowed_list")
 
 
-def affinity_if_alive(pid: object) -> tuple[int, ...] | None:
-    """`live_affinity(pid)`, or None for a process that is gone (or what is not a pid)."""
+def affinity_if_alive(pid: object) -> list[int] | None:
+    """The CPUs the kernel lets `pid` run on now (`live_affinity`), as a status reports them;
+    None for a process that is gone (or what is not a pid). The one reading of another
+    process's live affinity: the supervisor's, a router shard's and /metrics'."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         return None
     try:
-        return live_affinity(pid)
+        return list(live_affinity(pid))
     except (OSError, PinningError):
         return None
 

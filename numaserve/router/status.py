@@ -82,7 +82,7 @@ def instances(dispatch: Dispatcher, slots: tuple[Instance, ...] | None) -> tuple
         worker = live.get(instance.pid)
         # The supervisor reads it (its slot table's live_cpus), off this loop; a router run
         # without one reads it itself, for a status request.
-        live_cpus = instance.live_cpus if supervised else _live_affinity(instance.pid)
+        live_cpus = instance.live_cpus if supervised else affinity_if_alive(instance.pid)
         entries.append(
             replace(
                 instance,
@@ -146,9 +146,3 @@ class WholeStatusQueries:
     def expired(self, now: float) -> list[tuple[list[bytes], object]]:
         late = [token for token, (_, _, expires) in self.waiting.items() if expires <= now]
         return [self.waiting.pop(token)[:2] for token in late]
-
-
-def _live_affinity(pid) -> list[int] | None:
-    """The CPUs the kernel lets `pid` run on now (the router shares the workers' host)."""
-    cpus = affinity_if_alive(pid)
-    return None if cpus is None else list(cpus)

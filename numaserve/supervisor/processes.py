@@ -100,8 +100,7 @@ class System:
     @staticmethod
     def affinity(pid: int) -> list[int] | None:
         """The CPUs the kernel lets `pid` run on now; None for one that is gone."""
-        cpus = affinity_if_alive(pid)
-        return None if cpus is None else list(cpus)
+        return affinity_if_alive(pid)
 
     @staticmethod
     def write_file(path: str, text: str) -> None:
