@@ -1,5 +1,5 @@
 """Who writes the supervisor's state, read from the source: the arbiter alone holds and writes
-the server's (its children, mood, config, reload and stop); each Child alone writes its own
+the server's (its children, its phase, config and plan); each Child alone writes its own
 fields; no function outside the arbiter takes the Supervisor; and reconcile keeps no progress
 of its own. The other modules decide and return actions (tests/test_supervisor_decisions.py)."""
 
@@ -107,7 +107,7 @@ def test_only_a_child_writes_its_own_fields():
 
 def test_only_the_arbiter_writes_the_server_s_state():
     state = supervisor_attributes()
-    assert {"workers", "mood", "config", "wanted", "replacement", "stop", "exit_code"} <= state
+    assert {"workers", "phase", "config", "plan", "retired"} <= state
     found = [
         f"{path.relative_to(PACKAGE)}:{line}: {obj}.{attr}"
         for path in sorted(PACKAGE.rglob("*.py"))
@@ -116,6 +116,21 @@ def test_only_the_arbiter_writes_the_server_s_state():
         if attr in state and path.is_relative_to(SUPERVISOR)
     ]
     assert found == []
+
+
+def test_the_server_s_phase_changes_only_through_enter():
+    """One value, written in two places: made in __init__, changed by `enter` (phase.NEXT)."""
+    tree = ast.parse(ARBITER.read_text())
+    writers = {
+        function.name
+        for function in functions(tree)
+        for node in ast.walk(function)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in assigned(target)
+        if t.attr == "phase"
+    }
+    assert writers == {"__init__", "enter"}
 
 
 def every_attribute_written(path: Path) -> list[str]:

@@ -4,8 +4,10 @@ Ownership is the rule: the arbiter alone holds and writes the server's state, ea
 alone writes its own, and every other module decides and returns actions. Its modules:
 
 - `arbiter.py`: the `Supervisor` and its one loop (after gunicorn's arbiter): signals that
-  only enqueue, spawning and reaping, the server's mood and which children run, the reload or
-  stop under way, and `carry_out`, the one place actions take effect;
+  only enqueue, spawning and reaping, which children run, the server's phase (`enter`, the one
+  way it changes), and `carry_out`, the one place actions take effect;
+- `phase.py`: the server's phase, one value (preparing, starting, serving, reloading,
+  stopping, ...), each holding what only it needs, changed only along its table;
 - `children.py`: a `Child`, one process, and its state machine (after supervisord: STARTING,
   READY, DRAINING, STOPPED, BACKOFF, FATAL; `change_state` the one way a state changes), its
   spec, timers and restart policy;

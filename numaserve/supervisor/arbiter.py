@@ -3,10 +3,11 @@
 After gunicorn's arbiter: signal handlers only enqueue (processes.py), and the loop dispatches
 to `handle_<signal>`; exited children are reaped in a loop. Each slot moves through the states
 of children.py (`Child.change_state`, guarded), on events (spawned, heard by the router,
-exited, a signal) and the clock; the server as a whole has one Mood (reporting.py).
+exited, a signal) and the clock; the server as a whole is in one phase (phase.py: preparing,
+starting, serving, reloading, stopping), changed only along its table by `enter`.
 
-The arbiter alone holds and writes the server's state (which children run, the mood, the
-config and plan that run, the reload or stop under way). The other modules decide and return
+The arbiter alone holds and writes the server's state (which children run, the phase, the
+config and plan that run). The other modules decide and return
 actions: each child of its own timers (children.py), liveness who is ready or silent,
 reconcile.advance the next step to a wanted deployment (the start's, a reload's) from what
 runs, a Stop what to stop next; `carry_out` here is the one place they take effect. No
@@ -18,6 +19,7 @@ per router shard and a Notifier, so that the tests drive the whole state machine
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -36,7 +38,6 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
-from numaserve.processes.specs import HttpSpec, RouterSpec
 from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_status
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
@@ -51,6 +52,17 @@ from numaserve.supervisor.children import (
     describe_exit,
 )
 from numaserve.supervisor.control import ControlSocket, Request
+from numaserve.supervisor.phase import (
+    Created,
+    Ended,
+    Phase,
+    Preparing,
+    Reloading,
+    Serving,
+    Starting,
+    Stopping,
+    check_next,
+)
 from numaserve.supervisor.processes import System
 from numaserve.supervisor.reconcile import (
     Abort,
@@ -124,13 +136,7 @@ class Supervisor:
         self.http = [Child.for_http(spec) for spec in self.deployment.http]
         self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
-        self.prepare: Child | None = None  # `numaserve prepare`, before the instances start
-        self.replacement: Child | None = None  # a reload's new instance of a slot, starting
-        self.mood = Mood.STARTING
-        self.exit_code: int | None = None
-        self.wanted: Wanted | None = None  # the start's deployment, or a reload's
-        self.final_table: int | None = None  # the slot table sent once a reload renewed all
-        self.stop: Stop | None = None
+        self.phase: Phase = Created()  # changed by `enter` alone
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings (the children log as the supervisor does) and its tracing's.
         self.child_env = {k: v for k, v in environ.items() if k not in SYSTEMD_VARS} | {
@@ -151,13 +157,58 @@ class Supervisor:
         """The router shards' processes (one, by default)."""
         return [shard.child for shard in self.shards]
 
+    # -- the phase, and what it holds ----------------------------------------------------------
+
+    def enter(self, phase: Phase) -> None:
+        """The one way the server's phase changes (phase.NEXT). systemd hears RELOADING=1 and
+        STOPPING=1 as those phases begin; READY=1 with the status line, on the turn the server
+        begins serving (`_notify`)."""
+        old, self.phase = self.phase, check_next(self.phase, phase)
+        if type(phase) is type(old):
+            return
+        if isinstance(phase, Reloading):
+            self.notifier.reloading("reloading")
+        elif isinstance(phase, Stopping):
+            self.notifier.stopping("draining")
+
+    @property
+    def mood(self) -> Mood:
+        return self.phase.mood
+
     @property
     def stopping(self) -> bool:
-        return self.mood is Mood.STOPPING
+        return isinstance(self.phase, (Stopping, Ended))
 
     @property
     def reloading(self) -> bool:
-        return self.wanted is not None and self.wanted.reloading
+        return isinstance(self.phase, Reloading)
+
+    @property
+    def wanted(self) -> Wanted | None:
+        """The deployment a start or a reload brings what runs to, while one is under way."""
+        if isinstance(self.phase, (Preparing, Starting, Reloading)):
+            return self.phase.wanted
+        return None
+
+    @property
+    def prepare(self) -> Child | None:
+        """`numaserve prepare`, while it runs for the start or a reload."""
+        if isinstance(self.phase, (Preparing, Reloading)):
+            return self.phase.prepare
+        return None
+
+    @property
+    def replacement(self) -> Child | None:
+        """A reload's new instance of a slot, starting."""
+        return self.phase.replacement if isinstance(self.phase, Reloading) else None
+
+    @property
+    def stop(self) -> Stop | None:
+        return self.phase.stop if isinstance(self.phase, Stopping) else None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.phase.exit_code if isinstance(self.phase, Ended) else None
 
     def front(self) -> list[Child]:
         """The processes between the clients and the workers: the shards, the frontend, and
@@ -207,11 +258,13 @@ class Supervisor:
             self.site.config_path,
             extra={"event": "start"},
         )
-        self.wanted = Wanted.start(self.config, self.plan, self.deployment)
+        wanted = Wanted.start(self.config, self.plan, self.deployment)
         if any(needs_prepare(m.backend, m.quantize) for m in self.config.models):
-            self.mood = Mood.PREPARING
-            self.start_prepare()
+            prepare = self.prepare_child()
+            self.enter(Preparing(wanted, prepare))
+            self.spawn(prepare)
         else:
+            self.enter(Starting(wanted))
             self.advance(self.system.now())
 
     def step(self, signals: list[int]) -> None:
@@ -325,10 +378,10 @@ class Supervisor:
 
     # -- preparing the model -----------------------------------------------------------------
 
-    def start_prepare(self) -> None:
-        """Resolve each model once before any instance starts (each pool's path and artifact,
-        written where the instances' specs name it): by `numaserve prepare`, in a process of
-        its own, which leaves the supervisor small (the build imports torch) and, during a
+    def prepare_child(self) -> Child:
+        """`numaserve prepare`, to resolve each model once before any instance starts (each
+        pool's path and artifact, written where the instances' specs name it): in a process
+        of its own, which leaves the supervisor small (the build imports torch) and, during a
         reload, the running instances serving; so no build runs in a start timeout."""
         argv = [
             *PREPARE,
@@ -337,34 +390,27 @@ class Supervisor:
             "--record-dir",
             str(self.site.runtime_dir),
         ]
-        self.prepare = Child("prepare", argv)
-        self.spawn(self.prepare)
-        if self.reloading and self.prepare is not None:
-            log.info(
-                "reload: preparing the new or changed model(s) before any instance (re)starts",
-                extra={"event": "reload"},
-            )
+        return Child("prepare", argv)
 
     def _prepared(self, code: int) -> None:
         """`numaserve prepare` exited with `code`: the start goes on, or the server cannot
         start; a reload goes on, or is aborted."""
-        self.prepare = None
-        if not self.wanted or self.stopping:
-            return
-        if self.wanted.reloading and code != 0:
-            self.abort_reload(f"the changed model could not be prepared (exit {code})")
-        elif self.wanted.reloading:
-            log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
+        phase = self.phase
+        if isinstance(phase, Reloading):
+            self.enter(dataclasses.replace(phase, prepare=None))
+            if code != 0:
+                self.abort_reload(f"the changed model could not be prepared (exit {code})")
+            else:
+                log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
         elif code != 0:
             log.error(
                 "fatal: the model could not be prepared (%s; its log lines above say why)",
                 describe_exit(code, killed_by_us=False),
                 extra={"event": "fatal"},
             )
-            self.exit_code = exitcodes.MODEL
-            self.wanted = None  # nothing starts
+            self.enter(Ended(exitcodes.MODEL))  # nothing starts
         else:
-            self.mood = Mood.STARTING
+            self.enter(Starting(phase.wanted))
             self.advance(self.system.now())
 
     # -- the control socket: `numaserve status` and `stop` ----------------------------------
@@ -423,11 +469,8 @@ class Supervisor:
     def snapshot(self, now: float):
         """The current processes: not those a reload retired, nor a replacement still
         starting under its slot's name."""
-        kinds = [("router", c) for c in self.routers]
-        kinds += [("frontend", self.frontend)] if self.frontend else []
-        kinds += [("http", c) for c in self.http]
-        kinds += [("prepare", self.prepare)] if self.prepare else []
-        kinds += [("worker", c) for c in self.workers.values()]
+        current = [*self.front(), *([self.prepare] if self.prepare else []), *self.workers.values()]
+        kinds = [(c.kind, c) for c in current]
         stats = tuple(c.spec.stats_file for c in self.http if c.spec.stats_file)
         return reporting.snapshot(
             now, self.config, self.mood, kinds, self.shards, self.system.pid(), stats
@@ -442,10 +485,10 @@ class Supervisor:
         # Every shard must have our latest slot table before systemd hears READY=1, so
         # that `numaserve status` asked right after it shows what systemd was told.
         current = self.shards.all_acked(self.shards.sent)
-        ready = serving and settled and current and self.mood is Mood.STARTING
+        ready = serving and settled and current and isinstance(self.phase, Starting)
         status = self.summary()
         if ready:
-            self.mood = Mood.SERVING
+            self.enter(Serving())
             endpoint = self.config.server.endpoint
             log.info("serving on %s: %s", endpoint, status, extra={"event": "serving"})
         self.announcer.turn(now, status, ready)
@@ -460,10 +503,10 @@ class Supervisor:
                 self.begin_stop("no instance can serve", code)
         self.advance(now)
         if self.stop is not None:
-            actions, self.exit_code = self.stop.advance(
-                self.http, self.routers, self.all_children(), now
-            )
+            actions, code = self.stop.advance(self.http, self.routers, self.all_children(), now)
             self.carry_out(actions)
+            if code is not None:
+                self.enter(Ended(code))
         self._notify(now)
 
     def advance(self, now: float) -> None:
@@ -485,7 +528,7 @@ class Supervisor:
         # its kill timeout.
         draining = liveness.limits(self.config, draining=True)
         for child in self.all_children():
-            drains = isinstance(child.spec, (RouterSpec, HttpSpec))
+            drains = child.kind in ("router", "http")
             action = child.timers(now, draining if drains else steady, not self.stopping)
             if action is not None:
                 self.carry_out([action])
@@ -518,10 +561,10 @@ class Supervisor:
             case Leave(child, drain):
                 self.leave(child, drain)
             case Renew(new):
-                self.replacement = new
+                self.enter(dataclasses.replace(self.phase, replacement=new))
                 self.spawn(new)
             case Replace(new):
-                self.replacement = None
+                self.enter(dataclasses.replace(self.phase, replacement=None))
                 old = self.workers[new.name]
                 self.workers[new.name] = new
                 self.retired.append(old)
@@ -544,7 +587,7 @@ class Supervisor:
                 # a retry compares with what runs now
                 self.plan, self.config, self.deployment = plan, config, deployment
             case Started():
-                self.wanted = None  # liveness looks after them from here
+                self.enter(Starting())  # liveness looks after them from here
             case Renewed():
                 self.finish_reload()
             case Abort(why):
@@ -592,44 +635,48 @@ class Supervisor:
         """SIGHUP: the config file read again and its reload begun, unless one is under way."""
         if self.stopping:
             return
-        if self.wanted or self.prepare:
-            what = "reload" if self.wanted else "preparing the model"
+        if self.wanted:
+            what = "preparing the model" if isinstance(self.phase, Preparing) else "reload"
             log.info("%s already under way; SIGHUP ignored", what, extra={"event": "reload"})
             return
-        self.wanted = plan_reload(self.site, self.running(), self.mood)
-        if self.wanted is None:
+        wanted = plan_reload(self.site, self.running(), self.mood)
+        if wanted is None:
             return
-        self.final_table = None
-        self.mood = Mood.RELOADING
-        self.notifier.reloading("reloading")
-        if needs_new_artifacts(self.config, self.wanted.config):
-            self.start_prepare()
+        if not needs_new_artifacts(self.config, wanted.config):
+            self.enter(Reloading(wanted))
+            return
+        prepare = self.prepare_child()
+        self.enter(Reloading(wanted, prepare))
+        self.spawn(prepare)
+        if self.prepare is not None:  # it could be started
+            log.info(
+                "reload: preparing the new or changed model(s) before any instance (re)starts",
+                extra={"event": "reload"},
+            )
 
     def finish_reload(self) -> None:
         """Every slot renewed: done once every serving shard has answered the slot table that
         shows it, so that `numaserve status` asked after `reload: done` shows the new
         instances."""
-        if self.final_table is None:
+        if self.phase.final_table is None:
             self.send_slots()
-            self.final_table = self.shards.sent
-        if not self.shards.serving_acked(self.final_table):
+            self.enter(dataclasses.replace(self.phase, final_table=self.shards.sent))
+        if not self.shards.serving_acked(self.phase.final_table):
             return
-        self.config = self.wanted.config
-        self.wanted = None
+        self.config = self.phase.wanted.config
         log.info("reload: done", extra={"event": "reload"})
-        self.mood = Mood.STARTING  # READY=1 again for systemd, once it serves
+        self.enter(Starting())  # READY=1 again for systemd, once it serves
 
     def abort_reload(self, why: str) -> None:
         """Back to what runs: the replacement starting and the model being prepared stop."""
-        wanted, self.wanted = self.wanted, None
-        self.mood = wanted.resume
+        reload = self.phase
+        wanted, prepare, replacement = reload.wanted, reload.prepare, reload.replacement
+        self.enter(Serving() if wanted.resume is Mood.SERVING else Starting())
         if not wanted.reshaped(self.running()) and wanted.plan != self.plan:
             self.hold(self.plan)  # the cores it would have added are not ours
-        if self.prepare is not None:
-            self.retired.append(self.prepare)  # reaped as a replaced process
-            self.terminate(self.prepare)
-            self.prepare = None
-        replacement, self.replacement = self.replacement, None
+        if prepare is not None:
+            self.retired.append(prepare)  # reaped as a replaced process
+            self.terminate(prepare)
         if replacement and replacement.pid is not None:
             self.retired.append(replacement)
             self.terminate(replacement)
@@ -647,14 +694,14 @@ class Supervisor:
             return
         if self.reloading:
             self.abort_reload("stopping")
-        self.wanted = None
-        self.mood = Mood.STOPPING
-        self.stop = Stop(code)
-        if self.prepare:
-            self.terminate(self.prepare)
-        self.notifier.stopping("draining")
+        prepare = self.prepare  # the start's: it stops with the rest, reaped as retired
+        stop = Stop(code)
+        self.enter(Stopping(stop))
+        if prepare:
+            self.retired.append(prepare)
+            self.terminate(prepare)
         drain_s = self.config.supervisor.drain_timeout_s
-        self.carry_out(self.stop.begin(why, drain_s, self.http, self.system.now()))
+        self.carry_out(stop.begin(why, drain_s, self.http, self.system.now()))
 
     def close(self) -> None:
         if self.control is not None:

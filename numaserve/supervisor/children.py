@@ -99,6 +99,16 @@ class Limits:
     kill_after_s: float
 
 
+# A child's kind, by the type of its spec (None: `numaserve prepare`, which has none).
+KINDS = {
+    RouterSpec: "router",
+    FrontendSpec: "frontend",
+    HttpSpec: "http",
+    WorkerSpec: "worker",
+    type(None): "prepare",
+}
+
+
 @dataclass(eq=False)
 class Child:
     """One supervised process: a router shard, the frontend, an HTTP front, or one slot's
@@ -138,6 +148,11 @@ class Child:
     @classmethod
     def for_http(cls, spec: HttpSpec) -> Child:
         return cls(f"http-{spec.index}", spec.argv(), spec)
+
+    @property
+    def kind(self) -> str:
+        """What it is, read from what it runs: router, frontend, http, worker, or prepare."""
+        return KINDS[type(self.spec)]
 
     @property
     def pool(self) -> str | None:
