@@ -1,5 +1,5 @@
 """The supervisor's decisions on plain objects and a number for the clock: each child's own
-timers, a Reconcile's steps and a Stop's order, as the actions they return. No Supervisor
+timers, a rollout's steps and a Stop's order, as the actions they return. No Supervisor
 carries them out here (the Rig only builds a real deployment's children, and starts nothing);
 tests/test_supervisor_states.py runs the same decisions through the arbiter on a fake OS."""
 
@@ -10,13 +10,13 @@ import pytest
 
 from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Announce, Child, Limits, Signal, Spawn, State, Terminate
-from numaserve.supervisor.reconcile import (
+from numaserve.supervisor.rollout import (
     Abort,
     Renew,
     Replace,
     Started,
     Wanted,
-    advance,
+    next_steps,
     to_renew,
 )
 from numaserve.supervisor.stop import Stop
@@ -93,13 +93,13 @@ def test_an_exit_no_restart_can_fix_is_fatal(rig):
     assert action.state is State.FATAL and action.child is child
 
 
-# -- a reconcile's steps -------------------------------------------------------------------------
+# -- a rollout's steps ---------------------------------------------------------------------------
 
 
 def test_the_start_spawns_every_process_then_ends(rig):
     running = rig.sup.running()
     start = Wanted.start(running.config, running.plan, running.deployment)
-    actions = advance(start, running, now=0.0)
+    actions = next_steps(start, running, now=0.0)
     spawned = [a.child.name for a in actions if isinstance(a, Spawn)]
     assert spawned == ["router", "main-0", "main-1"]
     assert actions[-1] == Started()
@@ -108,7 +108,7 @@ def test_the_start_spawns_every_process_then_ends(rig):
 def test_nothing_starts_while_the_model_is_prepared(rig):
     running = rig.sup.running()
     start = Wanted.start(running.config, running.plan, running.deployment)
-    assert advance(start, replace(running, preparing=True), now=0.0) == []
+    assert next_steps(start, replace(running, preparing=True), now=0.0) == []
 
 
 def test_a_reload_renews_one_slot_at_a_time_and_swaps_once_the_new_one_is_ready(rig):
@@ -117,32 +117,46 @@ def test_a_reload_renews_one_slot_at_a_time_and_swaps_once_the_new_one_is_ready(
     for pid, child in enumerate([*rig.sup.routers, *rig.sup.workers.values()], start=10):
         started(child, pid, state=State.READY)
     rig.sup.workers["main-0"].restarts = 2
-    running = rig.sup.running()
-    old = tuple(running.workers.values())
-    reload = Wanted(running.config, running.plan, running.deployment, old)
-    (renew,) = advance(reload, running, now=1.0)
-    (again,) = advance(reload, running, now=1.0)  # nothing was kept: the same step
+    running = replace(rig.sup.running(), generation=1)  # its shape taken up: the slots remain
+    reload = Wanted(
+        running.config, running.plan, running.deployment, ("main-0", "main-1"), generation=1
+    )
+    (renew,) = next_steps(reload, running, now=1.0)
+    (again,) = next_steps(reload, running, now=1.0)  # nothing was kept: the same step
     assert again.new.name == "main-0" and again.new.spec == renew.new.spec
     new = renew.new
     assert renew == Renew(new) and new.name == "main-0" and new.restarts == 2
+    assert new.generation == 1  # the reload's: its slot counts as renewed once it runs there
     assert new is not running.workers["main-0"]
     started(new, pid=20, now=1.0)
     starting = replace(running, replacement=new)
-    assert advance(reload, starting, now=2.0) == []  # it is starting: nothing else moves
+    assert next_steps(reload, starting, now=2.0) == []  # it is starting: nothing else moves
     new.change_state(State.READY, 3.0)
-    assert advance(reload, starting, now=3.0) == [Replace(new)]
+    assert next_steps(reload, starting, now=3.0) == [Replace(new)]
     swapped = replace(starting, workers={**running.workers, "main-0": new}, replacement=None)
     assert to_renew(reload, swapped) == ["main-1"]
 
 
-def test_a_replacement_not_ready_in_time_aborts_the_reload(rig):
+def test_a_rollouts_progress_is_read_by_value_not_by_the_identity_of_what_runs(rig):
     running = rig.sup.running()
-    reload = Wanted(running.config, running.plan, running.deployment, (running.workers["main-0"],))
-    (renew,) = advance(reload, running, now=0.0)
+    equal = replace(running.config)  # an equal config, not the same object
+    reload = Wanted(equal, running.plan, running.deployment, ("main-0",), generation=1)
+    assert not reload.reshaped(running)  # the start's shape, generation 0, runs
+    assert reload.reshaped(replace(running, generation=1))
+    assert to_renew(reload, running) == ["main-0"]
+    worker = running.workers["main-0"]
+    again = replace(worker, generation=1)  # the same slot, its instance of the reload's
+    assert to_renew(reload, replace(running, workers={"main-0": again})) == []
+
+
+def test_a_replacement_not_ready_in_time_aborts_the_reload(rig):
+    running = replace(rig.sup.running(), generation=1)
+    reload = Wanted(running.config, running.plan, running.deployment, ("main-0",), generation=1)
+    (renew,) = next_steps(reload, running, now=0.0)
     started(renew.new, pid=20, now=0.0)
     starting = replace(running, replacement=renew.new)
-    assert advance(reload, starting, now=60.0) == []
-    assert advance(reload, starting, now=60.5) == [Abort("the new main-0 was not ready in time")]
+    assert next_steps(reload, starting, now=60.0) == []
+    assert next_steps(reload, starting, now=60.5) == [Abort("the new main-0 was not ready in time")]
 
 
 # -- a stop's order ------------------------------------------------------------------------------
@@ -157,20 +171,20 @@ def test_a_stop_drains_the_http_fronts_then_the_shards_then_the_rest(tmp_path):
     assert stop.begin("SIGTERM", 30, sup.http, 0.0) == [Terminate(c) for c in sup.http]
     for child in sup.http:
         child.terminating(State.DRAINING, 0.0)
-    assert stop.advance(sup.http, sup.routers, sup.all_children(), 1.0) == ([], None)
+    assert stop.next_steps(sup.http, sup.routers, sup.all_children(), 1.0) == ([], None)
     for child in sup.http:
         child.exited(0)
-    actions, code = stop.advance(sup.http, sup.routers, sup.all_children(), 2.0)
+    actions, code = stop.next_steps(sup.http, sup.routers, sup.all_children(), 2.0)
     assert (actions, code) == ([Terminate(c) for c in sup.routers], None)
     for child in sup.routers:
         child.terminating(State.DRAINING, 2.0)
         child.exited(0)
-    actions, code = stop.advance(sup.http, sup.routers, sup.all_children(), 3.0)
+    actions, code = stop.next_steps(sup.http, sup.routers, sup.all_children(), 3.0)
     assert (actions, code) == ([Terminate(c) for c in sup.workers.values()], None)
     for child in sup.workers.values():
         child.terminating(State.DRAINING, 3.0)
         child.exited(0)
-    assert stop.advance(sup.http, sup.routers, sup.all_children(), 4.0) == ([], 0)
+    assert stop.next_steps(sup.http, sup.routers, sup.all_children(), 4.0) == ([], 0)
     assert {c.state for c in sup.all_children()} == {State.STOPPED}
 
 
@@ -183,4 +197,4 @@ def test_a_fast_stop_kills_every_process_once_and_exits_as_sigint_does(rig):
     assert all(c.timers(1e9, LIMITS, may_restart=False) is None for c in children)
     for child in children:
         child.exited(-signal.SIGKILL)
-    assert stop.advance([], [], children, 1.0)[1] == 128 + signal.SIGINT
+    assert stop.next_steps([], [], children, 1.0)[1] == 128 + signal.SIGINT

@@ -1,6 +1,6 @@
 """Who writes the supervisor's state, read from the source: the arbiter alone holds and writes
 the server's (its children, its phase, config and plan); each Child alone writes its own
-fields; no function outside the arbiter takes the Supervisor; and reconcile keeps no progress
+fields; no function outside the arbiter takes the Supervisor; and a rollout keeps no progress
 of its own. The other modules decide and return actions (tests/test_supervisor_decisions.py)."""
 
 import ast
@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from numaserve.supervisor.children import Child
-from numaserve.supervisor.reconcile import Running, Wanted
+from numaserve.supervisor.rollout import Running, Wanted
 from tests.import_graph import PACKAGE
 
 SUPERVISOR = PACKAGE / "supervisor"
@@ -144,10 +144,10 @@ def every_attribute_written(path: Path) -> list[str]:
     ]
 
 
-def test_reconcile_keeps_no_progress_of_its_own():
-    """A start's or a reload's progress is read from what runs: reconcile.py writes no
+def test_a_rollout_keeps_no_progress_of_its_own():
+    """A start's or a reload's progress is read from what runs: rollout.py writes no
     attribute at all, and what it reads is frozen."""
-    assert every_attribute_written(SUPERVISOR / "reconcile.py") == []
+    assert every_attribute_written(SUPERVISOR / "rollout.py") == []
     assert Wanted.__dataclass_params__.frozen and Running.__dataclass_params__.frozen
 
 

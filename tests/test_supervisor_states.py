@@ -10,8 +10,8 @@ import pytest
 from numaserve.config.ports import Ports
 from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Child, State, TransitionError
-from numaserve.supervisor.reconcile import to_renew
 from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.rollout import to_renew
 from numaserve.supervisor.stop import FAST_STOP_EXIT
 from tests.harness.fake_system import Rig, spec_of
 
@@ -396,7 +396,7 @@ def test_the_model_is_prepared_before_any_instance_starts(tmp_path):
     assert rig.sup.wanted is None
 
 
-def test_the_start_is_a_reconcile_that_starts_every_process_in_its_first_step_and_ends(rig):
+def test_the_start_is_a_rollout_that_starts_every_process_in_its_first_step_and_ends(rig):
     rig.sup.begin()
     assert set(rig.os.running.values()) == {"router", "main-0", "main-1"}
     assert rig.sup.wanted is None  # from here on liveness restarts what exits
@@ -526,7 +526,7 @@ def test_with_several_models_a_reload_restarts_only_the_changed_models_instances
 
     rig.step(signal.SIGHUP)
     assert rig.sup.replacement.name == "b.main-0"
-    assert [old.name for old in rig.sup.wanted.renew] == ["b.main-0"]  # not a's
+    assert rig.sup.wanted.renew == ("b.main-0",)  # not a's
     rig.step(seconds=0.3)  # b's replacement is heard
     rig.step()
     rig.os.exit(before["b.main-0"], 0)

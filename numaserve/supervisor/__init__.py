@@ -13,7 +13,8 @@ alone writes its own, and every other module decides and returns actions. Its mo
   spec, timers and restart policy;
 - `liveness.py`: which of a child's judgements applies each turn (ready, silent, late to stop,
   due to restart), and whether the server can still serve;
-- `reconcile.py`: the next step of a start or a reload toward the wanted deployment;
+- `rollout.py`: the next steps of a start or a reload toward the wanted deployment, its
+  progress read from what runs, by value;
 - `reload.py`: what a SIGHUP wants (the config read again, models added, removed and kept,
   the slots to renew);
 - `stop.py`: a stop's order (HTTP fronts, then shards, then the rest; a second SIGINT kills);

@@ -9,7 +9,7 @@ starting, serving, reloading, stopping), changed only along its table by `enter`
 The arbiter alone holds and writes the server's state (which children run, the phase, the
 config and plan that run). The other modules decide and return
 actions: each child of its own timers (children.py), liveness who is ready or silent,
-reconcile.advance the next step to a wanted deployment (the start's, a reload's) from what
+rollout.next_steps the next step to a wanted deployment (the start's, a reload's) from what
 runs, a Stop what to stop next; `carry_out` here is the one place they take effect. No
 function outside this module takes the Supervisor (tests/test_supervisor_ownership.py).
 
@@ -41,7 +41,7 @@ from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_status
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
-from numaserve.supervisor import liveness, reconcile, reporting
+from numaserve.supervisor import liveness, reporting, rollout
 from numaserve.supervisor.children import (
     Announce,
     Child,
@@ -64,7 +64,9 @@ from numaserve.supervisor.phase import (
     check_next,
 )
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reconcile import (
+from numaserve.supervisor.reload import Site, needs_new_artifacts, plan_reload
+from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.rollout import (
     Abort,
     Action,
     Adopt,
@@ -80,8 +82,6 @@ from numaserve.supervisor.reconcile import (
     Started,
     Wanted,
 )
-from numaserve.supervisor.reload import Site, needs_new_artifacts, plan_reload
-from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
@@ -136,6 +136,7 @@ class Supervisor:
         self.http = [Child.for_http(spec) for spec in self.deployment.http]
         self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
         self.retired: list[Child] = []  # replaced during a reload, still finishing
+        self.generation = 0  # of the shape that runs (rollout.Running)
         self.phase: Phase = Created()  # changed by `enter` alone
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings (the children log as the supervisor does) and its tracing's.
@@ -235,6 +236,7 @@ class Supervisor:
             preparing=self.prepare is not None,
             retired=tuple(self.retired),
             replacement=self.replacement,
+            generation=self.generation,
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class Supervisor:
             self.spawn(prepare)
         else:
             self.enter(Starting(wanted))
-            self.advance(self.system.now())
+            self.roll_out(self.system.now())
 
     def step(self, signals: list[int]) -> None:
         """One turn of the loop: the signals caught since the last, then children that exited,
@@ -411,7 +413,7 @@ class Supervisor:
             self.enter(Ended(exitcodes.MODEL))  # nothing starts
         else:
             self.enter(Starting(phase.wanted))
-            self.advance(self.system.now())
+            self.roll_out(self.system.now())
 
     # -- the control socket: `numaserve status` and `stop` ----------------------------------
 
@@ -501,18 +503,18 @@ class Supervisor:
             code = liveness.cannot_serve(self.front(), list(self.workers.values()))
             if code is not None:
                 self.begin_stop("no instance can serve", code)
-        self.advance(now)
+        self.roll_out(now)
         if self.stop is not None:
-            actions, code = self.stop.advance(self.http, self.routers, self.all_children(), now)
+            actions, code = self.stop.next_steps(self.http, self.routers, self.all_children(), now)
             self.carry_out(actions)
             if code is not None:
                 self.enter(Ended(code))
         self._notify(now)
 
-    def advance(self, now: float) -> None:
-        """The next step to the wanted deployment, if there is one under way."""
+    def roll_out(self, now: float) -> None:
+        """The next step to the wanted deployment, if a start or reload is under way."""
         if self.wanted is not None:
-            self.carry_out(reconcile.advance(self.wanted, self.running(), now))
+            self.carry_out(rollout.next_steps(self.wanted, self.running(), now))
 
     def check_liveness(self, now: float) -> None:
         """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
@@ -536,7 +538,7 @@ class Supervisor:
     # -- carrying out what the parts decided -------------------------------------------------
 
     def carry_out(self, actions: Iterable[Action]) -> None:
-        """The one place the decisions of the children, liveness, reconcile and a Stop change
+        """The one place the decisions of the children, liveness, a rollout and a Stop change
         the server."""
         for action in actions:
             match action:
@@ -552,7 +554,7 @@ class Supervisor:
                     self.reshape(action)
 
     def reshape(self, action: Action) -> None:
-        """A reconcile step that changes which children run, or what runs."""
+        """A rollout step that changes which children run, or what runs."""
         match action:
             case Adopt(child) if child.pool:
                 self.workers[child.name] = child
@@ -579,13 +581,14 @@ class Supervisor:
                 self.progress(action)
 
     def progress(self, action: Action) -> None:
-        """A reconcile step that changes what runs, or ends the start or reload."""
+        """A rollout step that changes what runs, or ends the start or reload."""
         match action:
             case Hold(plan):
                 self.hold(plan)
-            case Reshaped(plan, config, deployment):
+            case Reshaped(plan, config, deployment, generation):
                 # a retry compares with what runs now
                 self.plan, self.config, self.deployment = plan, config, deployment
+                self.generation = generation
             case Started():
                 self.enter(Starting())  # liveness looks after them from here
             case Renewed():

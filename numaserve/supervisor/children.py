@@ -129,13 +129,15 @@ class Child:
     retry_at: float = 0.0
     restarts: int = 0
     quick_exits: int = 0
+    generation: int = 0  # of the deployment it was made for: the start's 0, each reload's one more
     exit_code: int | None = None
     last_exit: str = ""
 
     @classmethod
-    def for_worker(cls, spec: WorkerSpec, restarts: int = 0) -> Child:
-        """`restarts`: the slot's count so far, where this replaces its instance."""
-        return cls(spec.slot.name, spec.argv(), spec, restarts=restarts)
+    def for_worker(cls, spec: WorkerSpec, restarts: int = 0, generation: int = 0) -> Child:
+        """`restarts`: the slot's count so far, where this replaces its instance;
+        `generation`: the reload's it is made for (rollout.Wanted)."""
+        return cls(spec.slot.name, spec.argv(), spec, restarts=restarts, generation=generation)
 
     @classmethod
     def for_shard(cls, spec: RouterSpec) -> Child:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from numaserve.supervisor.children import Child
-from numaserve.supervisor.reconcile import Wanted
 from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.rollout import Wanted
 from numaserve.supervisor.stop import Stop
 
 

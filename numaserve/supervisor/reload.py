@@ -1,5 +1,5 @@
 """A reload (SIGHUP): what the config file read again wants, carried out step by step
-(reconcile.py) while the server serves.
+(rollout.py) while the server serves.
 
 One algorithm, whatever form the config is in (`model:` is one model named `default`): the
 models the file no longer names are removed, those it newly names are added on the cores left
@@ -24,8 +24,8 @@ from numaserve.host.placement import PlacementError, Plan, replan
 from numaserve.host.topology import CPUTopology
 from numaserve.processes.specs import Deployment, deployment
 from numaserve.supervisor.children import State
-from numaserve.supervisor.reconcile import Running, Wanted
 from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.rollout import Running, Wanted
 
 log = logging.getLogger("numaserve.supervisor")
 
@@ -82,7 +82,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
     # of one unnamed model (`model:`) renews every one: new weights at the same path show in
     # no spec, and SIGHUP after copying them in (numaserve.testing's `reload` too) loads them.
     renew = tuple(
-        workers[w.slot.name]
+        w.slot.name
         for w in new.workers
         if w.slot.name in workers
         and workers[w.slot.name].state == State.READY
@@ -90,7 +90,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
     )
     kept = sorted(
         {w.slot.model for w in new.workers if w.slot.name in workers}
-        - {old.model_name for old in renew}
+        - {workers[name].model_name for name in renew}
     )
     log.info(
         "reload: %srestarting %d instance(s) one at a time%s",
@@ -103,7 +103,8 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
         f"; unchanged, kept running: {', '.join(kept)}" if kept else "",
         extra={"event": "reload"},
     )
-    return Wanted(config, plan, new, renew, removed, added, resume=mood)
+    generation = running.generation + 1
+    return Wanted(config, plan, new, renew, removed, added, resume=mood, generation=generation)
 
 
 def _unapplied(current: Config, config: Config, running: Deployment, new: Deployment) -> list[str]:

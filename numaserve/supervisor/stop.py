@@ -40,7 +40,7 @@ class Stop:
         )
         return _stop_all(http, now)
 
-    def advance(
+    def next_steps(
         self, http: list[Child], routers: list[Child], everyone: list[Child], now: float
     ) -> tuple[list[Terminate], int | None]:
         """What to stop next, and the exit code once every process is gone (None before)."""

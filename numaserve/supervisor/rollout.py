@@ -1,4 +1,5 @@
-"""The one way the running processes change shape: to a wanted deployment, step by step.
+"""A rollout: the one way the running processes change shape, to a wanted deployment, step
+by step.
 
 At start the wanted deployment is the plan's and nothing runs yet; on a reload (SIGHUP,
 reload.py) it is the new config's, and it may remove models (their router shards drain, then
@@ -6,12 +7,14 @@ their instances stop), add models (placed on the cores left free, with router sh
 own) and renew instances, one slot at a time, the old instance stopping only once its
 replacement is READY, so that capacity never drops by more than one instance.
 
-`advance` is a pure function of the `Wanted` deployment (plain data, decided once), what runs
-(`Running`, the arbiter's) and the clock: it returns the actions that bring what runs one step
-nearer, and the arbiter carries them out. It keeps no progress of its own: how far a reload
-has come is read from what runs (the removed models' children still in the running set or
-still alive among the retired ones, which config runs, the replacement starting, which slots
-still hold the instances it set out to replace).
+`next_steps` is a pure function of the `Wanted` deployment (plain data, decided once), what
+runs (`Running`, the arbiter's) and the clock: it returns the actions that bring what runs one
+step nearer, and the arbiter carries them out. It keeps no progress of its own, and tracks
+none by the identity of a live object: how far a reload has come is read from what runs, by
+value (the removed models' children still in the running set or still alive among the retired
+ones; the generation of the running shape, one more at each reload once it is taken up; the
+replacement starting; which of the slots to renew still run an instance of an older
+generation).
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ class Running:
     preparing: bool  # `numaserve prepare` runs: no process changes before its artifacts
     retired: tuple[Child, ...] = ()  # out of the running set, still to be reaped
     replacement: Child | None = None  # a reload's new instance of a slot, while it starts
+    generation: int = 0  # of the shape that runs: the start's 0, one more each reload's
 
 
-# -- what a reconcile asks the arbiter to do, besides a child's own actions ----------------------
+# -- what a rollout asks the arbiter to do, besides a child's own actions -----------------------
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class Reshaped:
     plan: Plan
     config: Config
     deployment: Deployment
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -153,11 +158,12 @@ class Wanted:
     config: Config
     plan: Plan
     deployment: Deployment
-    renew: tuple[Child, ...] = ()  # the instances a reload replaces, in plan order
+    renew: tuple[str, ...] = ()  # the slots whose instances a reload replaces, in plan order
     removed: tuple[str, ...] = ()  # models leaving the server
     added: tuple[str, ...] = ()  # models new to it (at start: every one)
     reloading: bool = True  # False: the start, which renews nothing and has nothing to abort to
     resume: Mood = Mood.SERVING  # the server's mood again if the reload is aborted
+    generation: int = 0  # its number: the start's 0, each reload one more than what runs
 
     @classmethod
     def start(cls, config: Config, plan: Plan, deployment: Deployment) -> Wanted:
@@ -169,17 +175,20 @@ class Wanted:
         return next(w for w in self.deployment.workers if w.slot.name == name)
 
     def reshaped(self, running: Running) -> bool:
-        """The removed models gone and the added ones taken up: its config is what runs."""
-        return running.config is self.config
+        """The removed models gone and the added ones taken up: its shape is what runs."""
+        return running.generation == self.generation
 
 
 def to_renew(wanted: Wanted, running: Running) -> list[str]:
-    """The slots still to renew, in order: those whose slot still holds the instance the
-    reload set out to replace."""
-    return [old.name for old in wanted.renew if running.workers.get(old.name) is old]
+    """The slots still to renew, in order: those whose instance is of an older generation."""
+    return [
+        name
+        for name in wanted.renew
+        if name in running.workers and running.workers[name].generation < wanted.generation
+    ]
 
 
-def advance(wanted: Wanted, running: Running, now: float) -> list[Action]:
+def next_steps(wanted: Wanted, running: Running, now: float) -> list[Action]:
     """The next step, each turn of the loop."""
     if running.preparing:
         return []  # no process changes before the new models' artifacts are ready
@@ -207,7 +216,8 @@ def _roll(wanted: Wanted, running: Running, now: float) -> list[Action]:
         if not pending:
             return [Renewed()]
         name = pending[0]
-        return [Renew(Child.for_worker(wanted.spec(name), running.workers[name].restarts))]
+        old = running.workers[name]
+        return [Renew(Child.for_worker(wanted.spec(name), old.restarts, wanted.generation))]
     if replacement.state == State.READY:
         return [Replace(replacement)]
     if (
@@ -272,7 +282,7 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
         if spec.model_name in wanted.added and spec.shard not in shards
     ]
     joining += [
-        Child.for_worker(spec)
+        Child.for_worker(spec, generation=wanted.generation)
         for spec in new.workers
         if spec.slot.model in wanted.added and spec.slot.name not in running.workers
     ]
@@ -289,4 +299,4 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     routers += [s for s in new.routers if s.model_name in wanted.added]
     routers.sort(key=lambda spec: spec.shard)
     deployment = Deployment(tuple(routers), frontend, new.workers, new.http)
-    return [*actions, Reshaped(wanted.plan, wanted.config, deployment)]
+    return [*actions, Reshaped(wanted.plan, wanted.config, deployment, wanted.generation)]
