@@ -33,7 +33,9 @@ def main() -> None:
     kept = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"numaserve.process": "router"}))
     provider.add_span_processor(SimpleSpanProcessor(kept))
-    traces = RequestTraces(Tracing(provider.get_tracer("numaserve"), provider, CountedExporter(kept)))
+    traces = RequestTraces(
+        Tracing(provider.get_tracer("numaserve"), provider, CountedExporter(kept))
+    )
     start = time.perf_counter()
     for i in range(n):
         now = time.monotonic()

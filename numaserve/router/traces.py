@@ -5,9 +5,9 @@ over ZeroMQ), opened when the shard reads it and ended when it answers; its cont
 the instance with each job (RUN's `trace`), so that the instance's forward pass is its child.
 The tokenizing (with the cache's lookups) is a duration on it, and each dispatch to an
 instance an event (which instance, its wait in the queue), not spans of their own: at 100%
-sampling each span costs the shard ~60 us of CPU to make and encode in OpenTelemetry's SDK, an
-event about half (docs/benchmarks.md#what-tracing-costs), and those spans said nothing an
-attribute or an event does not. Times are the shard's monotonic clock's, carried over to the
+sampling a request's shard spans cost ~136 us of CPU to make and encode in OpenTelemetry's SDK
+with a span for each dispatch, ~98 with events (benchmarks/span_cost.py), and those spans said
+nothing an attribute or an event does not. Times are the shard's monotonic clock's, carried over to the
 wall clock once.
 """
 
