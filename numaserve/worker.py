@@ -148,6 +148,7 @@ class Engine:
             attributes = {
                 "numaserve.batch.texts": len(inputs),
                 "numaserve.batch.tokens": sum(map(len, inputs)),
+                "numaserve.head_ms": round(self.model.head_s * 1000, 3),  # within the pass
             }
             self.tracing.batch(body["trace"], "forward pass", pass_s, attributes)
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}

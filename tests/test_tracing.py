@@ -95,6 +95,8 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     # what holds for every span of an instance is on its resource
     assert worker.resource["numaserve.instance"] == dispatched["numaserve.instance"]
     assert worker.attributes["numaserve.batch.texts"] == 1
+    head_ms = worker.attributes["numaserve.head_ms"]  # the pooling, within the pass's time
+    assert 0 < head_ms * 1_000_000 < worker.end_ns - worker.start_ns
     assert worker.resource["numaserve.model.backend"] == "torch"
     assert "numaserve.cpus" in worker.resource and "numaserve.numa_nodes" in worker.resource
     # each child inside its parent's time

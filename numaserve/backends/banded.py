@@ -49,14 +49,19 @@ class Banded:
             models[id(model)] = model
             groups.setdefault(id(model), []).append(i)
         if len(groups) == 1:
-            return next(iter(models.values())).run(batch, segments, whole)
-        results: list = [None] * len(batch)
+            (model,) = models.values()
+            results = model.run(batch, segments, whole)
+            self.head_s = model.head_s
+            return results
+        results = [None] * len(batch)
+        self.head_s = 0.0  # each path's head, for the pass's trace
         for key, rows in groups.items():
             part = models[key].run(
                 [batch[i] for i in rows],
                 [segments[i] for i in rows] if segments else None,
                 [rows.index(i) for i in whole if i in rows],
             )
+            self.head_s += models[key].head_s
             for i, result in zip(rows, part, strict=True):
                 results[i] = result
         return results

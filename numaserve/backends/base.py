@@ -7,6 +7,7 @@ input checks and padding are here, and what follows the pass is the task's head 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,7 @@ class Model:
 
     choice = None  # backends/choice.py's Choice, where `quantize: auto` chose the model path
     accuracy = None  # what a precision the config names costs here (choice.named_cost)
+    head_s = 0.0  # the last run's time in the task's head (pooling, a softmax), for its trace
     # The weights files it maps, shared with the other instances that map them
     # (node_weights.Weights); empty where it holds its weights in its own memory.
     weights: tuple = ()
@@ -170,7 +172,9 @@ class Model:
         ids, mask, types = self._arrays(batch, segments)
         out = self.forward(ids, mask, types)
         rows = {i: out[i, : len(batch[i])].copy() for i in whole}  # before a head works in place
+        started = time.perf_counter()
         results = self.head(out, mask, batch)
+        self.head_s = time.perf_counter() - started
         for i, matrix in rows.items():
             results[i] = matrix
         return results
