@@ -154,7 +154,10 @@ class Engine:
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:
-        config, choice = self.model.config, self.model.choice
+        config, prepared = self.model.config, self.model.prepared
+        # Who chose its path, and why: the prepared record's entry (an instance of a server),
+        # else what load_model's `auto` chose (no record); each has `why` and `shorter`.
+        choice = prepared if prepared is not None and prepared.why else self.model.choice
         info = {
             "task": self.task.name,
             "max_length": config.max_length,

@@ -103,3 +103,14 @@ def test_the_router_worker_and_http_front_load_no_runtime_before_they_pin_themse
     # a tokenizer (and numpy) only once a route needs it, long after it pinned itself.
     allowed = {"tokenizers"} if module == "numaserve.router.loop" else set()
     assert roots(loaded_by(module)) & set(RUNTIMES) == allowed
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["numaserve.router.loop", "numaserve.http.front", "numaserve.backends.loading"],
+)
+def test_no_serving_process_loads_the_code_that_chooses_a_model_path(module):
+    # An instance loads what `numaserve prepare` resolved (backends/loading.py, what
+    # worker.py imports once pinned); a shard and a front tokenize. None of them chooses.
+    choosing = {"numaserve.backends.choice", "numaserve.backends.gate", "numaserve.backends.race"}
+    assert loaded_by(module) & choosing == set()

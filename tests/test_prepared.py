@@ -92,7 +92,7 @@ def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_di
     }
     assert model.run([short, long]) == [alone["fp32"].run([short])[0], alone["int8"].run([long])[0]]
     assert model.run([long, short]) == [alone["int8"].run([long])[0], alone["fp32"].run([short])[0]]
-    assert [(s.last, str(s.path)) for s in model.choice.shorter] == [(8, "onnxruntime none")]
+    assert [(s.last, str(s.path)) for s in model.prepared.shorter] == [(8, "onnxruntime none")]
     assert model.labels == alone["int8"].labels
 
 

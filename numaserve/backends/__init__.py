@@ -3,7 +3,10 @@
 Importing this package imports no runtime: `load_model` imports the backend it needs on
 demand, after the worker has pinned itself (host/pinning.py), so the runtime's thread pools
 inherit the binding, and an ONNX Runtime worker never imports torch (about 200 MB less per
-instance). The router imports only `tokenizer` from here.
+instance). Nor does it import the code that chooses a model path (choice.py, the gate, the
+race): `prepare_model` and `load_model` do, where they choose; an instance's `load_prepared`
+(loading.py) loads what the prepared record names, and never reaches it. The router and the
+HTTP fronts import only `tokenizer` from here.
 """
 
 from __future__ import annotations
@@ -13,25 +16,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.backends.choice import (
-    ALONE,
-    Band,
-    Batching,
-    ModelPath,
-    PoolChoice,
-    Shorter,
-    concrete,
-    ensure_choice,
-    named,
-    named_cost,
-)
-from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
+from numaserve.backends.loading import banded, load_path, load_prepared
+from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
-from numaserve.processes.prepared import BandPath, PoolPath, Prepared
+from numaserve.processes.prepared import BandPath, ModelPath, PoolPath, Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
+    from numaserve.backends.choice import Band, Batching
+
+__all__ = ["load_model", "load_prepared", "prepare_model"]
 
 log = logging.getLogger("numaserve.backends")
 
@@ -43,94 +38,14 @@ def load_model(
     decided first (backends/choice.py), for one pool over every length (a pool whose
     shorter texts run on another path gets a Banded model). `artifact`: the one `numaserve
     prepare` built for this path, loaded as it is. `model.choice` says why, where auto chose."""
+    from numaserve.backends.choice import concrete
+
     config, choice = concrete(config, isa, load_model)
-    model = _load_path(config, isa, threads, artifact)
+    model = load_path(config, isa, threads, artifact)
     if choice and choice.shorter:
         shorter = [(s.last, s.path.applied_to(config), None) for s in choice.shorter]
-        model = _banded(model, shorter, isa, threads)
+        model = banded(model, shorter, isa, threads)
     model.choice = choice
-    return model
-
-
-def _load_path(
-    config: ModelConfig,
-    isa: tuple[str, ...],
-    threads: int,
-    artifact: str | None,
-    node: int | None = None,
-):
-    """The model of one named path; `node`: the NUMA node whose copy of shared weights it
-    maps (onnx.py), where it is bound to one."""
-    try:
-        if config.backend == "onnxruntime":
-            from numaserve.backends.onnx import OnnxModel
-
-            return OnnxModel(config, isa, threads, artifact, node)
-        if config.backend == "openvino":
-            from numaserve.backends.openvino import OpenVinoModel
-
-            return OpenVinoModel(config, isa, threads, artifact)
-        if config.backend == "ctranslate2":
-            from numaserve.backends.ct2 import Ct2Model
-
-            return Ct2Model(config, isa, threads, artifact)
-        from numaserve.backends.torch import TorchModel
-
-        return TorchModel(config, isa, threads)
-    except ModuleNotFoundError as e:
-        raise MissingRuntime(
-            f"model.backend {config.backend} cannot run here: {e} (installed without it, as "
-            "the container image is without torch). Install numaserve with its dependencies, "
-            "or name a backend this installation has"
-        ) from e
-
-
-def _banded(
-    main,
-    shorter: list[tuple[int, ModelConfig, str | None]],
-    isa,
-    threads: int,
-    node: int | None = None,
-):
-    """The pool's model and its shorter bands' [(last, config, artifact)], one model a path."""
-    from numaserve.backends.banded import Banded
-
-    loaded = {(main.config.backend, main.config.quantize, main.config.keep_fp32): main}
-    models = []
-    for last, config, artifact in shorter:
-        key = (config.backend, config.quantize, config.keep_fp32)
-        if key not in loaded:
-            loaded[key] = _load_path(config, isa, threads, artifact, node)
-        models.append((last, loaded[key]))
-    return Banded(main, models)
-
-
-def load_prepared(
-    config: ModelConfig,
-    pool: str,
-    record: str,
-    isa: tuple[str, ...],
-    threads: int,
-    node: int | None = None,
-) -> Model:
-    """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
-    them (prepared.py), loaded with no hashing, judging or choosing. `node`: the one NUMA node
-    the instance is bound to, whose copy of shared weights it maps."""
-    config, entry = Prepared.read(record).config_for(config, pool)
-    model = _load_path(config, isa, threads, entry.artifact, node)
-    if entry.shorter:
-        shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]
-        model = _banded(model, shorter, isa, threads, node)
-    model.choice = (
-        PoolChoice(
-            entry.path,
-            entry.why,
-            tuple(Shorter(b.last, b.path, b.why) for b in entry.shorter),
-        )
-        if entry.why
-        else None
-    )
-    model.accuracy = entry.accuracy
     return model
 
 
@@ -138,16 +53,17 @@ def prepare_model(
     config: ModelConfig,
     isa: tuple[str, ...],
     pools: tuple[Band, ...] | None = None,
-    batching: Batching = ALONE,
+    batching: Batching | None = None,
 ) -> Prepared | None:
     """Resolve the model once for every instance (`numaserve prepare`): its checkpoint, each
     pool's paths (the `auto` choice, made if none is kept; a named precision other than fp32
     judged by the gate, to say what it costs here) and their artifacts (an ONNX graph or a
     CTranslate2 conversion, built or verified), so that this work (minutes for a large model
     on a slow CPU) runs before any instance starts, and never once per instance. `pools`: the
-    pools' bands (choice.bands); by default one over every length. None (logged) when the
-    model cannot be prepared."""
+    pools' bands (choice.bands); by default one over every length; `batching`: how they are
+    raced (choice.ALONE by default). None (logged) when the model cannot be prepared."""
     from numaserve.backends.artifacts import model_digest
+    from numaserve.backends.choice import ALONE, Band, PoolChoice, ensure_choice, named, named_cost
 
     started = time.monotonic()
     pools = pools or (Band("default", 0, config.max_length),)
@@ -156,7 +72,7 @@ def prepare_model(
         directory = Path(resolve_model_path(config.path))
         digest = model_digest(directory)
         if config.quantize == "auto":
-            choice = ensure_choice(config, isa, load_model, pools, batching, digest=digest)
+            choice = ensure_choice(config, isa, load_model, pools, batching or ALONE, digest=digest)
             chosen = {b.pool: choice.pools[b.pool] for b in pools}
         else:
             c = named(config)

@@ -23,7 +23,7 @@ class Banded:
     def __init__(self, main: Model, shorter: list[tuple[int, Model]]) -> None:
         self.main, self.shorter = main, shorter
         self._lasts = [last for last, _ in shorter]
-        self.choice = None
+        self.choice = self.prepared = None
 
     def __getattr__(self, name: str):
         return getattr(self.main, name)

@@ -1,0 +1,88 @@
+"""An instance's model, loaded as `numaserve prepare` resolved it (processes/prepared.py's
+record: each pool's path and artifact), with no hashing, judging or choosing: nothing here
+imports the code that chooses (choice.py), nor a runtime before the path names it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from numaserve.checkpoint.errors import MissingRuntime
+from numaserve.config.schema import ModelConfig
+from numaserve.processes.prepared import Prepared
+
+if TYPE_CHECKING:
+    from numaserve.backends.base import Model
+
+
+def load_path(
+    config: ModelConfig,
+    isa: tuple[str, ...],
+    threads: int,
+    artifact: str | None,
+    node: int | None = None,
+):
+    """The model of one named path; `node`: the NUMA node whose copy of shared weights it
+    maps (onnx.py), where it is bound to one."""
+    try:
+        if config.backend == "onnxruntime":
+            from numaserve.backends.onnx import OnnxModel
+
+            return OnnxModel(config, isa, threads, artifact, node)
+        if config.backend == "openvino":
+            from numaserve.backends.openvino import OpenVinoModel
+
+            return OpenVinoModel(config, isa, threads, artifact)
+        if config.backend == "ctranslate2":
+            from numaserve.backends.ct2 import Ct2Model
+
+            return Ct2Model(config, isa, threads, artifact)
+        from numaserve.backends.torch import TorchModel
+
+        return TorchModel(config, isa, threads)
+    except ModuleNotFoundError as e:
+        raise MissingRuntime(
+            f"model.backend {config.backend} cannot run here: {e} (installed without it, as "
+            "the container image is without torch). Install numaserve with its dependencies, "
+            "or name a backend this installation has"
+        ) from e
+
+
+def banded(
+    main,
+    shorter: list[tuple[int, ModelConfig, str | None]],
+    isa,
+    threads: int,
+    node: int | None = None,
+):
+    """The pool's model and its shorter bands' [(last, config, artifact)], one model a path."""
+    from numaserve.backends.banded import Banded
+
+    loaded = {(main.config.backend, main.config.quantize, main.config.keep_fp32): main}
+    models = []
+    for last, config, artifact in shorter:
+        key = (config.backend, config.quantize, config.keep_fp32)
+        if key not in loaded:
+            loaded[key] = load_path(config, isa, threads, artifact, node)
+        models.append((last, loaded[key]))
+    return Banded(main, models)
+
+
+def load_prepared(
+    config: ModelConfig,
+    pool: str,
+    record: str,
+    isa: tuple[str, ...],
+    threads: int,
+    node: int | None = None,
+) -> Model:
+    """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
+    them (processes/prepared.py), loaded with no hashing, judging or choosing. `node`: the one NUMA node
+    the instance is bound to, whose copy of shared weights it maps."""
+    config, entry = Prepared.read(record).config_for(config, pool)
+    model = load_path(config, isa, threads, entry.artifact, node)
+    if entry.shorter:
+        shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]
+        model = banded(model, shorter, isa, threads, node)
+    model.prepared = entry
+    model.accuracy = entry.accuracy
+    return model
