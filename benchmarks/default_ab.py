@@ -4,7 +4,8 @@ The default config (`bundled:minilm`, embed, onnxruntime int8, every core; only 
 set) is started with `numaserve start` from this checkout and from a git worktree of --old,
 in turns, ABBA (old, new, new, old, old, new, ...) so that neither always goes first, and
 loaded each time with `numaserve bench` (closed loop,
-stdlib sentences, after a warm-up). The worktree's code is run by putting it first on
+stdlib sentences, after a warm-up); its start time is from `numaserve start` to every instance
+ready (the choice kept by the first round). The worktree's code is run by putting it first on
 PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
 throughput, p50 latency and the server's CPU time a request (its processes' user and system
 time over the measured load, /proc): on a noisy VM only ratios within one run mean anything,
@@ -80,6 +81,7 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
     env |= extra_env
     numaserve = [sys.executable, "-c", "from numaserve.cli import main; main()"]
     log = (work / "server.log").open("a")
+    launched = time.monotonic()
     server = subprocess.Popen(
         [*numaserve, "start", "--config", str(config)], stdout=log, stderr=log, env=env
     )
@@ -88,7 +90,8 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
         while not all_ready(numaserve, endpoint, env):
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError(f"the server did not start; see {work / 'server.log'}")
-            time.sleep(1)
+            time.sleep(0.2)
+        start_s = time.monotonic() - launched  # to every instance ready (its choice kept)
         bench = [*numaserve, "bench", "--endpoint", endpoint, "--json"]
         subprocess.run(
             [*bench, "--clients", "2", "--requests", "50"], env=env, check=True, capture_output=True
@@ -104,6 +107,7 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
         summary = json.loads(out)
         spent = cpu_seconds(server.pid) - before
         summary["server_cpu_ms_per_request"] = 1000 * spent / summary["requests"]
+        summary["start_s"] = start_s
         return summary
     finally:
         server.terminate()
@@ -159,7 +163,8 @@ def main() -> None:
                         f"round {n} {name}: {summary['throughput_rps']:.1f} req/s, "
                         f"p50 {summary['latency_ms']['p50']:.2f} ms, "
                         f"p99 {summary['latency_ms']['p99']:.2f} ms, errors {summary['errors']}, "
-                        f"server CPU {summary['server_cpu_ms_per_request']:.3f} ms a request"
+                        f"server CPU {summary['server_cpu_ms_per_request']:.3f} ms a request, "
+                        f"started in {summary['start_s']:.1f} s"
                     )
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)])
@@ -172,9 +177,10 @@ def main() -> None:
     cpu = statistics.median(
         n["server_cpu_ms_per_request"] / o["server_cpu_ms_per_request"] for o, n in pairs
     )
+    start = statistics.median(n["start_s"] / o["start_s"] for o, n in pairs)
     print(
         f"new/old, median of {len(pairs)} pairs: throughput {throughput:.3f}x, p50 {p50:.3f}x, "
-        f"server CPU a request {cpu:.3f}x"
+        f"server CPU a request {cpu:.3f}x, start time {start:.3f}x"
     )
     result = {"old": args.old, "new_env": new_env, "rounds": rounds}
     if receiver is not None:
