@@ -25,7 +25,7 @@ from tests.harness.processes import still_running
 pytestmark = pytest.mark.slow
 
 BASE = """
-model: {{path: {model}}}
+model: {{path: {model}{model_keys}}}
 server: {{endpoint: "{endpoint}", heartbeat_ms: 200, heartbeat_liveness: 3}}
 supervisor: {{drain_timeout_s: 15, kill_timeout_s: 3, backoff_initial_s: 0.2, backoff_max_s: 2{supervisor}}}
 logging: {{format: {format}}}
@@ -35,11 +35,17 @@ placement:
 
 
 def start_server(
-    directory: Path, model: str = "bundled:minilm", fmt: str = "text", env=None, supervisor=""
+    directory: Path,
+    model: str = "bundled:minilm",
+    fmt: str = "text",
+    env=None,
+    supervisor="",
+    model_keys="",
 ) -> server_.Server:
-    """`supervisor`: more keys of the supervisor's section, e.g. "stable_s: 30"."""
+    """`supervisor`, `model_keys`: more keys of those sections, e.g. "stable_s: 30"."""
     text = BASE.format(
         model=model,
+        model_keys=f", {model_keys}" if model_keys else "",
         endpoint=server_.ENDPOINT,
         format=fmt,
         supervisor=f", {supervisor}" if supervisor else "",
@@ -162,10 +168,12 @@ def test_a_worker_that_dies_right_after_ready_backs_off_then_goes_fatal(tmp_path
 
 
 def test_a_first_build_runs_before_the_instances_outside_their_start_timeout(tmp_path):
-    # A cold cache: the export takes about 10 s here, twice the instances' start timeout.
+    # A cold cache: the export takes about 10 s here, twice the instances' start timeout. A
+    # named path, not `auto`, whose race of every candidate would add two minutes to no end.
     server = start_server(
         tmp_path,
         supervisor="start_timeout_s: 5",
+        model_keys="backend: onnxruntime, quantize: int8",
         env={"NUMASERVE_CACHE": str(tmp_path / "cold-cache")},
     )
     try:
