@@ -32,6 +32,7 @@ from numaserve.host.pinning import (
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
+from numaserve.processes.tracing import span_context
 from numaserve.processes.tracing import start as start_tracing
 from numaserve.wire import protocol
 
@@ -132,10 +133,8 @@ class Engine:
             outputs = self.model.run(inputs, segments, whole)
             pass_s = time.perf_counter() - started
         except Exception as e:
-            given = body.get("trace") or ()
-            traces = sorted(
-                {t.split("-")[1] for t in given if isinstance(t, str) and t.count("-") == 3}
-            )
+            read = map(span_context, body.get("trace") or ())  # as the pass's span reads them
+            traces = sorted({f"{c.trace_id:032x}" for c in read if c is not None})
             log.exception(  # a log line that leads to the traces of the requests it failed
                 "forward pass failed (job %s%s)",
                 job,

@@ -76,8 +76,8 @@ def load_prepared(
     node: int | None = None,
 ) -> Model:
     """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
-    them (processes/prepared.py), loaded with no hashing, judging or choosing. `node`: the one NUMA node
-    the instance is bound to, whose copy of shared weights it maps."""
+    them (processes/prepared.py), loaded with no hashing, judging or choosing. `node`: the one
+    NUMA node the instance is bound to, whose copy of shared weights it maps."""
     config, entry = Prepared.read(record).config_for(config, pool)
     model = load_path(config, isa, threads, entry.artifact, node)
     if entry.shorter:

@@ -7,8 +7,8 @@ The tokenizing (with the cache's lookups) is a duration on it, and each dispatch
 instance an event (which instance, its wait in the queue), not spans of their own: at 100%
 sampling a request's shard spans cost ~136 us of CPU to make and encode in OpenTelemetry's SDK
 with a span for each dispatch, ~98 with events (benchmarks/span_cost.py), and those spans said
-nothing an attribute or an event does not. Times are the shard's monotonic clock's, carried over to the
-wall clock once.
+nothing an attribute or an event does not. Times are the shard's monotonic clock's, carried
+over to the wall clock once.
 """
 
 from __future__ import annotations
