@@ -34,6 +34,7 @@ from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
 from numaserve.processes.tracing import span_context
 from numaserve.processes.tracing import start as start_tracing
+from numaserve.status.report import Band, RunningPath
 from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.worker")
@@ -160,27 +161,20 @@ class Engine:
         info = {
             "task": self.task.name,
             "max_length": config.max_length,
-            # What runs, decided: by `auto` (and why) or by the config.
-            "model_path": {
-                "backend": config.backend,
-                "quantize": config.quantize,
-                "keep_fp32": list(config.keep_fp32),
-                "chosen_by": "auto" if choice else "config",
-                **({"why": choice.why} if choice else {}),
-                # The pool's shorter texts' own paths, where auto found another faster and
-                # accurate there: texts of up to `last` tokens.
-                "shorter": [
-                    {
-                        "last": s.last,
-                        "backend": s.path.backend,
-                        "quantize": s.path.quantize,
-                        "keep_fp32": list(s.path.keep_fp32),
-                        "why": s.why,
-                    }
+            # What runs, decided: by `auto` (and why) or by the config; and the pool's shorter
+            # texts' own paths, where auto found another faster and accurate there.
+            "model_path": RunningPath(
+                backend=config.backend,
+                quantize=config.quantize,
+                keep_fp32=config.keep_fp32,
+                chosen_by="auto" if choice else "config",
+                why=choice.why if choice else None,
+                shorter=tuple(
+                    Band(s.last, s.path.backend, s.path.quantize, s.path.keep_fp32, s.why)
                     for s in (choice.shorter if choice else ())
-                ],
-                **({"accuracy": self.model.accuracy} if self.model.accuracy else {}),
-            },
+                ),
+                accuracy=self.model.accuracy or None,
+            ).to_wire(),
             "weights": [w.to_wire() for w in self.model.weights],
         }
         return info | self.model.head.describe()

@@ -7,7 +7,7 @@ import zmq
 
 from numaserve.router.handover import Handover, is_handed_over
 from numaserve.status.report import SlotTable, SupervisorInfo
-from tests.harness.reports import instance
+from tests.harness.reports import slot
 
 
 @pytest.fixture
@@ -26,8 +26,8 @@ def table(*shards: dict, stopping=(), starting=()) -> SlotTable:
         state = "draining" if number in stopping else "starting" if number in starting else "ready"
         routers.append((number, state))
         for pool, n in shard.items():
-            slots += [instance(f"{pool}-{i}", shard=number, pool=pool) for i in range(n)]
-            slots.append(instance(f"{pool}-{n}", shard=number, pool=pool, state="backoff"))
+            slots += [slot(f"{pool}-{i}", shard=number, pool=pool) for i in range(n)]
+            slots.append(slot(f"{pool}-{n}", shard=number, pool=pool, state="backoff"))
     return SlotTable(SupervisorInfo(pid=1), tuple(slots), tuple(routers))
 
 

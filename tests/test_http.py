@@ -934,13 +934,13 @@ def test_a_killed_front_is_restarted_on_its_cpus_and_serves_again(embedder):
 
 def test_numaserve_status_shows_the_http_front(embedder):
     from numaserve.status.format import format_status
-    from numaserve.status.report import Report
+    from numaserve.status.report import ServerReport
 
     (pid,) = embedder.http_pids()
     status = embedder.status()
     (front,) = status["supervisor"]["http"]
     assert front["name"] == "http-0" and front["state"] == "ready" and front["pid"] == pid
-    assert f"HTTP front http-0: ready, pid {pid}" in format_status(Report.from_wire(status))
+    assert f"HTTP front http-0: ready, pid {pid}" in format_status(ServerReport.from_wire(status))
 
 
 def test_a_request_marked_bulk_is_served_and_counted_as_bulk(embedder):

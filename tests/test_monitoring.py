@@ -14,12 +14,12 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
-from numaserve.status.report import Cache, Report
+from numaserve.status.report import Cache, RunningPath, ShardReport
 from tests.harness.http import http_get
-from tests.harness.reports import instance, pool, report
+from tests.harness.reports import pool, report, routing
 
 
-def shard_status(ready=1, queue=0) -> Report:
+def shard_status(ready=1, queue=0) -> ShardReport:
     metrics = RouterMetrics(["short", "long"])
     metrics.replied("embed", "ok", 0.002)
     metrics.replied("embed", "ok", 0.0004)
@@ -320,12 +320,12 @@ def test_a_taken_port_is_a_clear_error():
 
 
 def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
-    path = {"backend": "openvino", "quantize": "bf16", "keep_fp32": [], "chosen_by": "auto"}
+    path = RunningPath("openvino", "bf16", (), chosen_by="auto")
     status = replace(
         shard_status(),
-        instances=(
-            instance("short-0", routed=True, model_path=path),
-            instance("long-0", routed=False, model_path=path),  # another shard's to report
+        routing=(
+            routing("short-0", 10, model_path=path),
+            routing("long-0", 11, routed=False, model_path=path),  # stopping: not routed
         ),
     )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
@@ -346,9 +346,9 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
 def test_each_routed_instance_says_what_binds_its_memory():
     status = replace(
         shard_status(),
-        instances=(
-            instance("main-0", routed=True, membind="cpuset"),
-            instance("main-1", routed=False, membind="cpuset"),  # another shard's to report
+        routing=(
+            routing("main-0", 10, membind="cpuset"),
+            routing("main-1", 11, routed=False, membind="cpuset"),  # stopping: not routed
         ),
     )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
@@ -362,10 +362,10 @@ def test_each_nodes_shared_weights_show_their_bytes_and_the_ready_instances_mapp
     weights = [{"file": "/c/node1/model.onnx.data", "bytes": 474_000_000, "node": 1}]
     status = replace(
         shard_status(),
-        instances=(
-            instance("short-0", routed=True, weights=weights),
-            instance("short-1", routed=True, weights=weights),
-            instance("long-0", routed=False, weights=weights),  # not ready: maps nothing yet
+        routing=(
+            routing("short-0", 10, weights=weights),
+            routing("short-1", 11, weights=weights),
+            routing("long-0", 12, routed=False, weights=weights),  # stopping: not counted
         ),
     )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))

@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from numaserve.client import Client
-from numaserve.status.report import Report
+from numaserve.status.report import ServerReport, ShardReport
 from numaserve.wire import protocol
 from tests.harness.fake_system import Rig
 from tests.harness.stand_in import InProcessRouter
@@ -41,9 +41,9 @@ def test_a_table_that_does_not_ask_is_answered_with_what_liveness_needs(router):
 
 def test_a_table_that_asks_is_answered_with_the_whole_report_too(router):
     answer = answer_to(router, report=True)
-    report = Report.from_wire(answer["server"])
+    report = ShardReport.from_wire(answer["server"])
     assert list(report.routed_pids) == answer["routed_pids"]
-    assert report.supervisor.pid == 1
+    assert report.shard == 0 and report.metrics is not None
 
 
 def test_the_supervisor_asks_for_the_whole_report_once_a_second(tmp_path):
@@ -70,8 +70,10 @@ def test_an_instance_is_judged_ready_from_the_answers_that_carry_no_report(tmp_p
 
 
 def test_the_status_a_client_gets_is_the_reports_one_wire_form(router):
-    """Read back as a Report and written again, the answer is the same: no field is lost."""
+    """Read back as a ServerReport and written again, the answer is the same: no field is
+    lost."""
     with Client(router.endpoint, timeout=5) as client:
         status = client.status()
-    assert Report.from_wire(status).to_wire() == status
-    assert status["supervisor"] == {} and "metrics" in status  # no table yet: its own
+    assert ServerReport.from_wire(status).to_wire() == status
+    assert status["supervisor"] == {}  # no table yet: the shard answers alone
+    assert [s["shard"] for s in status["shards"]] == [0] and "metrics" in status["shards"][0]

@@ -1,56 +1,65 @@
-"""`status` answered by one router shard for the whole server (status/merge.py), and the table
-a person reads (status/format.py): pure, on hand-made shard reports."""
-
-from dataclasses import replace
+"""The whole server's status (status/merge.py: each slot joined with its routing shard's
+view), and the table a person reads (status/format.py): pure, on hand-made records."""
 
 from numaserve.status.format import format_status, memory_lines, weights_lines
-from numaserve.status.merge import whole_server
-from tests.harness.reports import instance, report
+from numaserve.status.merge import server_report
+from numaserve.status.report import ServerReport, SlotTable, SupervisorInfo
+from tests.harness.reports import instance, report, routing, slot
 
 
-def shard(n: int, instances: list, model: str = "default"):
-    return report(n, tuple(instances), model_name=model, requests={"ok": 0})
+def shard(n: int, routed: list, model: str = "default"):
+    return report(n, tuple(routed), model_name=model, requests={"ok": 0})
 
 
-def entry(name: str, shard_n: int, pid: int, state: str, routed: bool):
-    return instance(name, shard=shard_n, pid=pid, state=state, routed=routed)
-
-
-def test_an_instance_shows_the_supervisors_latest_state_and_its_own_shards_routing():
-    # Shard 1 answers with the supervisor's newest table (main-0 now ready). Shard 0's part is
-    # a round older: it hears main-0 (which is how the supervisor knew it was ready) but its
-    # copy of the table still says starting. systemd has been told READY=1 at this point.
-    own = shard(1, [entry("main-0", 0, 10, "ready", False), entry("main-1", 1, 11, "ready", True)])
-    peer = shard(
-        0, [entry("main-0", 0, 10, "starting", True), entry("main-1", 1, 11, "starting", False)]
-    )
-    whole = {i.name: i for i in whole_server(own, [peer]).instances}
-    assert whole["main-0"].state == whole["main-1"].state == "ready"
+def test_each_slot_shows_the_supervisors_state_and_the_routing_of_the_shard_that_hears_it():
+    slots = [slot("main-0", shard=0, pid=10), slot("main-1", shard=1, pid=11)]
+    shards = [shard(1, [routing("main-1", 11, served=4)]), shard(0, [routing("main-0", 10)])]
+    whole = {i.slot.name: i for i in server_report(slots, None, shards).instances}
+    assert whole["main-0"].slot.state == whole["main-1"].slot.state == "ready"
     assert whole["main-0"].routed and whole["main-1"].routed
+    assert whole["main-1"].routing.served == 4
 
 
-def test_a_peers_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_one():
-    own = shard(1, [entry("main-0", 0, 20, "starting", False)])
-    peer = shard(0, [entry("main-0", 0, 10, "ready", True)])  # the pid before a restart
-    (main0,) = whole_server(own, [peer]).instances
-    assert main0.pid == 20 and main0.state == "starting" and not main0.routed
+def test_a_shards_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_one():
+    slots = [slot("main-0", shard=0, pid=20, state="starting")]
+    peer = shard(0, [routing("main-0", 10)])  # the pid before a restart
+    (main0,) = server_report(slots, None, [peer]).instances
+    assert main0.slot.pid == 20 and main0.slot.state == "starting" and not main0.routed
+
+
+def test_the_whole_servers_status_reads_back_from_its_wire_form_as_it_was():
+    slots = [slot("main-0", shard=0, pid=10, cpus=[1], live_cpus=[1], restarts=0)]
+    path = {"backend": "onnxruntime", "quantize": "int8", "keep_fp32": [], "chosen_by": "config"}
+    seen = routing("main-0", 10, membind="numactl", weights=[], served=3)
+    seen = type(seen).from_wire(seen.to_wire() | {"model_path": path})
+    whole = server_report(slots, SupervisorInfo(pid=1, state="ready"), [shard(0, [seen])])
+    assert ServerReport.from_wire(whole.to_wire()) == whole
+    assert whole.to_wire()["instances"][0]["affinity_ok"] is True
 
 
 def two_models(paths: dict | None = None):
     """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`.
     `paths`: each model's model path, as the shard that routes its instance knows it."""
-    table = [
-        replace(entry(name, n, 10 + n, "ready", False), model_name=model, cpus=[n], nodes=[0])
+    slots = [
+        slot(name, shard=n, pid=10 + n, model_name=model, cpus=[n], nodes=[0])
         for n, (name, model) in enumerate(
             (("toxicity.main-0", "toxicity"), ("embed.main-0", "embed"))
         )
     ]
-    routed = [
-        replace(slot, routed=True, model_path=(paths or {}).get(slot.model_name)) for slot in table
+    said = {
+        s.model_name: (paths or {}).get(s.model_name) for s in slots
+    }  # as their READY said them
+    shards = [
+        shard(s.shard, [routing_said(s.name, s.pid, said[s.model_name])], s.model_name)
+        for s in slots
     ]
-    own = shard(0, [routed[0], table[1]], "toxicity")
-    peer = shard(1, [table[0], routed[1]], "embed")
-    return whole_server(own, [peer])
+    return server_report(slots, None, shards)
+
+
+def routing_said(name: str, pid: int, path: dict | None):
+    """A shard's view of a process whose READY said `path`, read as the shard reads it."""
+    seen = routing(name, pid)
+    return type(seen).from_wire(seen.to_wire() | {"model_path": path})
 
 
 def test_pools_of_the_same_name_in_two_models_are_two_pools():
@@ -64,21 +73,26 @@ def test_pools_of_the_same_name_in_two_models_are_two_pools():
 def test_the_status_table_names_each_instances_model_and_each_pools():
     lines = format_status(two_models()).splitlines()
     assert lines[0].split()[:3] == ["instance", "model", "pool"]
-    assert lines[1].split()[:3] == ["toxicity.main-0", "toxicity", "main"]
+    assert lines[1].split()[:3] == ["embed.main-0", "embed", "main"]  # by name
+    assert lines[2].split()[:3] == ["toxicity.main-0", "toxicity", "main"]
     assert "pools: toxicity.main (<= 64 tokens): 0 queued, 1 ready, embed.main" in "\n".join(lines)
     assert any(line.startswith("router shard 1 of embed (CPUs 1)") for line in lines)
 
 
-def test_a_supervised_shard_shows_the_affinity_the_supervisor_read_not_its_own_proc_read():
+def test_a_supervised_shard_answering_alone_shows_the_affinity_the_supervisor_read():
     from numaserve.config.schema import PoolConfig
     from numaserve.router.dispatch import Dispatcher
-    from numaserve.router.status import instances
+    from numaserve.router.status import answered_alone
 
     gone = 2**22 + 7  # no such process: a /proc read would find nothing
-    slot = instance("main-0", pid=gone, cpus=[3], nodes=[0], live_cpus=[3])
+    table = SlotTable(
+        SupervisorInfo(pid=1),
+        (slot("main-0", pid=gone, cpus=[3], nodes=[0], live_cpus=[3]),),
+        routers=((0, "ready"),),
+    )
     dispatch = Dispatcher([PoolConfig(name="main", max_tokens=64)], queue_size=1)
-    [entry] = instances(dispatch, (slot,))
-    assert (entry.live_cpus, entry.affinity_ok) == ([3], True)
+    (entry,) = answered_alone(report(), dispatch, table).instances
+    assert (entry.slot.live_cpus, entry.slot.affinity_ok) == ([3], True)
 
 
 def test_the_status_says_what_runs_each_model_and_why():
@@ -148,9 +162,9 @@ def test_the_status_says_which_path_runs_a_pools_shorter_texts_and_what_a_named_
 
 def test_the_status_says_what_binds_each_instances_memory():
     instances = [
-        instance("main-0", membind="cpuset"),
-        instance("main-1", membind="cpuset"),
-        instance("long-0", membind="numactl"),
+        instance("main-0", {"membind": "cpuset"}),
+        instance("main-1", {"membind": "cpuset"}),
+        instance("long-0", {"membind": "numactl"}),
         instance("long-1"),  # not ready yet: nothing to say
     ]
     assert memory_lines(instances) == [
@@ -166,10 +180,10 @@ def test_the_status_says_each_nodes_shared_weights_and_how_many_instances_map_th
         ]
 
     instances = [
-        instance("main-0", weights=on(0)),
-        instance("main-1", weights=on(0)),
-        instance("main-2", weights=on(1)),
-        instance("cpu-0", weights=[]),  # torch: its weights in its own memory
+        instance("main-0", {"weights": on(0)}),
+        instance("main-1", {"weights": on(0)}),
+        instance("main-2", {"weights": on(1)}),
+        instance("cpu-0", {"weights": []}),  # torch: its weights in its own memory
         instance("cpu-1"),  # not ready yet: nothing to say
     ]
     assert weights_lines(instances) == [

@@ -1,5 +1,5 @@
-"""Where several router shards serve, the supervisor answers `status` for the whole server:
-the shards never forward their statuses to each other. On a FAKE OS (tests/harness/
+"""The supervisor answers `status` for the whole server, a shard's question as its control
+socket's: the shards never forward their statuses to each other. On a FAKE OS (tests/harness/
 fake_system.py): the fake shards answer the supervisor as the real ones do (router/loop.py),
 and tests/test_router_shards.py (slow) asks real shards."""
 
@@ -28,27 +28,53 @@ def test_every_shard_gets_the_same_slot_table_and_none_of_the_others_status(tmp_
     assert first["routers"] == [{"shard": 0, "state": "ready"}, {"shard": 1, "state": "ready"}]
 
 
-def test_a_shard_asked_for_status_gets_the_whole_server_back(tmp_path):
+def test_a_shard_asked_for_status_gets_the_whole_server_back_from_fresh_reports(tmp_path):
     rig = Rig(tmp_path, routers=2)
     rig.start()
+    rig.shards[0].status = shard_status(0, requests=7)
     rig.shards[1].status = shard_status(1, requests=5)
-    rig.step(seconds=1.1)  # the supervisor asks for shard 1's report (once a second)
-    rig.step()  # and hears it
-    own = shard_status(0, requests=7).to_wire()
-    rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 3, "server": own})
-    rig.step()
+    rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 3})
+    rig.step()  # the question: the supervisor asks every shard for its report
+    assert rig.shards[0].wholes == [] and rig.shards[0].tables[-1]["report"]
+    rig.step()  # their reports, and the answer
     (answer,) = rig.shards[0].wholes
     whole = answer["server"]
     assert answer["token"] == 3
     assert [s["shard"] for s in whole["shards"]] == [0, 1]
     assert whole["requests"] == {"requests": 12}
     assert whole["pools"][0]["queue"] == 2
+    assert {i["name"] for i in whole["instances"]} == set(rig.states())
     assert rig.shards[1].wholes == []
 
 
-def test_a_malformed_status_in_a_question_is_answered_with_itself(tmp_path):
+def test_a_shards_question_and_the_control_sockets_get_the_same_answer(tmp_path):
     rig = Rig(tmp_path, routers=2)
     rig.start()
-    rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 1, "server": {"shard": 0}})
+    answers = []
+    rig.sup.ask_status(Asker(answers), rig.os.now())
+    rig.shards[1].asking.append({"type": protocol.WHOLE, "token": 0})
     rig.step()
-    assert rig.shards[0].wholes == [{"type": protocol.WHOLE, "token": 1, "server": {"shard": 0}}]
+    rig.step()
+    ((control,), (shard,)) = answers, rig.shards[1].wholes
+    assert shard["server"] == control["status"]
+
+
+def test_a_question_no_report_can_answer_yet_gets_none_so_the_shard_answers_alone(tmp_path):
+    rig = Rig(tmp_path, routers=2)
+    for fake in rig.shards:
+        fake.status = None  # they answer the tables, with no report
+    rig.start()
+    rig.shards[0].asking.append({"type": protocol.WHOLE, "token": 1})
+    rig.step()
+    rig.step()
+    assert rig.shards[0].wholes == [{"type": protocol.WHOLE, "token": 1, "server": None}]
+
+
+class Asker:
+    """The control socket's side of a question: what `answer` is given."""
+
+    def __init__(self, answers: list) -> None:
+        self.answers = answers
+
+    def answer(self, body: dict) -> None:
+        self.answers.append(body)

@@ -23,7 +23,7 @@ from numaserve.cli.common import (
     read_texts,
     timeout_option,
 )
-from numaserve.status.report import BadReport, Report
+from numaserve.status.report import BadReport, ServerReport
 from numaserve.tasks import NAMES, TASKS
 from numaserve.tasks.base import MAX_WINDOWS
 from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
@@ -374,7 +374,7 @@ def _describe(address: str, status: dict | str) -> str:
     if isinstance(status, str):
         return f"{address}: no status ({status})"
     try:
-        report = Report.from_wire(status)
+        report = ServerReport.from_wire(status)
     except BadReport:
         return f"{address}: a status that is not numaserve's"
     pid = report.supervisor.pid if report.supervisor else None
@@ -411,7 +411,7 @@ def _cache_counts(statuses: dict[str, dict | str]) -> dict[str, int] | None:
     hits = misses = 0
     for status in statuses.values():
         try:
-            cache = Report.from_wire(status).cache
+            cache = ServerReport.from_wire(status).cache
         except BadReport:
             return None
         hits, misses = hits + cache.hits, misses + cache.misses

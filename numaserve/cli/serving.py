@@ -278,7 +278,7 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
     as a client asks it."""
     from numaserve.cli.control import connect, local_server
     from numaserve.status.format import format_status
-    from numaserve.status.report import Report
+    from numaserve.status.report import ServerReport
     from numaserve.wire.control import ControlError
 
     holder = local_server(endpoints)
@@ -293,7 +293,7 @@ def status(endpoints, timeout: float, as_json: bool) -> None:
     if as_json:
         print_json(report)
     else:
-        click.echo(format_status(Report.from_wire(report)))
+        click.echo(format_status(ServerReport.from_wire(report)))
 
 
 @main.command()

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from numaserve.config.schema import DEFAULT_MODEL
 from numaserve.host.cpulist import format_cpulist
 from numaserve.monitoring.snapshot import Process, Snapshot
-from numaserve.status.report import Report
+from numaserve.status.report import ShardReport
 
 # An instance is named by its slot ("main-0"; a restart keeps it): `instance` is the label
 # Prometheus gives every series of a scrape target (host:port), and would rename ours.
@@ -188,7 +188,7 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from (up, state, restarts, affinity, rss)
 
 
-def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _requests(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     replies = CounterMetricFamily(
         "numaserve_requests",
         "Requests answered, by op, result code (ok, or the error's code) and priority.",
@@ -228,7 +228,7 @@ def _requests(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     yield from simple.values()
 
 
-def _model_paths(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _model_paths(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     """What each ready instance runs, as the shard that routes to it heard in its READY:
     `quantize: auto`'s choice shows here (chosen_by auto) with the config's own (config)."""
     info = InfoMetricFamily(
@@ -236,22 +236,22 @@ def _model_paths(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
         "The backend and precision an instance runs, and whether auto or the config chose them.",
     )
     for (_, model_name), status in shards:
-        for instance in status.instances:
+        for instance in status.routing:
             path = instance.model_path
             if instance.routed and path:
                 labels = {
                     "instance": instance.name,
                     "model_name": model_name,
-                    "backend": path["backend"],
-                    "quantize": path["quantize"],
-                    "keep_fp32": ",".join(path["keep_fp32"]),
-                    "chosen_by": path["chosen_by"],
+                    "backend": path.backend,
+                    "quantize": path.quantize,
+                    "keep_fp32": ",".join(path.keep_fp32),
+                    "chosen_by": path.chosen_by,
                 }
                 info.add_metric([], labels)
     yield info
 
 
-def _memory_binding(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _memory_binding(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     """What binds each ready instance's memory to its node: `cpuset` where the memory-policy
     calls are refused (a container's default seccomp profile) and the cgroup binds it."""
     info = InfoMetricFamily(
@@ -259,7 +259,7 @@ def _memory_binding(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
         "What binds an instance's memory to its node: numactl, set_mempolicy or cpuset.",
     )
     for (_, model_name), status in shards:
-        for instance in status.instances:
+        for instance in status.routing:
             if instance.routed and instance.membind:
                 labels = {
                     "instance": instance.name,
@@ -270,7 +270,7 @@ def _memory_binding(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     yield info
 
 
-def _pools(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _pools(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     labels = ["shard", "model_name", "pool"]
     queue = GaugeMetricFamily(
         "numaserve_queue_texts", "Texts waiting in a pool's queue.", labels=labels
@@ -308,7 +308,7 @@ def _pools(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     yield from (queue, ready, wait, batch, texts, tokens)
 
 
-def _cache(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _cache(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     labels = ["shard", "model_name"]
     hits = CounterMetricFamily(
         "numaserve_cache_hits", "Texts answered from the cache.", labels=labels
@@ -331,7 +331,7 @@ def _cache(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
     yield from (hits, misses, entries, capacity)
 
 
-def _passes(snapshot: Snapshot, shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _passes(snapshot: Snapshot, shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     passes = HistogramMetricFamily(
         "numaserve_forward_pass_seconds",
         "An instance's forward passes, as the instance times them.",
@@ -369,12 +369,12 @@ def _buckets(hist: dict) -> tuple[list[tuple[str, float]], float]:
     return buckets, hist["sum"]
 
 
-def _shared_weights(shards: list[tuple[list[str], Report]]) -> Iterator[Metric]:
+def _shared_weights(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
     """Each shared weights file (one a NUMA node): its bytes, and how many ready instances map
     it; a file the instances of several shards map counts once, with all of them."""
     sharing: dict[tuple[str, str, str], tuple[int, int]] = {}
     for (_, model_name), status in shards:
-        for instance in status.instances:
+        for instance in status.routing:
             for w in (instance.weights or ()) if instance.routed else ():
                 key = (model_name, "" if w["node"] is None else str(w["node"]), w["file"])
                 _, count = sharing.get(key, (0, 0))

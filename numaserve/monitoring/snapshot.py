@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numaserve.status.report import Report
+from numaserve.status.report import ShardReport
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Snapshot:
     processes: tuple[Process, ...]  # every process the supervisor runs
     # Per router shard, in shard order: its latest report (None until its first), and how many
     # seconds before `taken` it last answered the supervisor (None: never yet).
-    shards: tuple[Report | None, ...] = ()
+    shards: tuple[ShardReport | None, ...] = ()
     shard_age: tuple[float | None, ...] = ()
     supervisor_pid: int = 0
     http_stats: tuple[str, ...] = ()  # the HTTP fronts' stats files (http/stats.py)

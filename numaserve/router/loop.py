@@ -36,8 +36,7 @@ from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
 from numaserve.router.traces import RequestTraces
-from numaserve.status.merge import whole_server
-from numaserve.status.report import BadReport, Report, SlotTable
+from numaserve.status.report import BadReport, ServerReport, ShardReport, SlotTable
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.tasks.requests import Request, RequestError, parse_request
@@ -56,9 +55,9 @@ TOKENIZER_MEMO_BYTES = 64 << 20
 # A request handed to a peer shard that has not answered in this long is answered no_instance
 # here (the peer died holding it): past any queue wait, and a client's usual timeout.
 HANDOVER_TIMEOUT_S = 30.0
-# A status op the supervisor has not answered for the whole server by then (it answers as soon
-# as its loop wakes on the question) gets this shard's own status.
-WHOLE_STATUS_TIMEOUT_S = 1.0
+# A status op the supervisor has not answered for the whole server by then (it waits for the
+# serving shards' fresh reports, STATUS_WAIT_S at most) is answered by this shard alone.
+WHOLE_STATUS_TIMEOUT_S = protocol.STATUS_WAIT_S + 1.0
 
 
 def read_request(
@@ -265,9 +264,10 @@ class Router:
         request = read_request(book, envelope, version, body, self.server.max_texts)
         if request is None:
             return
-        if request.op == "status" and self.spec.frontend and self.supervisor_identity:
-            ask = self.whole.ask(envelope, request.id, self.own_status(), time.monotonic())
-            send(self.workers, [self.supervisor_identity], ask)  # it answers for every shard
+        if request.op == "status" and self.supervisor_identity:
+            # The supervisor answers for the whole server, as on its control socket.
+            ask = self.whole.ask(envelope, request.id, time.monotonic())
+            send(self.workers, [self.supervisor_identity], ask)
             return
         if request.op == "cancel":
             book.cancel(envelope, request.id)
@@ -275,7 +275,7 @@ class Router:
         if request.op in ("ping", "status"):
             self.metrics.replied(request.op, "ok")
             extra = (
-                {"server": self.own_status(as_whole=True).to_wire()}
+                {"server": self.answered_alone().to_wire()}
                 if request.op == "status"
                 else {
                     "max_message_bytes": self.spec.server.max_message_bytes,
@@ -367,7 +367,9 @@ class Router:
         elif kind == protocol.WHOLE and identity == self.supervisor_identity:
             answer = self.whole.answered(body)
             if answer is not None:
-                self._answer_status(*answer)
+                envelope, request_id, whole = answer
+                whole = whole or self.answered_alone().to_wire()
+                self._answer_status(envelope, request_id, whole)
         elif kind == protocol.READY:
             self._on_ready(identity, body, now)
         elif kind == protocol.HEARTBEAT and isinstance(body.get("instance"), bytes):
@@ -419,7 +421,7 @@ class Router:
         self.book.fail_unservable(now)
         self._expire_handovers(now)
         for envelope, request_id in self.whole.expired(now):  # the supervisor did not answer
-            self._answer_status(envelope, request_id, self.own_status(as_whole=True).to_wire())
+            self._answer_status(envelope, request_id, self.answered_alone().to_wire())
         beat = protocol.pack({"type": protocol.HEARTBEAT})
         for worker in self.dispatch.workers.values():
             self.workers.send_multipart([worker.control or worker.identity, *beat])
@@ -464,13 +466,14 @@ class Router:
         own = sum(1 for w in self.dispatch.workers.values() if not w.stopping)
         return own + (self.handover.ready_at_peers(self.table) if self.handover else 0)
 
-    def own_status(self, as_whole: bool = False) -> Report:
-        """This shard's state; where a supervisor runs, one entry per slot of its plan.
-        `as_whole`: as the whole server's where there are several shards (ours alone)."""
-        own = status.shard(
-            self.spec, self.dispatch, self.book, self.metrics, self.connections, self.table
-        )
-        return whole_server(own, []) if as_whole and self.spec.frontend else own
+    def own_status(self) -> ShardReport:
+        """This shard's report of itself, as the supervisor hears it."""
+        return status.shard(self.spec, self.dispatch, self.book, self.metrics, self.connections)
+
+    def answered_alone(self) -> ServerReport:
+        """The whole server's status as this shard alone can give it (no supervisor runs, or
+        it did not answer)."""
+        return status.answered_alone(self.own_status(), self.dispatch, self.table)
 
     def close(self) -> None:
         if self.handover:

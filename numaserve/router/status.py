@@ -1,16 +1,26 @@
-"""What a router shard reports of itself (status/report.py's `Report`): its instances, pools,
-cache and counters; and the status questions it has asked the supervisor to answer for the
-whole server."""
+"""What a router shard reports of itself (status/report.py's `ShardReport`): the processes it
+routes to, its pools, cache and counters; the whole server's status where it must answer
+alone; and the status questions it has asked the supervisor to answer."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from numaserve.host.pinning import affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
-from numaserve.status.report import Cache, Instance, Pool, Report, SlotTable
+from numaserve.status.merge import server_report
+from numaserve.status.report import (
+    BadReport,
+    Cache,
+    Pool,
+    Routing,
+    RunningPath,
+    ServerReport,
+    ShardReport,
+    Slot,
+    SlotTable,
+)
 from numaserve.wire import protocol
 
 if TYPE_CHECKING:
@@ -26,17 +36,15 @@ def shard(
     book: RequestBook,
     metrics: RouterMetrics,
     connections: Connections,
-    table: SlotTable | None,
-) -> Report:
-    """One shard's state, as its status answer carries it; where a supervisor runs, one
-    instance entry per slot of its plan (its slot `table`)."""
-    return Report(
+) -> ShardReport:
+    """One shard's report of itself, as it sends the supervisor."""
+    return ShardReport(
         task=spec.model.task,
         model_name=spec.model_name,
         shard=spec.shard,
         cpus=list(spec.cpus),
         model=spec.model.path,
-        instances=instances(dispatch, table.slots if table else None),
+        routing=routing(dispatch),
         pools=pools(dispatch, spec.model_name),
         cache=Cache(**book.cache.stats()),
         requests={**book.counters, **connections.counts(), **traced_counts(book, dispatch)},
@@ -44,8 +52,16 @@ def shard(
         metrics=metrics.wire(),
         draining=book.draining_until is not None,
         routed_pids=routed_pids(dispatch),
-        supervisor=table.supervisor if table else None,
     )
+
+
+def answered_alone(own: ShardReport, dispatch: Dispatcher, table: SlotTable | None) -> ServerReport:
+    """The whole server's status as this shard alone can give it: with no supervisor, or
+    one that did not answer in time. The slots are the supervisor's latest table, or, with
+    none, the instances this shard knows."""
+    if table is not None:
+        return server_report(table.slots, table.supervisor, [own])
+    return server_report(known_slots(dispatch, own.shard), None, [own])
 
 
 def traced_counts(book: RequestBook, dispatch: Dispatcher) -> dict[str, int]:
@@ -59,45 +75,51 @@ def traced_counts(book: RequestBook, dispatch: Dispatcher) -> dict[str, int]:
     }
 
 
-def instances(dispatch: Dispatcher, slots: tuple[Instance, ...] | None) -> tuple[Instance, ...]:
-    """One entry per slot of the supervisor's plan (`slots`, each with its live affinity as the
-    supervisor read it), or, with no supervisor, per instance the router knows; each with what
-    the router sees of it and its live affinity."""
-    live = {w.info.get("pid"): w for w in dispatch.workers.values()}
-    supervised = slots is not None
-    if slots is None:
-        slots = tuple(
-            Instance(
-                name=w.name,
-                pool=dispatch.pools[w.pool].config.name,
-                state="draining" if w.stopping else "ready",
-                pid=w.info.get("pid"),
-                cpus=w.info.get("cpus"),
-                nodes=w.info.get("nodes"),
-            )
-            for w in dispatch.workers.values()
-        )
+def routing(dispatch: Dispatcher) -> tuple[Routing, ...]:
+    """What this shard knows of each process it has heard READY from."""
     entries = []
-    for instance in sorted(slots, key=lambda s: s.name):
-        worker = live.get(instance.pid)
-        # The supervisor reads it (its slot table's live_cpus), off this loop; a router run
-        # without one reads it itself, for a status request.
-        live_cpus = instance.live_cpus if supervised else affinity_if_alive(instance.pid)
+    for w in sorted(dispatch.workers.values(), key=lambda w: w.name):
         entries.append(
-            replace(
-                instance,
-                routed=worker is not None and not worker.stopping,
-                threads=worker.info.get("threads") if worker else None,
-                membind=worker.info.get("membind") if worker else None,
-                model_path=worker.info.get("model_path") if worker else None,
-                weights=worker.info.get("weights") if worker else None,
-                busy=worker.jobs if worker else 0,
-                served=worker.served if worker else 0,
-                live_cpus=live_cpus,
-                affinity_ok=live_cpus == instance.cpus if live_cpus is not None else None,
+            Routing(
+                name=w.name,
+                pid=w.info.get("pid"),
+                routed=not w.stopping,
+                threads=w.info.get("threads"),
+                membind=w.info.get("membind"),
+                model_path=_running_path(w.info.get("model_path")),
+                weights=w.info.get("weights"),
+                busy=w.jobs,
+                served=w.served,
             )
         )
     return tuple(entries)
+
+
+def _running_path(said: object) -> RunningPath | None:
+    """The model path a READY said; None where it said none, or one of another shape (a
+    worker of another version): its status shows no path rather than failing."""
+    try:
+        return RunningPath.from_wire(said) if said else None
+    except BadReport:
+        return None
+
+
+def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[Slot, ...]:
+    """With no supervisor, a slot per instance this shard knows, from its READY, with its
+    live affinity read here (for a status question, not in the request loop)."""
+    return tuple(
+        Slot(
+            name=w.name,
+            pool=dispatch.pools[w.pool].config.name,
+            state="draining" if w.stopping else "ready",
+            pid=w.info.get("pid"),
+            cpus=w.info.get("cpus"),
+            nodes=w.info.get("nodes"),
+            shard=shard_number,
+            live_cpus=affinity_if_alive(w.info.get("pid")),
+        )
+        for w in dispatch.workers.values()
+    )
 
 
 def pools(dispatch: Dispatcher, model_name: str) -> tuple[Pool, ...]:
@@ -120,28 +142,29 @@ def routed_pids(dispatch: Dispatcher) -> tuple[int, ...]:
 
 
 class WholeStatusQueries:
-    """Status ops a shard among several has asked the supervisor to answer for the whole
-    server (numaserve/status/merge.py): the shards never forward their statuses to each other.
-    One the supervisor leaves unanswered is answered with the shard's own status."""
+    """Status ops this shard has asked the supervisor to answer for the whole server, as it
+    answers its control socket (the shards never forward their statuses to each other). One
+    the supervisor leaves unanswered is answered by this shard alone."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.waiting: dict[int, tuple[list[bytes], object, float]] = {}
         self.tokens = itertools.count()
 
-    def ask(self, envelope: list[bytes], request_id, own: Report, now: float) -> dict:
-        """The question for the supervisor, with this shard's own status, fresh."""
+    def ask(self, envelope: list[bytes], request_id, now: float) -> dict:
+        """The question for the supervisor."""
         token = next(self.tokens)
         self.waiting[token] = (envelope, request_id, now + self.timeout_s)
-        return {"type": protocol.WHOLE, "token": token, "server": own.to_wire()}
+        return {"type": protocol.WHOLE, "token": token}
 
-    def answered(self, body: dict) -> tuple[list[bytes], object, dict] | None:
-        """(envelope, request id, the whole server's status) for the supervisor's answer."""
+    def answered(self, body: dict) -> tuple[list[bytes], object, dict | None] | None:
+        """(envelope, request id, the whole server's status) for the supervisor's answer; a
+        status of None: it had none to give (no shard has reported yet)."""
         token, whole = body.get("token"), body.get("server")
-        if not isinstance(whole, dict) or not isinstance(token, int):
+        asked = self.waiting.pop(token, None) if isinstance(token, int) else None
+        if asked is None:
             return None
-        asked = self.waiting.pop(token, None)
-        return None if asked is None else (asked[0], asked[1], whole)
+        return asked[0], asked[1], whole if isinstance(whole, dict) else None
 
     def expired(self, now: float) -> list[tuple[list[bytes], object]]:
         late = [token for token, (_, _, expires) in self.waiting.items() if expires <= now]

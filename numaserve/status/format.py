@@ -7,45 +7,33 @@ from collections.abc import Iterable
 
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import BOUND_BY
-from numaserve.status.report import Instance, Report
+from numaserve.status.report import Instance, ServerReport
 
 
 def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
     """What runs each model (its instances agree unless a reload is under way), and why."""
     seen: dict[tuple, list[str]] = {}
     for i in instances:
-        if path := i.model_path:
-            why = f"auto: {path['why']}" if path["chosen_by"] == "auto" else "as configured"
-            model = f" of {i.model_name}" if several else ""
-            lines = [f"model path{model}: {_path_words(path)} ({why})"]
+        if i.routing and (path := i.routing.model_path):
+            why = f"auto: {path.why}" if path.chosen_by == "auto" else "as configured"
+            model = f" of {i.slot.model_name}" if several else ""
+            lines = [f"model path{model}: {path.words()} ({why})"]
             lines += [
-                f"  texts of up to {s['last']} tokens: {_path_words(s)} (auto: {s['why']})"
-                for s in path.get("shorter", ())
+                f"  texts of up to {s.last} tokens: {s.words()} (auto: {s.why})"
+                for s in path.shorter
             ]
-            if accuracy := path.get("accuracy"):
-                lines.append(f"  accuracy: {accuracy}")
-            seen.setdefault((model, _path_words(path)), lines)
+            if path.accuracy:
+                lines.append(f"  accuracy: {path.accuracy}")
+            seen.setdefault((model, path.words()), lines)
     return [line for lines in seen.values() for line in lines]
-
-
-def _path_words(path: dict) -> str:
-    """A model path as the config spells it: backend, precision, layers kept in fp32."""
-    keep = ",".join(path["keep_fp32"])
-    return f"{path['backend']} {path['quantize']}" + (f" keep_fp32 {keep}" if keep else "")
-
-
-def path_summary(path: dict) -> str:
-    """What an instance runs, on one line: its shorter texts' paths first, as READY says it."""
-    shorter = [f"up to {s['last']} tokens {_path_words(s)}, " for s in path.get("shorter", ())]
-    return "".join(shorter) + (f"beyond {_path_words(path)}" if shorter else _path_words(path))
 
 
 def memory_lines(instances: Iterable[Instance]) -> list[str]:
     """How each instance's memory is bound to its node, instances alike on one line."""
     bound: dict[str, list[str]] = {}
     for i in instances:
-        if method := i.membind:
-            bound.setdefault(BOUND_BY.get(method, method), []).append(i.name)
+        if i.routing and (method := i.routing.membind):
+            bound.setdefault(BOUND_BY.get(method, method), []).append(i.slot.name)
     return [f"memory bound by {how}: {', '.join(names)}" for how, names in bound.items()]
 
 
@@ -55,11 +43,12 @@ def weights_lines(instances: Iterable[Instance]) -> list[str]:
     shared: dict[tuple, list[str]] = {}
     own = []
     for i in instances:
-        if i.weights:
-            for w in i.weights:
-                shared.setdefault((w["node"], w["file"], w["bytes"]), []).append(i.name)
-        elif i.weights is not None:
-            own.append(i.name)
+        weights = i.routing.weights if i.routing else None
+        if weights:
+            for w in weights:
+                shared.setdefault((w["node"], w["file"], w["bytes"]), []).append(i.slot.name)
+        elif weights is not None:
+            own.append(i.slot.name)
     lines = [
         f"weights on {'host' if node is None else f'node {node}'}: {size / 1e6:,.0f} MB, "
         f"one copy mapped by {len(names)} instance(s) ({file})"
@@ -72,34 +61,35 @@ def weights_lines(instances: Iterable[Instance]) -> list[str]:
     return lines
 
 
-def _instance_rows(report: Report, several: bool) -> list[tuple[str, ...]]:
+def _instance_rows(report: ServerReport, several: bool) -> list[tuple[str, ...]]:
     head = ("instance", *(("model",) * several), "pool", "state", "pid", "cpus", "node")
     rows = [(*head, "live affinity", "served", "restarts")]
     for i in report.instances:
-        if i.live_cpus is None:
+        slot = i.slot
+        if slot.live_cpus is None:
             affinity = "-"
         else:
-            affinity = format_cpulist(i.live_cpus) + (
-                " (as planned)" if i.affinity_ok else " (NOT as planned)"
+            affinity = format_cpulist(slot.live_cpus) + (
+                " (as planned)" if slot.affinity_ok else " (NOT as planned)"
             )
         rows.append(
             (
-                i.name,
-                *((str(i.model_name),) * several),
-                str(i.pool),
-                i.state,
-                str(i.pid or "-"),
-                format_cpulist(i.cpus or []),
-                format_cpulist(i.nodes or []) or "-",
+                slot.name,
+                *((str(slot.model_name),) * several),
+                str(slot.pool),
+                slot.state,
+                str(slot.pid or "-"),
+                format_cpulist(slot.cpus or []),
+                format_cpulist(slot.nodes or []) or "-",
                 affinity,
-                str(i.served),
-                str(i.restarts or 0),
+                str(i.routing.served if i.routing else 0),
+                str(slot.restarts or 0),
             )
         )
     return rows
 
 
-def format_status(report: Report) -> str:
+def format_status(report: ServerReport) -> str:
     """A table a person reads; with a model column, and each pool named for its model, where
     the server serves several."""
     several = len({p.model_name for p in report.pools}) > 1
@@ -126,7 +116,7 @@ def format_status(report: Report) -> str:
     )
     errors = ", ".join(f"{k} {v}" for k, v in sorted(report.errors.items())) or "none"
     lines.append(f"errors: {errors}")
-    for shard in report.shards or ():
+    for shard in report.shards:
         model = f" of {shard.model_name}" if several else ""
         lines.append(
             f"router shard {shard.shard}{model} "

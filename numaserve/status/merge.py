@@ -1,9 +1,10 @@
-"""The status op's answer where several router shards serve: the whole server, merged.
+"""The whole server's status from its parts: the one place a slot is joined with what the
+shard that routes to its process sees of it.
 
-The supervisor hears every shard's whole status once a second; a shard asked for `status` sends
-its own, fresh, and the supervisor answers with the merge. So the shards never
-forward their statuses to each other. A shard that has no supervisor to ask (just restarted,
-before its first slot table) answers the same shape with its own part alone.
+The supervisor answers `status` (asked over the endpoint through a shard, or on its control
+socket: one road) from its own slot table and every shard's latest report, fresh: it asks
+for them with the question. A shard with no supervisor to ask (none runs, or it has not
+answered in time) answers the same shape from its own table or the instances it knows.
 """
 
 from __future__ import annotations
@@ -11,25 +12,30 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from numaserve.status.report import Cache, Pool, Report, ShardLine
+from numaserve.status.report import (
+    Cache,
+    Instance,
+    Pool,
+    ServerReport,
+    ShardLine,
+    ShardReport,
+    Slot,
+    SupervisorInfo,
+)
 
 
-def server_status(reports: list[Report], several: bool) -> Report:
-    """The status op's answer from every shard's latest report, as the supervisor gives it on
-    its control socket: the one shard's own, or (`several` shards) their merge."""
-    first, *others = sorted(reports, key=lambda r: r.shard)
-    return whole_server(first, others) if several else first
-
-
-def whole_server(own: Report, peers: list[Report]) -> Report:
-    """The status op's answer where several shards serve: totals over every shard, each
-    instance as the shard that routes to it sees it, and one line per shard. The peers' parts
-    are as fresh as their latest reports to the supervisor (a second at most)."""
-    shards = sorted([own, *peers], key=lambda s: s.shard)
-    seen = {s.shard: {i.name: i for i in s.instances} for s in shards}
-    # Each slot as our table has it (the supervisor's newest: a peer's copy may be a round
-    # older, and say starting after systemd heard READY=1), as its routing shard sees it.
-    instances = tuple(e.as_routed(seen.get(e.shard, {}).get(e.name)) for e in own.instances)
+def server_report(
+    slots: Iterable[Slot], supervisor: SupervisorInfo | None, reports: list[ShardReport]
+) -> ServerReport:
+    """Each slot with the routing of its process (by pid: a shard's view of the process
+    before a restart is not the new one's), the pools (one per model and pool name), cache
+    and counters summed over the shards, and one line per shard."""
+    shards = sorted(reports, key=lambda s: s.shard)
+    routing = {r.pid: r for s in shards for r in s.routing}
+    instances = tuple(
+        Instance(slot, routing.get(slot.pid) if slot.pid is not None else None)
+        for slot in sorted(slots, key=lambda s: s.name)
+    )
     pools: dict[tuple, Pool] = {}
     for shard in shards:
         for pool in shard.pools:
@@ -38,8 +44,11 @@ def whole_server(own: Report, peers: list[Report]) -> Report:
             pools[key] = replace(
                 total, queue=total.queue + pool.queue, ready=total.ready + pool.ready
             )
-    return replace(
-        own,
+    first = shards[0]
+    return ServerReport(
+        task=first.task,
+        model_name=first.model_name,
+        model=first.model,
         instances=instances,
         pools=tuple(pools.values()),
         cache=_cache(s.cache for s in shards),
@@ -47,13 +56,12 @@ def whole_server(own: Report, peers: list[Report]) -> Report:
         errors=_sums(s.errors for s in shards),
         draining=any(s.draining for s in shards),
         routed_pids=tuple(sorted(pid for s in shards for pid in s.routed_pids)),
-        metrics=None,  # each shard's, below
         shards=tuple(
             ShardLine(
                 shard=s.shard,
                 model_name=s.model_name,
                 cpus=s.cpus,
-                instances=sum(1 for i in instances if i.shard == s.shard),
+                instances=sum(1 for i in instances if i.slot.shard == s.shard),
                 requests=s.requests,
                 pools=s.pools,
                 cache=s.cache,
@@ -62,6 +70,7 @@ def whole_server(own: Report, peers: list[Report]) -> Report:
             )
             for s in shards
         ),
+        supervisor=supervisor,
     )
 
 

@@ -1,17 +1,22 @@
-"""A shard's status report and the whole server's, as typed records, each with one wire form.
+"""What status is made of, as typed records, each with one wire form, each with one owner.
 
-A router shard builds its `Report` (router/status.py) and sends `to_wire()`: to the supervisor
-with each answer to its slot table, and to a client that asks `status`. The supervisor reads
-each shard's answer back with `from_wire` (a malformed one raises `BadReport`), merges them
-(merge.py) and hands them to /metrics and the probes (monitoring/); `numaserve status` formats
-one (format.py). The wire form is the protocol's `status` answer, unchanged for clients:
-records of a supervised server carry the supervisor's fields of each slot, which an instance
-run without one (testing/cluster.py) has not, and leave out what they do not have.
+- The supervisor's `SlotTable` (its `SupervisorInfo` and a `Slot` per instance of its plan)
+  goes to every shard, on a timer and on each change of state.
+- A shard's `ShardReport` (router/status.py) goes back to the supervisor once a second: its
+  pools, cache, counters, metrics, and a `Routing` per process it has heard from. /metrics
+  and the probes read these (monitoring/).
+- The whole server's `ServerReport` is the `status` op's answer, over the endpoint and the
+  control socket alike: the slots joined with the shards' routing and summed over the shards
+  (merge.py, the one place they are joined); `numaserve status` formats one (format.py).
+
+`from_wire` refuses a malformed one with `BadReport`. Records of a supervised server carry
+the supervisor's fields of each slot, which an instance run without one (testing/cluster.py)
+has not, and leave out what they do not have.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from numaserve.wire import protocol
@@ -65,26 +70,77 @@ class Cache(_Plain):
     hit_rate: float
 
 
-# A slot's fields that only the supervisor's slot table has; absent where none runs.
-SUPERVISED = ("model_name", "shard", "restarts", "last_exit")
-# What a shard knows of an instance that the supervisor's slot table does not.
-ROUTER_SIDE = (
-    "routed",
-    "threads",
-    "membind",
-    "model_path",
-    "weights",
-    "busy",
-    "served",
-    "live_cpus",
-    "affinity_ok",
-)
+@dataclass(frozen=True)
+class Band:
+    """A shorter band's own path in an instance's pool: its texts of up to `last` tokens."""
+
+    last: int
+    backend: str
+    quantize: str
+    keep_fp32: tuple[str, ...]
+    why: str
+
+    def words(self) -> str:
+        return _path_words(self.backend, self.quantize, self.keep_fp32)
 
 
 @dataclass(frozen=True)
-class Instance:
-    """One slot of the plan (or, with no supervisor, one instance the router knows), with what
-    the shard that routes to it sees of its process."""
+class RunningPath:
+    """What an instance says it runs (its READY, worker.py), as status and /metrics show it:
+    its model path, who chose it (`auto` and why, or the config), its pool's shorter texts'
+    own paths, and what a precision the config names costs on this CPU."""
+
+    backend: str
+    quantize: str
+    keep_fp32: tuple[str, ...]
+    chosen_by: str  # auto or config
+    why: str | None = None  # auto's
+    shorter: tuple[Band, ...] = ()
+    accuracy: str | None = None
+
+    def words(self) -> str:
+        """As the config spells it: backend, precision, layers kept in fp32."""
+        return _path_words(self.backend, self.quantize, self.keep_fp32)
+
+    def to_wire(self) -> dict:
+        body: dict = {
+            "backend": self.backend,
+            "quantize": self.quantize,
+            "keep_fp32": list(self.keep_fp32),
+            "chosen_by": self.chosen_by,
+            "shorter": [
+                {f.name: getattr(s, f.name) for f in fields(s)} | {"keep_fp32": list(s.keep_fp32)}
+                for s in self.shorter
+            ],
+        }
+        optional = {"why": self.why, "accuracy": self.accuracy}
+        return body | {k: v for k, v in optional.items() if v is not None}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> RunningPath:
+        try:
+            shorter = tuple(
+                _build(Band, s, keep_fp32=tuple(s["keep_fp32"])) for s in body.get("shorter") or ()
+            )
+            return _build(cls, body, keep_fp32=tuple(body["keep_fp32"]), shorter=shorter)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadReport(f"not a model path: {e!r}") from None
+
+
+def _path_words(backend: str, quantize: str, keep_fp32: tuple[str, ...]) -> str:
+    keep = f" keep_fp32 {','.join(keep_fp32)}" if keep_fp32 else ""
+    return f"{backend} {quantize}{keep}"
+
+
+# A slot's fields that only the supervisor's slot table has; absent where none runs.
+SUPERVISED = ("model_name", "shard", "restarts", "last_exit")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One slot of the supervisor's plan, as its slot table says it (or, with no supervisor,
+    one instance a shard knows, from its READY), with its live affinity as its owner read it:
+    the supervisor, so that no shard reads /proc in its loop."""
 
     name: str
     pool: str | None
@@ -97,25 +153,12 @@ class Instance:
     shard: int | None = None
     restarts: int | None = None
     last_exit: str | None = None
-    # The routing shard's (ROUTER_SIDE).
-    routed: bool = False
-    threads: int | None = None
-    membind: str | None = None
-    model_path: dict | None = None  # processes/prepared.py's ModelPath, as the worker said it
-    # The weights files it maps, shared with the instances that map them
-    # (backends/node_weights.py's Weights, as the worker said them); empty: its own copy.
-    weights: list[dict] | None = None
-    busy: int = 0
-    served: int = 0
-    live_cpus: list[int] | None = None
-    affinity_ok: bool | None = None
+    live_cpus: list[int] | None = None  # None: not read (no process, or it is gone)
 
-    def as_routed(self, routing: Instance | None) -> Instance:
-        """This slot as one shard's table has it, with what the shard that routes to it sees
-        of that same process."""
-        if routing is None or routing.pid != self.pid:
-            return self
-        return replace(self, **{k: getattr(routing, k) for k in ROUTER_SIDE})
+    @property
+    def affinity_ok(self) -> bool | None:
+        """Whether the kernel lets it run where it was placed; None: not read."""
+        return None if self.live_cpus is None else self.live_cpus == self.cpus
 
     def to_wire(self) -> dict:
         return {
@@ -125,8 +168,75 @@ class Instance:
         }
 
     @classmethod
-    def from_wire(cls, body: dict) -> Instance:
+    def from_wire(cls, body: dict) -> Slot:
         return _build(cls, body)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What the shard that routes to an instance's process knows of it: what its READY said
+    (threads, memory binding, model path, the weights files it maps) and its counts."""
+
+    name: str
+    pid: int
+    routed: bool  # the shard sends it work (it is not stopping)
+    threads: int | None = None
+    membind: str | None = None
+    model_path: RunningPath | None = None
+    # The weights files it maps, shared with the instances that map them
+    # (backends/node_weights.py's Weights, as the worker said them); empty: its own copy.
+    weights: list[dict] | None = None
+    busy: int = 0
+    served: int = 0
+
+    def to_wire(self) -> dict:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        return body | {"model_path": self.model_path and self.model_path.to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: dict) -> Routing:
+        path = body.get("model_path")
+        return _build(cls, body, model_path=path and RunningPath.from_wire(path))
+
+
+# An instance's fields in a status answer that its routing shard's view gives, and each one's
+# value where no shard routes to it.
+ROUTED = {
+    "routed": False,
+    "threads": None,
+    "membind": None,
+    "model_path": None,
+    "weights": None,
+    "busy": 0,
+    "served": 0,
+}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance in the whole server's status: its slot, joined (status/merge.py, the one
+    place) with what the shard that routes to its process sees of it; no routing: no shard
+    has heard from that process."""
+
+    slot: Slot
+    routing: Routing | None = None
+
+    @property
+    def routed(self) -> bool:
+        return self.routing is not None and self.routing.routed
+
+    def to_wire(self) -> dict:
+        """One flat entry, as the protocol's status answer lists it."""
+        routing = self.routing.to_wire() if self.routing else ROUTED
+        seen = {key: routing[key] for key in ROUTED}
+        return self.slot.to_wire() | seen | {"affinity_ok": self.slot.affinity_ok}
+
+    @classmethod
+    def from_wire(cls, body: dict) -> Instance:
+        slot = Slot.from_wire(body)
+        if all(body.get(key, none) == none for key, none in ROUTED.items()):
+            return cls(slot)  # written with no routing (or one that says nothing)
+        return cls(slot, Routing.from_wire(body | {"name": slot.name, "pid": slot.pid}))
 
 
 @dataclass(frozen=True)
@@ -191,50 +301,85 @@ class ShardLine:
 
 
 @dataclass(frozen=True)
-class Report:
-    """A shard's status, or the whole server's (merge.py), which has `shards`, one line per
-    shard, and no `metrics` of its own (each shard's line has its)."""
+class ShardReport:
+    """One router shard's report of itself, to the supervisor: its pools, cache, counters and
+    metrics, and what it knows of the instances it routes to (`routing`). The slots are the
+    supervisor's: it joins the two (status/merge.py)."""
 
     task: str
     model_name: str | None
     shard: int
     cpus: list[int]
     model: str
-    instances: tuple[Instance, ...]
+    routing: tuple[Routing, ...]  # the processes it has heard READY from, by name
     pools: tuple[Pool, ...]
     cache: Cache
     requests: dict[str, int]  # counters by name: the RequestBook's and the connections'
     errors: dict[str, int]  # by error code
     draining: bool
     routed_pids: tuple[int, ...]  # the instances the shard hears from and sends work to
-    supervisor: SupervisorInfo | None = None  # none: no slot table yet, or none runs
-    metrics: dict | None = None  # router/metrics.py's wire form; a shard's own report only
-    shards: tuple[ShardLine, ...] | None = None  # the whole server's only
+    metrics: dict | None  # router/metrics.py's wire form
 
     def to_wire(self) -> dict:
-        body: dict = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in ("metrics", "shards", "supervisor")
+        body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
+        return body | {
+            "routing": [r.to_wire() for r in self.routing],
+            "pools": [p.to_wire() for p in self.pools],
+            "cache": self.cache.to_wire(),
+            "routed_pids": list(self.routed_pids),
         }
-        body |= {
+
+    @classmethod
+    def from_wire(cls, body: Any) -> ShardReport:
+        """Raises BadReport for anything but a shard report's shape."""
+        try:
+            return _build(
+                cls,
+                body,
+                routing=tuple(Routing.from_wire(r) for r in body["routing"]),
+                pools=tuple(Pool.from_wire(p) for p in body["pools"]),
+                cache=Cache.from_wire(body["cache"]),
+                routed_pids=tuple(body["routed_pids"]),
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadReport(f"not a shard's report: {e!r}") from None
+
+
+@dataclass(frozen=True)
+class ServerReport:
+    """The whole server's status, the `status` op's answer (over the endpoint or the control
+    socket alike): every slot joined with its routing shard's view, the pools, cache and
+    counters summed over the shards, and one line per shard. `task`, `model_name` and `model`
+    are the first shard's (its model's, where a `models:` config serves several)."""
+
+    task: str
+    model_name: str | None
+    model: str
+    instances: tuple[Instance, ...]
+    pools: tuple[Pool, ...]
+    cache: Cache
+    requests: dict[str, int]
+    errors: dict[str, int]
+    draining: bool
+    routed_pids: tuple[int, ...]
+    shards: tuple[ShardLine, ...]
+    supervisor: SupervisorInfo | None = None  # none: no slot table yet, or none runs
+
+    def to_wire(self) -> dict:
+        body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
+        return body | {
             "instances": [i.to_wire() for i in self.instances],
             "pools": [p.to_wire() for p in self.pools],
             "cache": self.cache.to_wire(),
             "routed_pids": list(self.routed_pids),
+            "shards": [s.to_wire() for s in self.shards],
             "supervisor": self.supervisor.to_wire() if self.supervisor else {},
         }
-        if self.shards is None:
-            body["metrics"] = self.metrics
-        else:
-            body["shards"] = [s.to_wire() for s in self.shards]
-        return body
 
     @classmethod
-    def from_wire(cls, body: Any) -> Report:
-        """Raises BadReport for anything but a report's shape."""
+    def from_wire(cls, body: Any) -> ServerReport:
+        """Raises BadReport for anything but a status answer's shape."""
         try:
-            shards = body.get("shards")
             return _build(
                 cls,
                 body,
@@ -242,8 +387,8 @@ class Report:
                 pools=tuple(Pool.from_wire(p) for p in body["pools"]),
                 cache=Cache.from_wire(body["cache"]),
                 routed_pids=tuple(body["routed_pids"]),
+                shards=tuple(ShardLine.from_wire(s) for s in body["shards"]),
                 supervisor=SupervisorInfo.from_wire(body.get("supervisor") or {}),
-                shards=None if shards is None else tuple(ShardLine.from_wire(s) for s in shards),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a status report: {e!r}") from None
@@ -257,9 +402,9 @@ class SlotTable:
     that is not ready takes no handed-over request)."""
 
     supervisor: SupervisorInfo
-    slots: tuple[Instance, ...]
+    slots: tuple[Slot, ...]
     routers: tuple[tuple[int, str], ...]  # (shard, state)
-    # Whether the shard answers with its whole Report, or only with what liveness needs (the
+    # Whether the shard answers with its whole report, or only with what liveness needs (the
     # instances it routes to): the supervisor asks for the report once a second, not with every
     # table (four a second, and one on each change of state).
     report: bool = True
@@ -282,7 +427,7 @@ class SlotTable:
             }
             return cls(
                 supervisor=SupervisorInfo.from_wire(told) or SupervisorInfo(),
-                slots=tuple(Instance.from_wire(s) for s in body["slots"]),
+                slots=tuple(Slot.from_wire(s) for s in body["slots"]),
                 routers=tuple((r["shard"], r["state"]) for r in body["routers"]),
                 report=bool(body.get("report", True)),
             )

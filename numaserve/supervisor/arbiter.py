@@ -39,7 +39,7 @@ from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
 from numaserve.processes.tracing import environment as tracing_environment
-from numaserve.status.merge import server_status
+from numaserve.status.merge import server_report
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
 from numaserve.supervisor import liveness, reporting, rollout
 from numaserve.supervisor.children import (
@@ -82,14 +82,14 @@ from numaserve.supervisor.rollout import (
     Started,
     Wanted,
 )
-from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardView
+from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardQuestion, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
+from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.supervisor")
 PREPARE = (sys.executable, "-m", "numaserve.cli", "prepare")
 POLL_ROUTER_S = 0.25
-STATUS_WAIT_S = 2.0  # the longest a control socket's status waits for the shards' reports
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 CAUGHT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
@@ -127,7 +127,9 @@ class Supervisor:
         self.announcer = reporting.Announcer(self.notifier)
         self.monitor = monitor
         self.control = control
-        self.asked_status: list[tuple[Request, int, float]] = []  # (asker, table, deadline)
+        # Status questions, from the control socket or passed on by a shard: (asker, the table
+        # whose answers it waits for, deadline).
+        self.asked_status: list[tuple[Request | ShardQuestion, int, float]] = []
         self.shards = ShardLinks(POLL_ROUTER_S)
         for spec in self.deployment.routers:
             self.add_shard(Child.for_shard(spec))
@@ -279,9 +281,11 @@ class Supervisor:
             if child is not None:
                 self.on_exit(child, code)
         now = self.system.now()
-        self.shards.receive(now)
+        for question in self.shards.receive(now):
+            self.ask_status(question, now)
         if self.control is not None:
             self.answer_control(now)
+        self.answer_status(now)
         if now >= self.shards.next_send:
             self.send_slots()
         self.tick(now)
@@ -418,36 +422,48 @@ class Supervisor:
     # -- the control socket: `numaserve status` and `stop` ----------------------------------
 
     def answer_control(self, now: float) -> None:
-        """A stop begins at once; a status waits for a report from every shard that serves,
-        asked for now, so that it shows what was served up to the question."""
+        """A stop begins at once; a status is asked (`ask_status`)."""
         for request in self.control.requests(now):
             if request.op == "stop":
                 self.begin_stop(f"numaserve stop ({request.who()})")
                 request.answer({"stopping": self.system.pid()}, keep=True)
             else:
-                self.shards.want_reports()
-                self.send_slots()
-                self.asked_status.append((request, self.shards.sent, now + STATUS_WAIT_S))
+                self.ask_status(request, now)
+
+    def ask_status(self, asker: Request | ShardQuestion, now: float) -> None:
+        """A status question, on the control socket or passed on by a shard: it waits for a
+        report from every shard that serves, asked for now, so that it shows what was served
+        up to the question (STATUS_WAIT_S at most)."""
+        self.shards.want_reports()
+        self.send_slots()
+        self.asked_status.append((asker, self.shards.sent, now + protocol.STATUS_WAIT_S))
+
+    def answer_status(self, now: float) -> None:
         for asked in list(self.asked_status):
-            request, table, deadline = asked
+            asker, table, deadline = asked
             if self.shards.serving_acked(table) or now >= deadline:
                 self.asked_status.remove(asked)
-                request.answer(self.status_answer())
+                asker.answer(self.status_answer())
 
     def status_answer(self) -> dict:
         reports = [view.status for view in self.shards if view.status]
         if not reports:
             return {"error": f"no router shard has reported yet (the server is {self.summary()})"}
-        return {"status": server_status(reports, several=self.frontend is not None).to_wire()}
+        table = self.slot_table()
+        return {"status": server_report(table.slots, table.supervisor, reports).to_wire()}
 
     # -- what the shards, systemd and /metrics hear ------------------------------------------
 
     def send_slots(self) -> None:
         """Our slot table to every shard, for `numaserve status`: on a timer, and on every
-        change of state, so that status never lags what systemd was told. Each slot's live
-        affinity is read here, so that no shard reads /proc in its request loop."""
+        change of state, so that status never lags what systemd was told."""
+        self.shards.send(self.slot_table(), self.system.now())
+
+    def slot_table(self) -> SlotTable:
+        """What we say of ourselves and every slot of the plan. Each slot's live affinity is
+        read here, so that no shard reads /proc in its request loop."""
         identity = self.system.identity()  # so that `numaserve stop` signals us and no other
-        table = SlotTable(
+        return SlotTable(
             supervisor=SupervisorInfo(
                 pid=self.system.pid(),
                 boot_id=identity["boot_id"],
@@ -456,6 +472,7 @@ class Supervisor:
                 http=tuple(  # for `numaserve status` to show
                     Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.http
                 ),
+                seq=self.shards.sent,
             ),
             slots=tuple(
                 c.slot(live_cpus=self.system.affinity(c.pid) if c.pid else None)
@@ -463,7 +480,6 @@ class Supervisor:
             ),
             routers=tuple((c.shard, c.state.value) for c in self.routers),
         )
-        self.shards.send(table, self.system.now())
 
     def summary(self) -> str:
         return reporting.summary(self.mood, self.workers.values(), self.routers)

@@ -4,8 +4,8 @@ The supervisor sends its slot table (`numaserve status` shows it); a shard answe
 its `routed_pids`, the workers it hears from: that is how the supervisor knows an instance is
 READY, or has gone silent. Once a second the table asks for the shard's whole report too, for
 /metrics, the probes and the whole server's status: it is not built and sent four times a
-second. A shard asked for the whole server's status sends its own and gets the whole back
-(status/merge.py).
+second. A shard asked for the whole server's status passes the question on (`ShardQuestion`),
+and the arbiter answers it as it answers its control socket.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from dataclasses import dataclass, replace
 
 import zmq
 
-from numaserve.status.merge import whole_server
-from numaserve.status.report import BadReport, Report, SlotTable
+from numaserve.status.report import BadReport, ShardReport, SlotTable
 from numaserve.supervisor.children import Child, State
 from numaserve.wire import protocol
 
@@ -61,7 +60,7 @@ class ShardView:
     child: Child
     link: RouterLink
     routed: set[int] | None = None  # the workers it hears from, by its latest answer
-    status: Report | None = None  # its latest report
+    status: ShardReport | None = None  # its latest report
     heard_at: float = 0.0  # when it last answered
     acked: int = 0  # the latest slot table it has answered
     seq_floor: int = 0  # answers to tables sent before its (re)start are stale
@@ -71,6 +70,22 @@ class ShardView:
         if self.routed is None or now - self.heard_at > fresh_s:
             return None
         return self.routed
+
+
+@dataclass(frozen=True)
+class ShardQuestion:
+    """A status op a client asked a shard, which the shard passed on: answered as the
+    control socket's (`answer` takes the same body), back to the shard, with its token."""
+
+    view: ShardView
+    token: int
+
+    def answer(self, body: dict) -> None:
+        """`body`: {"status": the whole server's} or {"error": ...} (the shard then answers
+        alone)."""
+        self.view.link.send(
+            {"type": protocol.WHOLE, "token": self.token, "server": body.get("status")}
+        )
 
 
 class ShardLinks:
@@ -107,9 +122,10 @@ class ShardLinks:
         """The next table asks every shard for its whole report."""
         self.next_report = 0.0
 
-    def receive(self, now: float) -> None:
+    def receive(self, now: float) -> list[ShardQuestion]:
         """Each shard's answers waiting now: its latest status, and the table it answers; and
-        the whole server's status for a shard that asks for it."""
+        the status questions shards pass on, for the arbiter to answer."""
+        questions = []
         for view in self.views:
             for body in view.link.receive():
                 seq = body.get("seq") or 0
@@ -117,22 +133,14 @@ class ShardLinks:
                     try:
                         routed = _pids(body.get("routed_pids"))
                         if "server" in body:
-                            view.status = Report.from_wire(body["server"])
+                            view.status = ShardReport.from_wire(body["server"])
                     except BadReport:
                         continue  # not heard: a shard of another version, or a bug
                     view.routed, view.heard_at = routed, now
                     view.acked = max(view.acked, seq)
-                elif body.get("type") == protocol.WHOLE and isinstance(body.get("server"), dict):
-                    self.answer_whole(view, body)
-
-    def answer_whole(self, asking: ShardView, body: dict) -> None:
-        """The asking shard's own status (as fresh as can be) merged with the others' latest."""
-        others = [v.status for v in self.views if v is not asking and v.status]
-        try:
-            whole = whole_server(Report.from_wire(body["server"]), others).to_wire()
-        except BadReport:  # a malformed status: its own, unmerged
-            whole = body["server"]
-        asking.link.send({"type": protocol.WHOLE, "token": body.get("token"), "server": whole})
+                elif body.get("type") == protocol.WHOLE and type(body.get("token")) is int:
+                    questions.append(ShardQuestion(view, body["token"]))
+        return questions
 
     def send(self, table: SlotTable, now: float) -> None:
         """`table` to every shard, numbered: the same message to each."""

@@ -21,7 +21,7 @@ from numaserve.config.schema import parse_config
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import deployment
-from numaserve.status.report import Report
+from numaserve.status.report import ServerReport
 
 
 def free_port() -> int:
@@ -87,8 +87,8 @@ class Cluster:
             while time.monotonic() < deadline:
                 try:
                     status = c.status()
-                    report = Report.from_wire(status)
-                    if sum(i.state == "ready" for i in report.instances) >= instances:
+                    report = ServerReport.from_wire(status)
+                    if sum(i.slot.state == "ready" for i in report.instances) >= instances:
                         return status
                 except Exception:
                     pass

@@ -15,7 +15,7 @@ import psutil
 
 from numaserve.client import Client, ClientKeys, NumaserveError
 from numaserve.host.ledger import LEDGER_ENV
-from numaserve.status.report import Report
+from numaserve.status.report import ServerReport
 from numaserve.testing.cluster import free_port
 
 DEFAULT_METRICS = "127.0.0.1:9464"
@@ -196,8 +196,8 @@ class Server:
         return pids
 
     def pids(self) -> list[int]:
-        report = Report.from_wire(self.status())
-        return [report.supervisor.pid, *(i.pid for i in report.instances if i.pid)]
+        report = ServerReport.from_wire(self.status())
+        return [report.supervisor.pid, *(i.slot.pid for i in report.instances if i.slot.pid)]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

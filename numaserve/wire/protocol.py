@@ -37,8 +37,10 @@ RESULT = "result"  # worker: the results of a run, or its error
 BYE = "bye"  # worker: I am stopping; send me nothing more
 SUPERVISOR = "supervisor"  # supervisor: my slot table; answer with your status
 STATUS = "status"  # router: the status, in answer to SUPERVISOR
-# router: a client asks for the whole server's status, and here is mine; supervisor: the whole
+# router: a client asks for the whole server's status; supervisor: here it is, as my control
+# socket answers it, once every serving shard has sent a fresh report (STATUS_WAIT_S at most)
 WHOLE = "whole"
+STATUS_WAIT_S = 2.0
 
 
 def pack(body: dict) -> list[bytes]:

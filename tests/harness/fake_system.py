@@ -22,6 +22,7 @@ from numaserve.config.schema import load_config
 from numaserve.host.ledger import Ledger
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
+from numaserve.status.report import ShardReport
 from numaserve.supervisor.arbiter import Supervisor
 from numaserve.supervisor.control import ControlSocket
 from numaserve.supervisor.processes import System
@@ -149,7 +150,8 @@ class FakeRouter:
         self.behind = False  # busy: answers nothing yet (the tables wait, as in its socket)
         self.tables: list[dict] = []  # every slot table the supervisor sent
         self.unanswered: list[tuple[int, bool]] = []  # (seq, whether it asks for the report)
-        self.status = report(shard)  # its report, but routed_pids (a test may set it)
+        # Its report, but routed_pids (a test may set it; None: it sends none, a bug).
+        self.status: ShardReport | None = report(shard)
         self.asking: list[dict] = []  # what it sends next besides its answers (a WHOLE query)
         self.wholes: list[dict] = []  # the supervisor's answers to those
 
@@ -175,10 +177,10 @@ class FakeRouter:
             and not {name, pid} & self.quiet
         ]
         routed = sorted(heard)
-        server = replace(self.status, routed_pids=tuple(routed)).to_wire()
+        status = self.status and replace(self.status, routed_pids=tuple(routed)).to_wire()
         answers = [
             {"type": protocol.STATUS, "seq": seq, "routed_pids": routed}
-            | ({"server": server} if report else {})
+            | ({"server": status} if report and status else {})
             for seq, report in self.unanswered
         ]
         self.unanswered = []

@@ -1,10 +1,10 @@
-"""Status reports built by hand (status/report.py's records), for tests of what reads them:
-the merge, the formatter, the exposition, the supervisor's fake shards. Every field a test
-does not name has a plain default."""
+"""Status records built by hand (status/report.py's), for tests of what reads them: the merge,
+the formatter, the exposition, the supervisor's fake shards. Every field a test does not name
+has a plain default."""
 
 from __future__ import annotations
 
-from numaserve.status.report import Cache, Instance, Pool, Report
+from numaserve.status.report import Cache, Instance, Pool, Routing, ShardReport, Slot
 
 NO_CACHE = Cache(entries=0, capacity=10, hits=0, misses=0, hit_rate=0.0)
 
@@ -16,29 +16,41 @@ def pool(name: str = "main", model_name: str = "default", **fields) -> Pool:
     )
 
 
-def instance(name: str, **fields) -> Instance:
-    return Instance(
+def slot(name: str, **fields) -> Slot:
+    return Slot(
         **{"name": name, "pool": "main", "state": "ready", "pid": None, "cpus": [], "nodes": []}
         | fields
     )
 
 
-def report(shard: int = 0, instances: tuple[Instance, ...] = (), **fields) -> Report:
+def routing(name: str, pid: int = 0, **fields) -> Routing:
+    """A shard's view of a process that said READY: routed, with one thread, unless named."""
+    return Routing(**{"name": name, "pid": pid, "routed": True, "threads": 1} | fields)
+
+
+def instance(name: str, seen: dict | None = None, **fields) -> Instance:
+    """A slot (`fields`) and, with `seen`, its routing shard's view (`seen`'s fields)."""
+    at = slot(name, **fields)
+    return Instance(at, None if seen is None else routing(name, at.pid or 0, **seen))
+
+
+def report(shard: int = 0, routed: tuple[Routing, ...] = (), **fields) -> ShardReport:
     model = fields.get("model_name", "default")
-    return Report(
+    return ShardReport(
         **{
             "task": "embed",
             "model_name": model,
             "shard": shard,
             "cpus": [shard],
             "model": "bundled:minilm",
-            "instances": tuple(instances),
+            "routing": tuple(routed),
             "pools": (pool(model_name=model),),
             "cache": NO_CACHE,
             "requests": {},
             "errors": {},
             "draining": False,
-            "routed_pids": tuple(i.pid for i in instances if i.routed),
+            "routed_pids": tuple(r.pid for r in routed if r.routed),
+            "metrics": None,
         }
         | fields
     )
