@@ -299,7 +299,7 @@ def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds
     rig.step(seconds=0.3)
     rig.run_for(1.0)
     assert rig.sup.wanted is None
-    assert rig.sup.workers["c.main-0"].cpus == (4,)  # not CPU 3, the other server's
+    assert rig.sup.roster.workers["c.main-0"].cpus == (4,)  # not CPU 3, the other server's
     assert ours() == [0, 1, 2, 4]
 
     b_worker = rig.pid("b.main-0")
@@ -332,5 +332,5 @@ def test_a_reload_aborted_before_its_models_were_added_gives_their_cores_back(tm
 
     assert rig.sup.wanted is None
     assert json.loads(entry.read_text())["cpus"] == [0, 1, 2]
-    assert "c.main-0" not in rig.sup.workers
+    assert "c.main-0" not in rig.sup.roster.workers
     ledger.release()

@@ -14,11 +14,13 @@ from numaserve.supervisor.rollout import (
     Abort,
     Renew,
     Replace,
+    Running,
     Started,
     Wanted,
     next_steps,
     to_renew,
 )
+from numaserve.supervisor.roster import Roster
 from numaserve.supervisor.stop import Stop
 from tests.harness.fake_system import Rig
 
@@ -42,21 +44,21 @@ def started(child: Child, pid: int, now: float = 0.0, state: State = State.START
 
 
 def test_a_starting_child_is_announced_ready_once_its_shard_hears_it(rig):
-    child = started(rig.sup.workers["main-0"], pid=7)
+    child = started(rig.sup.roster.workers["main-0"], pid=7)
     action = child.judge_start(1.0, routed={7}, limits=LIMITS)
     assert action == Announce(child, State.READY, "ready main-0 pid 7 in 1.0 s", "ready")
     assert child.state is State.STARTING  # the arbiter carries it out
 
 
 def test_a_child_late_to_start_is_killed_once(rig):
-    child = started(rig.sup.workers["main-0"], pid=7)
+    child = started(rig.sup.roster.workers["main-0"], pid=7)
     assert child.judge_start(60.0, routed=set(), limits=LIMITS) is None
     assert child.judge_start(61.0, routed=set(), limits=LIMITS) == Signal(child, signal.SIGKILL)
     assert child.judge_start(62.0, routed=set(), limits=LIMITS) is None
 
 
 def test_a_ready_child_silent_past_the_limit_gets_sigterm_then_sigkill(rig):
-    child = started(rig.sup.workers["main-0"], pid=7, state=State.READY)
+    child = started(rig.sup.roster.workers["main-0"], pid=7, state=State.READY)
     assert child.judge_heard(1.0, routed=set(), limits=LIMITS) is None  # silent from now
     assert child.judge_heard(5.0, routed=set(), limits=LIMITS) is None
     assert child.judge_heard(5.1, routed=set(), limits=LIMITS) == Signal(child, signal.SIGTERM)
@@ -66,14 +68,14 @@ def test_a_ready_child_silent_past_the_limit_gets_sigterm_then_sigkill(rig):
 
 
 def test_a_child_heard_again_is_no_longer_counted_silent(rig):
-    child = started(rig.sup.workers["main-0"], pid=7, state=State.READY)
+    child = started(rig.sup.roster.workers["main-0"], pid=7, state=State.READY)
     child.judge_heard(1.0, routed=set(), limits=LIMITS)
     child.judge_heard(3.0, routed={7}, limits=LIMITS)
     assert child.judge_heard(6.0, routed=set(), limits=LIMITS) is None
 
 
 def test_a_crash_backs_off_and_the_restart_waits_for_it_and_counts(rig):
-    child = started(rig.sup.workers["main-0"], pid=7, state=State.READY)
+    child = started(rig.sup.roster.workers["main-0"], pid=7, state=State.READY)
     child.exited(1)
     action = child.crashed(1, 1.0, rig.sup.config.supervisor)
     assert action == Announce(
@@ -87,7 +89,7 @@ def test_a_crash_backs_off_and_the_restart_waits_for_it_and_counts(rig):
 
 
 def test_an_exit_no_restart_can_fix_is_fatal(rig):
-    child = started(rig.sup.workers["main-0"], pid=7, state=State.READY)
+    child = started(rig.sup.roster.workers["main-0"], pid=7, state=State.READY)
     child.exited(exitcodes.MODEL)
     action = child.crashed(exitcodes.MODEL, 1.0, rig.sup.config.supervisor)
     assert action.state is State.FATAL and action.child is child
@@ -114,9 +116,11 @@ def test_nothing_starts_while_the_model_is_prepared(rig):
 def test_a_reload_renews_one_slot_at_a_time_and_swaps_once_the_new_one_is_ready(rig):
     """How far it has come is read from what runs: the same question, asked again, has the
     same answer until what runs changes."""
-    for pid, child in enumerate([*rig.sup.routers, *rig.sup.workers.values()], start=10):
+    for pid, child in enumerate(
+        [*rig.sup.roster.routers, *rig.sup.roster.workers.values()], start=10
+    ):
         started(child, pid, state=State.READY)
-    rig.sup.workers["main-0"].restarts = 2
+    rig.sup.roster.workers["main-0"].restarts = 2
     running = replace(rig.sup.running(), generation=1)  # its shape taken up: the slots remain
     reload = Wanted(
         running.config, running.plan, running.deployment, ("main-0", "main-1"), generation=1
@@ -127,14 +131,21 @@ def test_a_reload_renews_one_slot_at_a_time_and_swaps_once_the_new_one_is_ready(
     new = renew.new
     assert renew == Renew(new) and new.name == "main-0" and new.restarts == 2
     assert new.generation == 1  # the reload's: its slot counts as renewed once it runs there
-    assert new is not running.workers["main-0"]
+    assert new is not running.roster.workers["main-0"]
     started(new, pid=20, now=1.0)
     starting = replace(running, replacement=new)
     assert next_steps(reload, starting, now=2.0) == []  # it is starting: nothing else moves
     new.change_state(State.READY, 3.0)
     assert next_steps(reload, starting, now=3.0) == [Replace(new)]
-    swapped = replace(starting, workers={**running.workers, "main-0": new}, replacement=None)
+    swapped = replace(with_instance(starting, new), replacement=None)
     assert to_renew(reload, swapped) == ["main-1"]
+
+
+def with_instance(running: Running, child: Child) -> Running:
+    """`running` with `child` as its slot's instance, in a copy of the roster."""
+    roster = Roster(list(running.roster.running))
+    roster.replace(roster.workers[child.name], child)
+    return replace(running, roster=roster)
 
 
 def test_a_rollouts_progress_is_read_by_value_not_by_the_identity_of_what_runs(rig):
@@ -144,9 +155,9 @@ def test_a_rollouts_progress_is_read_by_value_not_by_the_identity_of_what_runs(r
     assert not reload.reshaped(running)  # the start's shape, generation 0, runs
     assert reload.reshaped(replace(running, generation=1))
     assert to_renew(reload, running) == ["main-0"]
-    worker = running.workers["main-0"]
+    worker = running.roster.workers["main-0"]
     again = replace(worker, generation=1)  # the same slot, its instance of the reload's
-    assert to_renew(reload, replace(running, workers={"main-0": again})) == []
+    assert to_renew(reload, with_instance(running, again)) == []
 
 
 def test_a_replacement_not_ready_in_time_aborts_the_reload(rig):
@@ -168,23 +179,28 @@ def test_a_stop_drains_the_http_fronts_then_the_shards_then_the_rest(tmp_path):
     for pid, child in enumerate(sup.all_children(), start=10):
         started(child, pid, state=State.READY)
     stop = Stop()
-    assert stop.begin("SIGTERM", 30, sup.http, 0.0) == [Terminate(c) for c in sup.http]
-    for child in sup.http:
+    assert stop.begin("SIGTERM", 30, sup.roster.http, 0.0) == [
+        Terminate(c) for c in sup.roster.http
+    ]
+    for child in sup.roster.http:
         child.terminating(State.DRAINING, 0.0)
-    assert stop.next_steps(sup.http, sup.routers, sup.all_children(), 1.0) == ([], None)
-    for child in sup.http:
+    assert stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 1.0) == (
+        [],
+        None,
+    )
+    for child in sup.roster.http:
         child.exited(0)
-    actions, code = stop.next_steps(sup.http, sup.routers, sup.all_children(), 2.0)
-    assert (actions, code) == ([Terminate(c) for c in sup.routers], None)
-    for child in sup.routers:
+    actions, code = stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 2.0)
+    assert (actions, code) == ([Terminate(c) for c in sup.roster.routers], None)
+    for child in sup.roster.routers:
         child.terminating(State.DRAINING, 2.0)
         child.exited(0)
-    actions, code = stop.next_steps(sup.http, sup.routers, sup.all_children(), 3.0)
-    assert (actions, code) == ([Terminate(c) for c in sup.workers.values()], None)
-    for child in sup.workers.values():
+    actions, code = stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 3.0)
+    assert (actions, code) == ([Terminate(c) for c in sup.roster.workers.values()], None)
+    for child in sup.roster.workers.values():
         child.terminating(State.DRAINING, 3.0)
         child.exited(0)
-    assert stop.next_steps(sup.http, sup.routers, sup.all_children(), 4.0) == ([], 0)
+    assert stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 4.0) == ([], 0)
     assert {c.state for c in sup.all_children()} == {State.STOPPED}
 
 

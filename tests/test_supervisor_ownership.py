@@ -1,7 +1,7 @@
 """Who writes the supervisor's state, read from the source: the arbiter alone holds and writes
-the server's (its children, its phase, config and plan); each Child alone writes its own
-fields; no function outside the arbiter takes the Supervisor; and a rollout keeps no progress
-of its own. The other modules decide and return actions (tests/test_supervisor_decisions.py)."""
+the server's (its roster of children, its phase, config and plan), and alone changes which
+children run; each Child alone writes its own fields; no function outside the arbiter takes
+the Supervisor; and a rollout keeps no progress of its own. The other modules decide and return actions (tests/test_supervisor_decisions.py)."""
 
 import ast
 import dataclasses
@@ -13,6 +13,8 @@ from tests.import_graph import PACKAGE
 
 SUPERVISOR = PACKAGE / "supervisor"
 ARBITER = SUPERVISOR / "arbiter.py"
+ROSTER = SUPERVISOR / "roster.py"
+ROSTER_CHANGES = {"join", "replace", "retire", "reaped"}  # Roster's methods that change it
 
 
 def functions(tree: ast.AST):
@@ -107,7 +109,7 @@ def test_only_a_child_writes_its_own_fields():
 
 def test_only_the_arbiter_writes_the_server_s_state():
     state = supervisor_attributes()
-    assert {"workers", "phase", "config", "plan", "retired"} <= state
+    assert {"roster", "phase", "config", "plan"} <= state
     found = [
         f"{path.relative_to(PACKAGE)}:{line}: {obj}.{attr}"
         for path in sorted(PACKAGE.rglob("*.py"))
@@ -116,6 +118,39 @@ def test_only_the_arbiter_writes_the_server_s_state():
         if attr in state and path.is_relative_to(SUPERVISOR)
     ]
     assert found == []
+
+
+def roster_changes(path: Path) -> list[str]:
+    """`object.method(...)` for each call of a roster's changing method (`roster.join`)."""
+    return [
+        f"{ast.unparse(node.func)}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ROSTER_CHANGES
+        and ast.unparse(node.func.value).endswith("roster")
+    ]
+
+
+def test_which_children_run_changes_only_in_the_arbiter_through_the_roster():
+    """The roster's lists are written by its own methods alone, and only the arbiter calls
+    those: a rollout or a stop asks, by the actions it returns."""
+    called = [
+        f"{path.relative_to(PACKAGE)}: {call}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != ARBITER
+        for call in roster_changes(path)
+    ]
+    assert called == []
+    assert roster_changes(ARBITER)  # it does call them
+    written = [
+        f"{path.relative_to(PACKAGE)}:{line}: {obj}.{attr}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != ROSTER
+        for obj, attr, line in attributes_written(path)
+        if attr in ("running", "retired")
+    ]
+    assert written == []
 
 
 def test_the_server_s_phase_changes_only_through_enter():
@@ -160,8 +195,11 @@ def test_the_checks_find_a_supervisor_parameter_and_a_write_from_outside(tmp_pat
         "    child.state = 2\n"
         "    self.fine = 3\n"
         "    table[child.name] = child\n"
-        "def report(owner: Supervisor): ...\n"
+        "def report(owner: Supervisor):\n"
+        "    running.roster.retire(child)\n"
+        "    ', '.join(names)\n"
     )
     assert parameters_typed_supervisor(module) == ["check(sup)", "report(owner)"]
+    assert roster_changes(module) == ["running.roster.retire:7"]
     written = [(o, a) for o, a, _ in attributes_written(module)]
     assert written == [("sup", "mood"), ("child", "state")]

@@ -27,11 +27,11 @@ def rig(tmp_path) -> Rig:
 def test_every_process_starts_and_a_worker_is_ready_once_the_router_hears_it(rig):
     rig.sup.begin()
     assert rig.states() == {"main-0": "starting", "main-1": "starting"}
-    assert rig.sup.routers[0].state.value == "starting"
+    assert rig.sup.roster.routers[0].state.value == "starting"
     rig.router.quiet.add("main-1")  # still loading its model
     rig.step()
     assert rig.states() == {"main-0": "ready", "main-1": "starting"}
-    assert rig.sup.routers[0].state.value == "ready"
+    assert rig.sup.roster.routers[0].state.value == "ready"
     assert "READY" not in rig.notifier.kinds()  # not every instance is ready yet
     rig.router.quiet.clear()
     rig.step(seconds=0.1)
@@ -45,12 +45,12 @@ def test_with_two_shards_the_frontend_is_ready_once_a_shard_answers_before_any_w
 ):
     rig = Rig(tmp_path, routers=2)
     rig.sup.begin()
-    assert rig.sup.frontend.state.value == "starting"
-    rig.router.quiet.update(rig.sup.workers)  # every worker still loading its model
-    rig.shards[1].quiet.update(rig.sup.workers)
+    assert rig.sup.roster.frontend.state.value == "starting"
+    rig.router.quiet.update(rig.sup.roster.workers)  # every worker still loading its model
+    rig.shards[1].quiet.update(rig.sup.roster.workers)
     rig.step()
-    assert [r.state.value for r in rig.sup.routers] == ["ready", "ready"]
-    assert rig.sup.frontend.state.value == "ready"
+    assert [r.state.value for r in rig.sup.roster.routers] == ["ready", "ready"]
+    assert rig.sup.roster.frontend.state.value == "ready"
     assert rig.states() == {"main-0": "starting", "main-1": "starting"}
 
 
@@ -61,7 +61,7 @@ def test_a_restarted_worker_keeps_its_slot_and_cpus(rig):
     rig.run_for(1)
     assert rig.states()["main-1"] == "ready"
     assert rig.os.argv[rig.pid("main-1")] == before  # the same WorkerSpec: CPUs, node, name
-    assert rig.sup.workers["main-1"].restarts == 1
+    assert rig.sup.roster.workers["main-1"].restarts == 1
 
 
 def test_nothing_is_judged_while_the_router_does_not_answer(rig):
@@ -69,7 +69,7 @@ def test_nothing_is_judged_while_the_router_does_not_answer(rig):
     rig.os.exit(rig.pid("router"), 1)  # the router dies before it ever answers
     rig.step()
     assert rig.states() == {"main-0": "starting", "main-1": "starting"}
-    assert rig.sup.routers[0].state.value == "backoff"
+    assert rig.sup.roster.routers[0].state.value == "backoff"
 
 
 def test_a_worker_not_ready_within_the_start_timeout_is_killed_and_backs_off(rig):
@@ -80,7 +80,7 @@ def test_a_worker_not_ready_within_the_start_timeout_is_killed_and_backs_off(rig
     rig.step(seconds=1)
     assert rig.os.signals_to("main-0") == [signal.SIGKILL]
     rig.step()
-    child = rig.sup.workers["main-0"]
+    child = rig.sup.roster.workers["main-0"]
     assert child.state.value == "backoff"
     assert child.last_exit == "killed by SIGKILL"  # numaserve's own kill: no OOM hint
 
@@ -116,7 +116,7 @@ def test_backoff_starts_over_after_an_uptime_of_stable_s(rig):
     rig.run_for(5.0)  # READY for stable_s: it was up, the next exit is not a quick one
     third = rig.crash("main-0")
     assert (first, second, third) == (0.5, 1.0, 0.5)
-    assert rig.sup.workers["main-0"].quick_exits == 0
+    assert rig.sup.roster.workers["main-0"].quick_exits == 0
 
 
 def test_max_quick_exits_in_a_row_make_a_slot_fatal_and_the_others_keep_serving(rig, caplog):
@@ -135,7 +135,7 @@ def test_max_quick_exits_in_a_row_make_a_slot_fatal_and_the_others_keep_serving(
 def test_an_exit_that_a_restart_cannot_fix_is_fatal_at_once(rig, code):
     rig.start()
     rig.crash("main-0", code)
-    child = rig.sup.workers["main-0"]
+    child = rig.sup.roster.workers["main-0"]
     assert child.state.value == "fatal"
     assert child.last_exit == f"exit {code} ({exitcodes.DESCRIPTION[code]})"
 
@@ -154,7 +154,7 @@ def test_a_fatal_router_stops_the_server(tmp_path):
     rig = Rig(tmp_path, max_quick_exits=1)
     rig.start()
     rig.crash("router")
-    assert rig.sup.routers[0].state.value == "fatal"
+    assert rig.sup.roster.routers[0].state.value == "fatal"
     rig.step()  # the workers get SIGTERM once no router is left to drain
     for name in ("main-0", "main-1"):
         rig.exit(name, 0)
@@ -166,7 +166,7 @@ def test_a_fatal_router_stops_the_server(tmp_path):
 def test_an_exit_by_any_signal_number_backs_off_and_says_which(rig, number):
     rig.start()
     delay = rig.crash("main-0", -number)
-    child = rig.sup.workers["main-0"]
+    child = rig.sup.roster.workers["main-0"]
     assert (child.state.value, delay) == ("backoff", 0.5)
     assert child.last_exit.startswith(f"killed by {exitcodes.signal_name(number)}")
     rig.restart_after(delay)
@@ -176,7 +176,7 @@ def test_an_exit_by_any_signal_number_backs_off_and_says_which(rig, number):
 def test_a_sigkill_numaserve_did_not_send_points_at_the_oom_killer(rig):
     rig.start()
     rig.crash("main-0", -signal.SIGKILL)
-    assert "out-of-memory killer" in rig.sup.workers["main-0"].last_exit
+    assert "out-of-memory killer" in rig.sup.roster.workers["main-0"].last_exit
 
 
 # -- a hung instance ---------------------------------------------------------------------------
@@ -469,9 +469,11 @@ def test_every_change_of_state_sends_the_router_a_new_slot_table(rig):
 def test_a_restarted_router_is_ready_only_once_it_answers_itself(rig):
     rig.start()
     rig.step(seconds=rig.crash("router"))  # restarted after its backoff
-    assert rig.sup.routers[0].state.value == "starting"  # answers to the old one's tables are stale
+    assert (
+        rig.sup.roster.routers[0].state.value == "starting"
+    )  # answers to the old one's tables are stale
     rig.step()
-    assert rig.sup.routers[0].state.value == "ready"
+    assert rig.sup.roster.routers[0].state.value == "ready"
 
 
 # -- what /metrics and the probes see ----------------------------------------------------------
@@ -557,12 +559,12 @@ def test_a_reload_that_adds_a_model_starts_its_shard_and_instances_and_tells_the
 
     rig.step(signal.SIGHUP)
     assert rig.os.signals_to("frontend") == [signal.SIGHUP]
-    routes = spec_of(rig.sup.frontend.argv)["routes"]
+    routes = spec_of(rig.sup.roster.frontend.argv)["routes"]
     assert [r["model"] for r in routes] == ["a", "b", "c"]
-    with open(spec_of(rig.sup.frontend.argv)["routes_file"]) as f:
+    with open(spec_of(rig.sup.roster.frontend.argv)["routes_file"]) as f:
         assert json.load(f)["routes"] == routes  # what the frontend reads on SIGHUP
     assert rig.os.pid_of("router-2") is not None  # c's shard: a number no shard had
-    assert rig.sup.workers["c.main-0"].state.value == "starting"
+    assert rig.sup.roster.workers["c.main-0"].state.value == "starting"
     rig.step(seconds=0.3)
     rig.run_for(1.0)
 
@@ -570,7 +572,7 @@ def test_a_reload_that_adds_a_model_starts_its_shard_and_instances_and_tells_the
     assert rig.states()["c.main-0"] == "ready"
     assert {name: rig.pid(name) for name in kept} == kept
     assert not any(rig.os.signals_to(name) for name in kept)
-    cpus = [set(c.cpus) for c in rig.sup.workers.values()]
+    cpus = [set(c.cpus) for c in rig.sup.roster.workers.values()]
     assert sum(map(len, cpus)) == len(set().union(*cpus))  # no CPU in two instances
 
 
@@ -578,7 +580,7 @@ def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances
     rig = Rig(tmp_path, config_text=THREE_MODELS)
     rig.start()
     b_shard, b_worker = rig.os.pid_of("router-1"), rig.pid("b.main-0")
-    b_cpus = rig.sup.workers["b.main-0"].cpus
+    b_cpus = rig.sup.roster.workers["b.main-0"].cpus
     rig.config_path.write_text(THREE_MODELS.replace("name: b,", "name: d,"))
 
     rig.step(signal.SIGHUP)
@@ -592,13 +594,13 @@ def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances
     rig.os.exit(b_worker, 0)
     rig.step()
     assert rig.os.signals_to("frontend") == [signal.SIGHUP]
-    assert [r["model"] for r in spec_of(rig.sup.frontend.argv)["routes"]] == ["a", "d", "c"]
-    assert rig.sup.workers["d.main-0"].cpus == b_cpus  # b's core, free again
+    assert [r["model"] for r in spec_of(rig.sup.roster.frontend.argv)["routes"]] == ["a", "d", "c"]
+    assert rig.sup.roster.workers["d.main-0"].cpus == b_cpus  # b's core, free again
     rig.step(seconds=0.3)
     rig.run_for(1.0)
 
     assert rig.sup.wanted is None
-    assert sorted(rig.sup.workers) == ["a.main-0", "a.main-1", "c.main-0", "d.main-0"]
+    assert sorted(rig.sup.roster.workers) == ["a.main-0", "a.main-1", "c.main-0", "d.main-0"]
     assert [v.child.name for v in rig.sup.shards] == ["router-0", "router-2", "router-3"]
 
 

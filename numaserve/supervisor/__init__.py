@@ -4,10 +4,14 @@ Ownership is the rule: the arbiter alone holds and writes the server's state, ea
 alone writes its own, and every other module decides and returns actions. Its modules:
 
 - `arbiter.py`: the `Supervisor` and its one loop (after gunicorn's arbiter): signals that
-  only enqueue, spawning and reaping, which children run, the server's phase (`enter`, the one
-  way it changes), and `carry_out`, the one place actions take effect;
+  only enqueue, spawning and reaping, which children run (its roster, changed here alone),
+  the server's phase (`enter`, the one way it changes), status questions (the control
+  socket's and those a shard passes on, one road), and `carry_out`, the one place actions
+  take effect;
 - `phase.py`: the server's phase, one value (preparing, starting, serving, reloading,
   stopping, ...), each holding what only it needs, changed only along its table;
+- `roster.py`: every child, once, by the kind it knows: the running shape and the retired
+  still to be reaped, which every "all the fronts", "all the workers" reads;
 - `children.py`: a `Child`, one process, and its state machine (after supervisord: STARTING,
   READY, DRAINING, STOPPED, BACKOFF, FATAL; `change_state` the one way a state changes), its
   spec, timers and restart policy;

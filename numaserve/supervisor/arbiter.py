@@ -82,6 +82,7 @@ from numaserve.supervisor.rollout import (
     Started,
     Wanted,
 )
+from numaserve.supervisor.roster import Roster
 from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardQuestion, ShardView
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
@@ -131,13 +132,16 @@ class Supervisor:
         # whose answers it waits for, deadline).
         self.asked_status: list[tuple[Request | ShardQuestion, int, float]] = []
         self.shards = ShardLinks(POLL_ROUTER_S)
+        self.roster = Roster([])
         for spec in self.deployment.routers:
             self.add_shard(Child.for_shard(spec))
         frontend = self.deployment.frontend
-        self.frontend = Child.for_frontend(frontend) if frontend else None
-        self.http = [Child.for_http(spec) for spec in self.deployment.http]
-        self.workers = {w.slot.name: Child.for_worker(w) for w in self.deployment.workers}
-        self.retired: list[Child] = []  # replaced during a reload, still finishing
+        for child in [
+            *([Child.for_frontend(frontend)] if frontend else []),
+            *(Child.for_http(spec) for spec in self.deployment.http),
+            *(Child.for_worker(spec) for spec in self.deployment.workers),
+        ]:
+            self.roster.join(child)
         self.generation = 0  # of the shape that runs (rollout.Running)
         self.phase: Phase = Created()  # changed by `enter` alone
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
@@ -153,12 +157,9 @@ class Supervisor:
         return self.site.topo
 
     def add_shard(self, child: Child) -> None:
+        """A router shard joins the running shape, with its link."""
+        self.roster.join(child)
         self.shards.views.append(ShardView(child, self.connect(child.spec.workers_endpoint)))
-
-    @property
-    def routers(self) -> list[Child]:
-        """The router shards' processes (one, by default)."""
-        return [shard.child for shard in self.shards]
 
     # -- the phase, and what it holds ----------------------------------------------------------
 
@@ -213,30 +214,17 @@ class Supervisor:
     def exit_code(self) -> int | None:
         return self.phase.exit_code if isinstance(self.phase, Ended) else None
 
-    def front(self) -> list[Child]:
-        """The processes between the clients and the workers: the shards, the frontend, and
-        the HTTP fronts."""
-        return [*self.routers, *([self.frontend] if self.frontend else []), *self.http]
-
     def all_children(self) -> list[Child]:
-        current = [*self.front(), *self.workers.values(), *self.retired]
-        if self.prepare:
-            current.append(self.prepare)
-        if self.replacement:
-            current.append(self.replacement)
-        return current
+        """Every child: the roster's, and the phase's own (a prepare, a replacement)."""
+        return self.roster.every(self.prepare, self.replacement)
 
     def running(self) -> Running:
         return Running(
             self.config,
             self.plan,
             self.deployment,
-            self.workers,
-            tuple(self.routers),
-            self.frontend,
-            tuple(self.http),
+            self.roster,
             preparing=self.prepare is not None,
-            retired=tuple(self.retired),
             replacement=self.replacement,
             generation=self.generation,
         )
@@ -256,7 +244,7 @@ class Supervisor:
         """Prepare the model, if it needs it; then start the router and every worker."""
         log.info(
             "starting: %d instance(s), %d router shard(s) on %s, config %s",
-            len(self.workers),
+            len(self.roster.workers),
             len(self.shards),
             self.config.server.endpoint,
             self.site.config_path,
@@ -304,7 +292,7 @@ class Supervisor:
             self.begin_stop("SIGINT (again for a fast stop)")
 
     def handle_sighup(self) -> None:
-        for front in self.http:  # they read the API keys file again at once
+        for front in self.roster.http:  # they read the API keys file again at once
             self.signal(front, signal.SIGHUP)
         self.begin_reload()
 
@@ -351,8 +339,7 @@ class Supervisor:
         if child is self.prepare:
             self._prepared(code)
             return
-        if child in self.retired:
-            self.retired.remove(child)
+        if self.roster.reaped(child):
             log.info("exit %s (retired): %s", child.name, child.last_exit, extra={"event": "exit"})
             return
         if child is self.replacement:
@@ -470,33 +457,37 @@ class Supervisor:
                 started=identity["started"],
                 state=self.summary(),
                 http=tuple(  # for `numaserve status` to show
-                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.http
+                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.roster.http
                 ),
                 seq=self.shards.sent,
             ),
             slots=tuple(
                 c.slot(live_cpus=self.system.affinity(c.pid) if c.pid else None)
-                for c in self.workers.values()
+                for c in self.roster.workers.values()
             ),
-            routers=tuple((c.shard, c.state.value) for c in self.routers),
+            routers=tuple((c.shard, c.state.value) for c in self.roster.routers),
         )
 
     def summary(self) -> str:
-        return reporting.summary(self.mood, self.workers.values(), self.routers)
+        return reporting.summary(self.mood, self.roster.workers.values(), self.roster.routers)
 
     def snapshot(self, now: float):
         """The current processes: not those a reload retired, nor a replacement still
         starting under its slot's name."""
-        current = [*self.front(), *([self.prepare] if self.prepare else []), *self.workers.values()]
-        kinds = [(c.kind, c) for c in current]
-        stats = tuple(c.spec.stats_file for c in self.http if c.spec.stats_file)
+        roster = self.roster
+        current = [
+            *roster.fronts(),
+            *([self.prepare] if self.prepare else []),
+            *roster.of("worker"),
+        ]
+        stats = tuple(c.spec.stats_file for c in roster.http if c.spec.stats_file)
         return reporting.snapshot(
-            now, self.config, self.mood, kinds, self.shards, self.system.pid(), stats
+            now, self.config, self.mood, current, self.shards, self.system.pid(), stats
         )
 
     def _notify(self, now: float) -> None:
-        workers = list(self.workers.values())
-        serving = all(c.state == State.READY for c in self.front()) and any(
+        workers = self.roster.of("worker")
+        serving = all(c.state == State.READY for c in self.roster.fronts()) and any(
             w.state == State.READY for w in workers
         )
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
@@ -516,12 +507,15 @@ class Supervisor:
     def tick(self, now: float) -> None:
         self.check_liveness(now)
         if not self.stopping:  # after any exit, and a spawn that failed
-            code = liveness.cannot_serve(self.front(), list(self.workers.values()))
+            code = liveness.cannot_serve(self.roster.fronts(), self.roster.of("worker"))
             if code is not None:
                 self.begin_stop("no instance can serve", code)
         self.roll_out(now)
         if self.stop is not None:
-            actions, code = self.stop.next_steps(self.http, self.routers, self.all_children(), now)
+            roster = self.roster
+            actions, code = self.stop.next_steps(
+                roster.http, roster.routers, self.all_children(), now
+            )
             self.carry_out(actions)
             if code is not None:
                 self.enter(Ended(code))
@@ -536,10 +530,11 @@ class Supervisor:
         """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
         routed = self.shards.routed_pids(now)
         server = self.config.server
-        fronts = [(self.frontend, server.endpoint)] if self.frontend else []
-        fronts += [(front, f"http://{server.http}") for front in self.http]
-        self.carry_out(liveness.fronts_ready(self.routers, fronts, routed, server.endpoint))
-        instances = [*self.workers.values(), *([self.replacement] if self.replacement else [])]
+        roster = self.roster
+        fronts = [(front, server.endpoint) for front in roster.of("frontend")]
+        fronts += [(front, f"http://{server.http}") for front in roster.http]
+        self.carry_out(liveness.fronts_ready(roster.routers, fronts, routed, server.endpoint))
+        instances = [*roster.of("worker"), *([self.replacement] if self.replacement else [])]
         steady = liveness.limits(self.config, draining=False)
         self.carry_out(liveness.instances_heard(instances, routed, now, steady, self.stopping))
         # A router shard (a removed model's too) or an HTTP front finishes what it holds before
@@ -573,7 +568,7 @@ class Supervisor:
         """A rollout step that changes which children run, or what runs."""
         match action:
             case Adopt(child) if child.pool:
-                self.workers[child.name] = child
+                self.roster.join(child)
             case Adopt(child):
                 self.add_shard(child)
             case Leave(child, drain):
@@ -583,14 +578,14 @@ class Supervisor:
                 self.spawn(new)
             case Replace(new):
                 self.enter(dataclasses.replace(self.phase, replacement=None))
-                old = self.workers[new.name]
-                self.workers[new.name] = new
-                self.retired.append(old)
+                old = self.roster.workers[new.name]
+                self.roster.replace(old, new)
                 self.terminate(old)
             case Reroute(spec):
                 self.system.write_file(spec.routes_file, spec.to_json())
-                self.frontend.respec(spec)  # a restart reads the new routes too
-                self.signal(self.frontend, signal.SIGHUP)
+                frontend = self.roster.frontend
+                frontend.respec(spec)  # a restart reads the new routes too
+                self.signal(frontend, signal.SIGHUP)
             case RenewHttp(fronts):
                 self.renew_http(fronts)
             case _:
@@ -616,9 +611,8 @@ class Supervisor:
 
     def leave(self, child: Child, drain: bool) -> None:
         """A removed model's child out of the running set, reaped as retired."""
-        self.retired.append(child)
+        self.roster.retire(child)
         if not drain:
-            del self.workers[child.name]
             return
         view = self.shards.of(child)
         self.shards.views.remove(view)
@@ -628,11 +622,12 @@ class Supervisor:
     def renew_http(self, fronts: tuple[Child, ...]) -> None:
         """The HTTP fronts for the new models: each new one starts beside the old, on the same
         port (SO_REUSEPORT), and the old one drains; no connection is refused meanwhile."""
-        old, self.http = self.http, list(fronts)
-        for child in self.http:
+        old = self.roster.http
+        for child in fronts:
+            self.roster.join(child)
             self.spawn(child)
         for child in old:
-            self.retired.append(child)
+            self.roster.retire(child)
             self.terminate(child)
 
     def hold(self, plan: Plan) -> None:
@@ -694,10 +689,10 @@ class Supervisor:
         if not wanted.reshaped(self.running()) and wanted.plan != self.plan:
             self.hold(self.plan)  # the cores it would have added are not ours
         if prepare is not None:
-            self.retired.append(prepare)  # reaped as a replaced process
+            self.roster.retire(prepare)  # reaped as a replaced process
             self.terminate(prepare)
         if replacement and replacement.pid is not None:
-            self.retired.append(replacement)
+            self.roster.retire(replacement)
             self.terminate(replacement)
         log.error(
             "reload aborted (%s); the running instances keep serving",
@@ -717,10 +712,10 @@ class Supervisor:
         stop = Stop(code)
         self.enter(Stopping(stop))
         if prepare:
-            self.retired.append(prepare)
+            self.roster.retire(prepare)
             self.terminate(prepare)
         drain_s = self.config.supervisor.drain_timeout_s
-        self.carry_out(stop.begin(why, drain_s, self.http, self.system.now()))
+        self.carry_out(stop.begin(why, drain_s, self.roster.http, self.system.now()))
 
     def close(self) -> None:
         if self.control is not None:

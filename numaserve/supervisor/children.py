@@ -321,10 +321,10 @@ class Child:
             live_cpus=live_cpus,
         )
 
-    def process(self, kind: str) -> Process:
+    def process(self) -> Process:
         """As /metrics and the probes see it."""
         return Process(
-            kind,
+            self.kind,
             self.name,
             self.state.value,
             self.pid,

@@ -61,7 +61,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
     """The reload the config file asks for now, with what it cannot apply logged; None (and
     an error logged) where the file cannot be read or placed. `mood`: the server's, to go
     back to if the reload is aborted."""
-    current, ledger, workers = running.config, site.ledger, running.workers
+    current, ledger, workers = running.config, site.ledger, running.roster.workers
     try:
         config = site.ports.apply(load_config(site.config_path))
         removed, added = model_changes(current, config)

@@ -45,14 +45,13 @@ def snapshot(
     now: float,
     config: Config,
     mood: Mood,
-    processes: list[tuple[str, Child]],
+    processes: list[Child],
     shards: ShardLinks,
     supervisor_pid: int,
     http_stats: tuple[str, ...] = (),
 ) -> Snapshot:
-    """The whole server as /metrics and the probes see it. `processes`: (kind, child) of
-    the current ones (not those a reload retired, nor a replacement still starting under its
-    slot's name)."""
+    """The whole server as /metrics and the probes see it. `processes`: the current ones (not
+    those a reload retired, nor a replacement still starting under its slot's name)."""
     named = config.named
     return Snapshot(
         taken=now,
@@ -69,7 +68,7 @@ def snapshot(
             for m in config.models
         ),
         pools=tuple((m.name, p.name) for m in config.models for p in m.pools),
-        processes=tuple(c.process(kind) for kind, c in processes),
+        processes=tuple(c.process() for c in processes),
         shards=tuple(v.status for v in shards),
         shard_age=tuple(now - v.heard_at if v.routed is not None else None for v in shards),
         supervisor_pid=supervisor_pid,

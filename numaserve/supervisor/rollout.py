@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from numaserve.config.schema import Config
 from numaserve.host.placement import Plan
-from numaserve.processes.specs import Deployment, FrontendSpec, RouterSpec, WorkerSpec
+from numaserve.processes.specs import Deployment, FrontendSpec, WorkerSpec
 from numaserve.supervisor.children import Child, ChildAction, Spawn, State, Terminate
 from numaserve.supervisor.reporting import Mood
+from numaserve.supervisor.roster import Roster
 
 log = logging.getLogger("numaserve.supervisor")
 
@@ -40,12 +40,8 @@ class Running:
     config: Config
     plan: Plan
     deployment: Deployment
-    workers: Mapping[str, Child]
-    routers: tuple[Child, ...]
-    frontend: Child | None
-    http: tuple[Child, ...]
+    roster: Roster  # the arbiter's, read here, changed only by the actions it carries out
     preparing: bool  # `numaserve prepare` runs: no process changes before its artifacts
-    retired: tuple[Child, ...] = ()  # out of the running set, still to be reaped
     replacement: Child | None = None  # a reload's new instance of a slot, while it starts
     generation: int = 0  # of the shape that runs: the start's 0, one more each reload's
 
@@ -181,10 +177,11 @@ class Wanted:
 
 def to_renew(wanted: Wanted, running: Running) -> list[str]:
     """The slots still to renew, in order: those whose instance is of an older generation."""
+    workers = running.roster.workers
     return [
         name
         for name in wanted.renew
-        if name in running.workers and running.workers[name].generation < wanted.generation
+        if name in workers and workers[name].generation < wanted.generation
     ]
 
 
@@ -206,9 +203,8 @@ def next_steps(wanted: Wanted, running: Running, now: float) -> list[Action]:
 
 def _roll(wanted: Wanted, running: Running, now: float) -> list[Action]:
     """The next slot's new instance, or the one starting watched."""
-    if any(
-        w.state == State.STARTING for w in running.workers.values() if w.model_name in wanted.added
-    ):
+    workers = running.roster.workers
+    if any(w.state == State.STARTING for w in workers.values() if w.model_name in wanted.added):
         return []  # the changed models roll once the added ones are up
     replacement = running.replacement
     if replacement is None:
@@ -216,7 +212,7 @@ def _roll(wanted: Wanted, running: Running, now: float) -> list[Action]:
         if not pending:
             return [Renewed()]
         name = pending[0]
-        old = running.workers[name]
+        old = workers[name]
         return [Renew(Child.for_worker(wanted.spec(name), old.restarts, wanted.generation))]
     if replacement.state == State.READY:
         return [Replace(replacement)]
@@ -234,16 +230,15 @@ def _reshape(wanted: Wanted, running: Running) -> list[Action]:
     only then do the frontend's routes change and the added models start, on cores the
     removed ones may have held."""
     removed = set(wanted.removed)
-    shards = [r for r in running.routers if r.model_name in removed]
-    instances = [w for w in running.workers.values() if w.model_name in removed]
+    roster = running.roster
+    shards = [r for r in roster.routers if r.model_name in removed]
+    instances = [w for w in roster.of("worker") if w.model_name in removed]
     if shards or instances:  # the shards are only now told
         return [Leave(c, drain=True) for c in shards] + [Leave(c, drain=False) for c in instances]
     leaving = [
-        c
-        for c in running.retired
-        if isinstance(c.spec, (RouterSpec, WorkerSpec)) and c.model_name in removed
+        c for c in roster.retired if c.kind in ("router", "worker") and c.model_name in removed
     ]
-    if any(c.pid is not None and isinstance(c.spec, RouterSpec) for c in leaving):
+    if any(c.pid is not None and c.kind == "router" for c in leaving):
         return []  # its shards still drain
     if any(c.pid is not None for c in leaving):
         return [Terminate(c) for c in leaving if c.pid is not None and c.term_sent_at is None]
@@ -253,12 +248,13 @@ def _reshape(wanted: Wanted, running: Running) -> list[Action]:
 def _never_started(running: Running, joining: list[Child]) -> list[Spawn]:
     """The start's every process, a reload's added ones: the shards first, the instances
     last."""
+    roster = running.roster
     fresh = [
-        *running.routers,
+        *roster.routers,
         *[c for c in joining if not c.pool],
-        *([running.frontend] if running.frontend else []),
-        *running.http,
-        *running.workers.values(),
+        *roster.of("frontend"),
+        *roster.http,
+        *roster.of("worker"),
         *[c for c in joining if c.pool],
     ]
     return [
@@ -272,10 +268,15 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     new, old = wanted.deployment, running.deployment
     actions: list[Action] = []
     frontend = old.frontend
-    if running.frontend and frontend and new.frontend and new.frontend.routes != frontend.routes:
+    if (
+        running.roster.frontend
+        and frontend
+        and new.frontend
+        and new.frontend.routes != frontend.routes
+    ):
         frontend = dataclasses.replace(frontend, routes=new.frontend.routes)
         actions.append(Reroute(frontend))
-    shards = {child.shard for child in running.routers}
+    shards = {child.shard for child in running.roster.routers}
     joining = [
         Child.for_shard(spec)
         for spec in new.routers
@@ -284,7 +285,7 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     joining += [
         Child.for_worker(spec, generation=wanted.generation)
         for spec in new.workers
-        if spec.slot.model in wanted.added and spec.slot.name not in running.workers
+        if spec.slot.model in wanted.added and spec.slot.name not in running.roster.workers
     ]
     actions += [Adopt(child) for child in joining]
     actions += _never_started(running, joining)

@@ -325,13 +325,17 @@ class Rig:
         """Start every process and turn the loop until all are READY."""
         self.sup.begin()
         self.step()  # the router answers, and hears the workers
-        assert self.states() == {name: "ready" for name in self.sup.workers}, self.states()
+        assert self.states() == {name: "ready" for name in self.sup.roster.workers}, self.states()
 
     def states(self) -> dict[str, str]:
-        return {name: c.state.value for name, c in self.sup.workers.items()}
+        return {name: c.state.value for name, c in self.sup.roster.workers.items()}
 
     def pid(self, name: str) -> int:
-        pid = self.sup.routers[0].pid if name == "router" else self.sup.workers[name].pid
+        pid = (
+            self.sup.roster.routers[0].pid
+            if name == "router"
+            else self.sup.roster.workers[name].pid
+        )
         assert pid is not None, f"{name} is not running"
         return pid
 
@@ -348,5 +352,5 @@ class Rig:
         """`name` exits with `code`; returns the backoff the supervisor chose (or 0)."""
         self.exit(name, code)
         self.step()
-        child = self.sup.workers.get(name, self.sup.routers[0])
+        child = self.sup.roster.workers.get(name, self.sup.roster.routers[0])
         return round(child.retry_at - self.os.time, 6) if child.state.value == "backoff" else 0.0
