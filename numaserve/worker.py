@@ -58,6 +58,7 @@ class Engine:
                 report.threads,
                 # the node whose copy of shared weights it maps: where its memory is bound
                 report.nodes[0] if len(report.nodes) == 1 else None,
+                spec.prepared_digest,
             )
         elif needs_prepare(spec.model.backend, spec.model.quantize):
             raise ModelLoadError(

@@ -16,7 +16,7 @@ from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig, load_config
-from numaserve.processes.prepared import BandPath, PoolPath, Prepared
+from numaserve.processes.prepared import BandPath, ModelPath, PoolPath, Prepared
 from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve
 from tests.harness.router_side import ISA
@@ -62,6 +62,33 @@ def test_an_instance_loads_what_it_is_told_without_hashing_or_choosing(
     assert (model.config.backend, model.config.quantize) == ("onnxruntime", "none")
     assert str(model.artifact) == record.pools["default"].artifact
     assert model.run([[101, 7592, 102]])[0].label in model.labels
+
+
+def test_an_instance_whose_record_was_prepared_again_since_its_spec_says_so_and_loads_it(
+    classifier_dir, cache, tmp_path, caplog
+):
+    config = ModelConfig(path=str(classifier_dir), **NAMED)
+    record = prepare_model(config, ISA)
+    record.write(tmp_path / "record.json")
+    path = str(tmp_path / "record.json")
+    load_prepared(config, "default", path, ISA, 1, digest=record.pool_digest("default"))
+    assert "prepared again" not in caplog.text  # the record its spec was made from
+    again = replace(record, digest="0" * 64)  # its checkpoint changed, and was prepared again
+    again.write(tmp_path / "record.json")
+    model = load_prepared(config, "default", path, ISA, 1, digest=record.pool_digest("default"))
+    assert f"{path} was prepared again since this instance's spec was made" in caplog.text
+    assert str(model.artifact) == again.pools["default"].artifact
+
+
+def test_a_pools_digest_changes_with_the_checkpoint_and_with_the_pools_path_only():
+    pool = PoolPath(ModelPath("onnxruntime", "none"), "/a/model.onnx")
+    record = Prepared("m", "/m", "d1", {"short": pool, "long": pool})
+    assert record.pool_digest("short") == record.pool_digest("long")
+    assert record.pool_digest("short") != replace(record, digest="d2").pool_digest("short")
+    other = replace(pool, path=ModelPath("onnxruntime", "int8"))
+    changed = replace(record, pools={"short": other, "long": pool})
+    assert changed.pool_digest("short") != record.pool_digest("short")
+    assert changed.pool_digest("long") == record.pool_digest("long")
 
 
 def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_dir, tmp_path):

@@ -4,11 +4,13 @@ runs real processes in tests/test_supervisor.py (slow)."""
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
 from numaserve.config.ports import Ports
 from numaserve.processes import exitcodes
+from numaserve.processes.prepared import ModelPath, PoolPath, Prepared
 from numaserve.supervisor.children import Child, State, TransitionError
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.rollout import to_renew
@@ -442,6 +444,66 @@ def test_a_reload_that_changes_the_model_prepares_it_before_restarting_any_insta
     rig.os.exit(rig.os.pid_of("prepare"), 0)
     rig.step()
     assert rig.sup.replacement is not None
+
+
+def write_record(path: str, digest: str) -> Prepared:
+    """What `numaserve prepare` writes for a model (the fake OS runs no prepare): its
+    checkpoint's `digest`, and pool main's path."""
+    record = Prepared(
+        "bundled:minilm",
+        "/checkpoint",
+        digest,
+        {"main": PoolPath(ModelPath("onnxruntime", "none"), "/artifacts/model.onnx")},
+    )
+    record.write(Path(path))
+    return record
+
+
+def test_each_instances_spec_carries_its_pools_digest_of_what_prepare_resolved(tmp_path):
+    rig = Rig(tmp_path, backend="onnxruntime")
+    rig.sup.begin()
+    path = rig.sup.wanted.spec("main-0").prepared
+    record = write_record(path, digest="d1")
+    rig.os.exit(rig.os.pid_of("prepare"), 0)
+    rig.step()
+    for name in ("main-0", "main-1"):  # as spawned
+        spec = spec_of(rig.os.argv[rig.pid(name)])
+        assert spec["prepared"] == path
+        assert spec["prepared_digest"] == record.pool_digest("main")
+
+
+TWO_PREPARED = """
+models:
+  - {name: a, backend: onnxruntime, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}
+  - {name: b, backend: onnxruntime, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}
+supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
+server: {http: ""}
+"""
+
+
+def test_a_reload_renews_the_instances_whose_prepared_record_changed_and_keeps_the_others(
+    tmp_path,
+):
+    rig = Rig(tmp_path, config_text=TWO_PREPARED)
+    rig.sup.begin()
+    paths = {m: rig.sup.wanted.spec(f"{m}.main-0").prepared for m in ("a", "b")}
+    for path in paths.values():
+        write_record(path, digest="d1")
+    rig.os.exit(rig.os.pid_of("prepare"), 0)
+    rig.step()
+    rig.step()
+    assert rig.states() == {"a.main-0": "ready", "b.main-0": "ready"}
+    old = rig.pid("b.main-0")
+    write_record(paths["b"], digest="d2")  # b's checkpoint changed, and was prepared again
+    rig.step(signal.SIGHUP)  # the same config: only b's record is new
+    assert rig.sup.wanted.renew == ("b.main-0",)
+    rig.step(seconds=0.3)  # b's replacement is heard
+    rig.step()
+    rig.os.exit(old, 0)
+    rig.run_for(1.0)
+    assert rig.sup.wanted is None and rig.pid("b.main-0") != old
+    rig.step(signal.SIGHUP)  # nothing changed since: nothing renews
+    assert rig.sup.wanted.renew == ()
 
 
 def test_a_reload_whose_model_cannot_be_prepared_is_aborted(tmp_path):

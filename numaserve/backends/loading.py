@@ -4,6 +4,7 @@ imports the code that chooses (choice.py), nor a runtime before the path names i
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import MissingRuntime
@@ -12,6 +13,8 @@ from numaserve.processes.prepared import Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
+
+log = logging.getLogger("numaserve.worker")
 
 
 def load_path(
@@ -74,11 +77,24 @@ def load_prepared(
     isa: tuple[str, ...],
     threads: int,
     node: int | None = None,
+    digest: str = "",
 ) -> Model:
     """An instance's model: its pool's paths and artifacts as `numaserve prepare` resolved
     them (processes/prepared.py), loaded with no hashing, judging or choosing. `node`: the one
-    NUMA node the instance is bound to, whose copy of shared weights it maps."""
-    config, entry = Prepared.read(record).config_for(config, pool)
+    NUMA node the instance is bound to, whose copy of shared weights it maps. `digest`: its
+    pool's digest as its spec has it; a record prepared again since says so in the log."""
+    prepared = Prepared.read(record)
+    if digest and (now := prepared.pool_digest(pool)) != digest:
+        log.warning(
+            "%s was prepared again since this instance's spec was made (pool %s: digest %s, "
+            "the spec's %s): it loads what the record says now; SIGHUP renews every instance",
+            record,
+            pool,
+            now,
+            digest,
+            extra={"event": "load"},
+        )
+    config, entry = prepared.config_for(config, pool)
     model = load_path(config, isa, threads, entry.artifact, node)
     if entry.shorter:
         shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]

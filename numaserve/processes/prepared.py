@@ -5,17 +5,20 @@ the code that chooses, so that every reader (the supervisor, an instance, an HTT
 tune) reads it typed, and none reaches the choosing code.
 
 A server's prepare step writes it to the server's runtime directory (`--record-dir`), and
-each instance's spec names it (specs.WorkerSpec.prepared): an instance loads the artifact it
-is told, and never hashes the checkpoint, judges or chooses. One written before is replaced
+each instance's spec names it (specs.WorkerSpec.prepared) and, once the supervisor has read
+it, its pool's digest (`pool_digest`): an instance loads the artifact it is told, and never
+hashes the checkpoint, judges or chooses. One written before is replaced
 whole (a rename), so a restarting instance reads either the old record or the new one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +112,15 @@ class Prepared:
                 f"{type(e).__name__}: {e}); a start runs it before any instance"
             ) from None
 
+    def pool_digest(self, pool: str) -> str:
+        """What one pool's instances run, as one value: the checkpoint's digest and the pool's
+        path, artifact and why. A spec carries it (specs.WorkerSpec.prepared_digest), so a
+        reload renews an instance whose pool's record changed, and an instance knows whether
+        the record it reads is the one its spec was made from."""
+        entry = self.pools.get(pool)
+        body = {"digest": self.digest, "pool": entry and dataclasses.asdict(entry)}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
     def config_for(self, config: ModelConfig, pool: str) -> tuple[ModelConfig, PoolPath]:
         """`config` running its pool's path, and that path's record."""
         try:
@@ -119,6 +131,18 @@ class Prepared:
                 f"not {pool}: prepare again (a start or a reload does)"
             ) from None
         return entry.path.applied_to(config), entry
+
+
+def readable(paths: Iterable[str]) -> dict[str, Prepared]:
+    """The records at `paths` that can be read now, by path. One missing (not prepared yet)
+    or damaged is left out: the instance that names it says why, as it loads."""
+    found = {}
+    for path in set(paths):
+        try:
+            found[path] = Prepared.read(path)
+        except ModelLoadError:
+            continue
+    return found
 
 
 def write_atomically(path: Path, text: str) -> None:

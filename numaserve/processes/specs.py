@@ -31,6 +31,7 @@ from numaserve.config.schema import (
 from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
+from numaserve.processes.prepared import Prepared
 
 
 class JSONSpec:
@@ -155,6 +156,9 @@ class WorkerSpec(JSONSpec):
     # loads its pool's path and artifact from it. "": a model with nothing to prepare (torch,
     # a named precision), which loads the checkpoint as it is.
     prepared: str = field(default="", metadata={"empty": True})
+    # Its pool's digest in that record, as the supervisor read it once prepare had written it
+    # (Prepared.pool_digest): a reload renews an instance whose digest changed. "": not read.
+    prepared_digest: str = field(default="", metadata={"empty": True})
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -182,6 +186,18 @@ def prepared_path(runtime_dir: str | Path, served: ServedModel) -> str:
     if not needs_prepare(served.backend, served.quantize):
         return ""
     return str(record_path(runtime_dir, served))
+
+
+def with_digests(deployment: Deployment, records: Mapping[str, Prepared]) -> Deployment:
+    """`deployment` with each instance's spec carrying its pool's digest of the record it
+    names (`records`: by path, as read; one not there leaves the spec's digest unset)."""
+    workers = tuple(
+        dataclasses.replace(w, prepared_digest=records[w.prepared].pool_digest(w.slot.pool))
+        if w.prepared in records
+        else w
+        for w in deployment.workers
+    )
+    return dataclasses.replace(deployment, workers=workers)
 
 
 def model_key(model: ModelConfig) -> str:

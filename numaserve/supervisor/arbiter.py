@@ -64,7 +64,13 @@ from numaserve.supervisor.phase import (
     check_next,
 )
 from numaserve.supervisor.processes import System
-from numaserve.supervisor.reload import Site, needs_new_artifacts, plan_reload
+from numaserve.supervisor.reload import (
+    Site,
+    needs_new_artifacts,
+    plan_reload,
+    renewing,
+    with_records,
+)
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.rollout import (
     Abort,
@@ -389,12 +395,22 @@ class Supervisor:
         """`numaserve prepare` exited with `code`: the start goes on, or the server cannot
         start; a reload goes on, or is aborted."""
         phase = self.phase
-        if isinstance(phase, Reloading):
+        if isinstance(phase, Reloading) and code != 0:
             self.enter(dataclasses.replace(phase, prepare=None))
-            if code != 0:
-                self.abort_reload(f"the changed model could not be prepared (exit {code})")
-            else:
-                log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
+            self.abort_reload(f"the changed model could not be prepared (exit {code})")
+        elif isinstance(phase, Reloading):
+            log.info("reload: the changed model's artifact is ready", extra={"event": "reload"})
+            wanted = self.with_records(phase.wanted)
+            # What prepare resolved may have changed for a kept model's pool too: renewed.
+            renew = renewing(wanted.config, wanted.deployment, self.roster.workers)
+            if more := [name for name in renew if name not in wanted.renew]:
+                log.info(
+                    "reload: what prepare resolved changed for %s too; renewing them",
+                    ", ".join(more),
+                    extra={"event": "reload"},
+                )
+            wanted = dataclasses.replace(wanted, renew=renew)
+            self.enter(dataclasses.replace(phase, prepare=None, wanted=wanted))
         elif code != 0:
             log.error(
                 "fatal: the model could not be prepared (%s; its log lines above say why)",
@@ -403,8 +419,18 @@ class Supervisor:
             )
             self.enter(Ended(exitcodes.MODEL))  # nothing starts
         else:
-            self.enter(Starting(phase.wanted))
+            wanted = self.with_records(phase.wanted)
+            self.deployment = wanted.deployment
+            for child in self.roster.of("worker"):  # none has started yet
+                child.respec(wanted.spec(child.name))
+            self.enter(Starting(wanted))
             self.roll_out(self.system.now())
+
+    @staticmethod
+    def with_records(wanted: Wanted) -> Wanted:
+        """`wanted` with each instance's spec carrying its pool's digest of the records
+        prepare has just written: the one fact of what runs, in the specs."""
+        return dataclasses.replace(wanted, deployment=with_records(wanted.deployment))
 
     # -- the control socket: `numaserve status` and `stop` ----------------------------------
 

@@ -187,8 +187,9 @@ class Child:
         if new is State.READY:
             self.ready_at = now
 
-    def respec(self, spec: FrontendSpec) -> None:
-        """The frontend's new routes: they apply now (SIGHUP) and at any restart."""
+    def respec(self, spec: FrontendSpec | WorkerSpec) -> None:
+        """What it runs from now on: the frontend's new routes (they apply now, on SIGHUP, and
+        at any restart); an instance's spec with its prepared digest, before it first starts."""
         self.spec, self.argv = spec, spec.argv()
 
     # -- what happened to it -----------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ from numaserve.config.schema import Config, ConfigError, load_config
 from numaserve.host.ledger import Ledger, held_cpus, without
 from numaserve.host.placement import PlacementError, Plan, replan
 from numaserve.host.topology import CPUTopology
-from numaserve.processes.specs import Deployment, deployment
-from numaserve.supervisor.children import State
+from numaserve.processes.prepared import readable
+from numaserve.processes.specs import Deployment, deployment, with_digests
+from numaserve.supervisor.children import Child, State
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.rollout import Running, Wanted
 
@@ -48,6 +50,13 @@ class Site:
         return deployment(config, plan, self.topo, self.runtime_dir, numbers)
 
 
+def with_records(deployment: Deployment) -> Deployment:
+    """`deployment` with each instance's spec carrying its pool's digest of what `numaserve
+    prepare` resolved, where its record has been written."""
+    records = readable(w.prepared for w in deployment.workers if w.prepared)
+    return with_digests(deployment, records)
+
+
 def needs_new_artifacts(current: Config, new: Config) -> bool:
     """Whether a reload to `new` must run `numaserve prepare` before any instance (re)starts:
     a model that needs it and whose settings changed, or that is new."""
@@ -67,8 +76,8 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
         removed, added = model_changes(current, config)
         with ledger.locked() if ledger else nullcontext():
             plan = _replan(site, running.plan, config)
-            new = site.deploy(
-                _keep_shards(config, current), plan, running.deployment.shard_numbers()
+            new = with_records(
+                site.deploy(_keep_shards(config, current), plan, running.deployment.shard_numbers())
             )
             if ledger and plan != running.plan:  # ours until the reload ends
                 both = {*held_cpus(running.plan, site.topo), *held_cpus(plan, site.topo)}
@@ -78,16 +87,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
         return None
     for change in _unapplied(current, config, running.deployment, new):
         log.warning("reload: %s; it applies at the next restart", change, extra={"event": "reload"})
-    # An instance renews where its spec changed (its model's settings, its pool's). A server
-    # of one unnamed model (`model:`) renews every one: new weights at the same path show in
-    # no spec, and SIGHUP after copying them in (numaserve.testing's `reload` too) loads them.
-    renew = tuple(
-        w.slot.name
-        for w in new.workers
-        if w.slot.name in workers
-        and workers[w.slot.name].state == State.READY
-        and (not config.named or workers[w.slot.name].argv != w.argv())
-    )
+    renew = renewing(config, new, workers)
     kept = sorted(
         {w.slot.model for w in new.workers if w.slot.name in workers}
         - {workers[name].model_name for name in renew}
@@ -105,6 +105,21 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
     )
     generation = running.generation + 1
     return Wanted(config, plan, new, renew, removed, added, resume=mood, generation=generation)
+
+
+def renewing(config: Config, new: Deployment, workers: Mapping[str, Child]) -> tuple[str, ...]:
+    """The serving slots whose instance renews: where its spec changed, by value (its model's
+    settings, its pool's, or what `numaserve prepare` resolved for its pool: its record's
+    digest). A server of one unnamed model (`model:`) renews every one: new weights at the
+    same path show in no spec before they are prepared, and SIGHUP after copying them in
+    (numaserve.testing's `reload` too) loads them."""
+    return tuple(
+        w.slot.name
+        for w in new.workers
+        if w.slot.name in workers
+        and workers[w.slot.name].state == State.READY
+        and (not config.named or workers[w.slot.name].spec != w)
+    )
 
 
 def _unapplied(current: Config, config: Config, running: Deployment, new: Deployment) -> list[str]:
