@@ -5,7 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from numaserve.config.schema import AUTO, Config, ConfigError, PoolConfig, load_config, parse_config
+from numaserve.config.schema import (
+    AUTO,
+    Config,
+    ConfigError,
+    PoolConfig,
+    load_config,
+    parse_config,
+    with_checkpoint_lengths,
+)
 from numaserve.host.topology import CORE_TYPES
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -34,7 +42,20 @@ def test_values_become_typed_objects():
 
 
 def test_empty_file_means_all_defaults():
-    assert parse_config("") == Config(source="<string>")
+    assert with_checkpoint_lengths(parse_config("")) == Config(source="<string>")
+
+
+def test_checking_a_config_reads_no_model_and_loading_it_reads_its_length(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sentence_bert_config.json").write_text("{broken")  # read only at load
+    text = f"models: [{{name: a, path: {tmp_path}}}, {{name: b, max_length: 128}}]"
+    checked = parse_config(text, source="my.yaml")
+    assert checked.unset_max_length == (0,)  # a's is its checkpoint's: not read yet
+    with pytest.raises(ConfigError, match=r"my.yaml: models\[0\].max_length is not set, and"):
+        with_checkpoint_lengths(checked)
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 64}')
+    a, b = with_checkpoint_lengths(checked).models
+    assert (a.max_length, b.max_length) == (64, 128)
 
 
 def error(text):
@@ -200,7 +221,7 @@ def test_models_each_have_a_name_their_own_pools_and_a_weight():
 
 
 def test_a_models_unset_max_length_is_its_own_checkpoints():
-    embed = parse_config(MODELS).models[1]
+    embed = with_checkpoint_lengths(parse_config(MODELS)).models[1]
     assert embed.max_length == 256  # bundled:minilm's max_seq_length
     assert embed.model.max_length == 256
 
@@ -221,8 +242,10 @@ def test_a_models_config_is_named():
 def test_the_one_model_takes_the_checkpoints_max_length_as_model_does(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a saved model's, as far as the config reads
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
-    config = parse_config(
-        f"model: {{path: {tmp_path}}}\nplacement: {{pools: [{{name: main, max_tokens: 128}}]}}"
+    config = with_checkpoint_lengths(
+        parse_config(
+            f"model: {{path: {tmp_path}}}\nplacement: {{pools: [{{name: main, max_tokens: 128}}]}}"
+        )
     )
     (served,) = config.models
     assert served.max_length == config.model.max_length == 128  # not the default, 256
@@ -278,14 +301,19 @@ def test_placement_pools_with_models_are_an_error():
             "models[0].quantize: bf16 is not offered by backend torch, which runs int8 or none; "
             "bf16 runs on backend openvino",
         ),
-        (
-            "models: [{name: a, pools: [{name: x, max_tokens: 10}]}]",
-            "models[0].max_length is not set, so it is bundled:minilm's max_seq_length, 256",
-        ),
     ],
 )
 def test_each_models_mistakes_name_its_key(yaml_text, expected):
     assert error(yaml_text).startswith(f"my.yaml: {expected}")
+
+
+def test_a_checkpoints_max_length_beyond_the_models_pools_is_refused_as_it_loads():
+    checked = parse_config("models: [{name: a, pools: [{name: x, max_tokens: 10}]}]", "my.yaml")
+    with pytest.raises(ConfigError) as e:
+        with_checkpoint_lengths(checked)
+    assert str(e.value).startswith(
+        "my.yaml: models[0].max_length is not set, so it is bundled:minilm's max_seq_length, 256"
+    )
 
 
 def test_an_http_body_limit_over_the_message_limit_is_refused_with_both_sizes():

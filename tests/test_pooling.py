@@ -9,7 +9,12 @@ import pytest
 from numaserve.backends import load_model
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.schema import ConfigError, ModelConfig, parse_config
+from numaserve.config.schema import (
+    ConfigError,
+    ModelConfig,
+    parse_config,
+    with_checkpoint_lengths,
+)
 from numaserve.tasks.pooling import MODES, Pooling
 from tests.harness.checkpoints import save_tiny_cross_encoder, save_tiny_embedder
 from tests.test_architectures import TEXTS
@@ -104,6 +109,11 @@ def test_the_bundled_default_is_mean_pooled_and_normalised():
     assert Pooling.read(resolve_model_path("bundled:minilm")) == Pooling(("mean",), True)
 
 
+def loaded(text: str, source: str = "<string>"):
+    """A config as loaded to run: checked, and its unset max_length read from the checkpoint."""
+    return with_checkpoint_lengths(parse_config(text, source=source))
+
+
 def with_max_seq_length(path, value):
     config = path / "sentence_bert_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "max_seq_length": value}))
@@ -112,15 +122,15 @@ def with_max_seq_length(path, value):
 
 def test_the_default_max_length_is_the_checkpoints_max_seq_length(tmp_path):
     path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "mean"), 24)
-    assert parse_config(f"model: {{path: {path}}}").model.max_length == 24
-    assert parse_config(f"model: {{path: {path}, max_length: 64}}").model.max_length == 64
+    assert loaded(f"model: {{path: {path}}}").model.max_length == 24
+    assert loaded(f"model: {{path: {path}, max_length: 64}}").model.max_length == 64
 
 
 def test_a_long_text_is_cut_where_sentence_transformers_cuts_it(tmp_path):
     from sentence_transformers import SentenceTransformer
 
     path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "mean"), 24)
-    config = parse_config(f"model: {{path: {path}, backend: torch, quantize: none}}").model
+    config = loaded(f"model: {{path: {path}, backend: torch, quantize: none}}").model
     long_text = "a text far longer than the model's twenty-four tokens " * 5
     (encoded,) = Tokenizer(config.path, config.max_length).encode([long_text])
     (ours,) = load_model(config).run([list(encoded.ids)])
@@ -130,23 +140,23 @@ def test_a_long_text_is_cut_where_sentence_transformers_cuts_it(tmp_path):
 
 
 def test_a_checkpoint_without_sentence_transformers_config_keeps_256(classifier_dir):
-    assert parse_config(f"model: {{path: {classifier_dir}}}").model.max_length == 256
+    assert loaded(f"model: {{path: {classifier_dir}}}").model.max_length == 256
 
 
 def test_a_reranker_reads_as_far_as_its_tokenizer_as_cross_encoder_does(tmp_path):
     path = save_tiny_cross_encoder(tmp_path / "ce")  # sentence_bert_config.json: no length
     config = json.loads((path / "tokenizer_config.json").read_text())
     assert config["model_max_length"] == 512
-    assert parse_config(f"model: {{path: {path}, task: rerank}}").model.max_length == 512
-    assert parse_config(f"model: {{path: {path}, task: classify}}").model.max_length == 256
+    assert loaded(f"model: {{path: {path}, task: rerank}}").model.max_length == 512
+    assert loaded(f"model: {{path: {path}, task: classify}}").model.max_length == 256
     (path / "tokenizer_config.json").write_text(json.dumps(config | {"model_max_length": 10**30}))
-    assert parse_config(f"model: {{path: {path}, task: rerank}}").model.max_length == 256
+    assert loaded(f"model: {{path: {path}, task: rerank}}").model.max_length == 256
 
 
 def test_a_max_seq_length_beyond_every_pool_says_what_to_set(tmp_path):
     path = with_max_seq_length(save_tiny_embedder(tmp_path / "m", "cls"), 1024)
     with pytest.raises(ConfigError) as e:
-        parse_config(f"model: {{path: {path}}}", source="my.yaml")
+        loaded(f"model: {{path: {path}}}", source="my.yaml")
     assert str(e.value) == (
         f"my.yaml: model.max_length is not set, so it is {path}'s max_seq_length, 1024 "
         "(sentence_bert_config.json), but the largest pool's max_tokens is 512; set "
@@ -158,4 +168,4 @@ def test_a_malformed_sentence_transformers_config_is_a_config_error(tmp_path):
     path = save_tiny_embedder(tmp_path / "m", "mean")
     (path / "sentence_bert_config.json").write_text("{broken")
     with pytest.raises(ConfigError, match=r"model.max_length is not set, and cannot read .*"):
-        parse_config(f"model: {{path: {path}}}")
+        loaded(f"model: {{path: {path}}}")

@@ -220,6 +220,9 @@ class Config:
     # `model:` config's one model is asked for by no name, and a reload restarts every
     # instance of it, so that new weights at the same path load too.
     named: bool = field(default=False, metadata={"internal": True})
+    # The models whose max_length the file leaves to their checkpoint, by index in `models`:
+    # parse_config reads no model, and with_checkpoint_lengths fills them in.
+    unset_max_length: tuple[int, ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
         if not self.models:  # the one model of a `model:` config
@@ -234,15 +237,23 @@ def _model_fields(model: ModelConfig) -> dict:
 
 
 def load_config(path: str | Path) -> Config:
+    """A config file, to run: checked (parse_config), then each max_length it leaves unset
+    read from its model's checkpoint (with_checkpoint_lengths)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
-    return parse_config(text, source=str(path), base=path.absolute().parent)
+    return with_checkpoint_lengths(
+        parse_config(text, source=str(path), base=path.absolute().parent)
+    )
 
 
 def parse_config(text: str, source: str = "<string>", base: Path | None = None) -> Config:
+    """A config's text, checked key by key and across keys, reading no file but itself: a
+    model's max_length the text leaves unset is its checkpoint's, which only
+    with_checkpoint_lengths reads (and checks against its pools); until then it is the
+    default, and `unset_max_length` names it."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -257,29 +268,46 @@ def parse_config(text: str, source: str = "<string>", base: Path | None = None) 
     config = read_against(dataclasses.replace(config, source=source), base, named)
     if named:
         _check_models_form(config, data, source)
-        models, declared = [], []
-        for i, (served, given) in enumerate(zip(config.models, data["models"], strict=True)):
-            where = f"models[{i}]"
-            if "max_length" not in given:
-                served, why = _with_checkpoint_max_length(served, served.pools, where, source)
-            else:
-                why = None
-            models.append(served)
-            declared.append(why)
-        config = dataclasses.replace(config, models=tuple(models), named=True)
-        _check_server(config, source)
-        for i, (served, why) in enumerate(zip(config.models, declared, strict=True)):
-            _check_model(served, served.pools, f"models[{i}]", f"models[{i}].pools", source, why)
-        return config
-    declared = None
-    if "max_length" not in (data.get("model") or {}):
-        model, declared = _with_checkpoint_max_length(
-            config.model, config.placement.pools, "model", source
-        )
-        config = dataclasses.replace(config, model=model, models=())  # the new model's
+        unset = tuple(i for i, given in enumerate(data["models"]) if "max_length" not in given)
+        config = dataclasses.replace(config, named=True, unset_max_length=unset)
+    elif "max_length" not in (data.get("model") or {}):
+        config = dataclasses.replace(config, models=(), unset_max_length=(0,))
     _check_server(config, source)
-    _check_model(config.model, config.placement.pools, "model", "placement.pools", source, declared)
+    for i, served in enumerate(config.models):
+        where, pools_key = _model_keys(config, i)
+        _check_model(served, served.pools, where, pools_key, source)
+        if i not in config.unset_max_length:
+            check_lengths(served, served.pools, where, pools_key, source, None)
     return config
+
+
+def with_checkpoint_lengths(config: Config) -> Config:
+    """`config` with each max_length it leaves unset read from its model's checkpoint (its
+    sentence-transformers config's max_seq_length, as its own `encode` cuts; else the
+    default), and checked against the model's pools: the one step of loading a config that
+    reads the model."""
+    if not config.unset_max_length:
+        return config
+    source = config.source
+    models = list(config.models)
+    for i in config.unset_max_length:
+        where, pools_key = _model_keys(config, i)
+        served, declared = _with_checkpoint_max_length(models[i], models[i].pools, where, source)
+        check_lengths(served, served.pools, where, pools_key, source, declared)
+        models[i] = served
+    if config.named:
+        return dataclasses.replace(config, models=tuple(models), unset_max_length=())
+    (served,) = models  # the one model of a `model:` config: its `model`, and models anew
+    model = ModelConfig(**_model_fields(served))
+    return dataclasses.replace(config, model=model, models=(), unset_max_length=())
+
+
+def _model_keys(config: Config, i: int) -> tuple[str, str]:
+    """A model's key in the file and its pools' (`models[1]`, `models[1].pools`; the one
+    model of a `model:` config: `model`, `placement.pools`)."""
+    if config.named:
+        return f"models[{i}]", f"models[{i}].pools"
+    return "model", "placement.pools"
 
 
 def _check_models_form(config: Config, data: dict, source: str) -> None:
@@ -473,11 +501,9 @@ def _check_model(
     where: str,
     pools_key: str,
     source: str,
-    declared: str | None,
 ) -> None:
     """One model's rules across its keys and its pools: `where` is its key (`model`,
-    `models[1]`), `pools_key` its pools' (`placement.pools`, `models[1].pools`). `declared`:
-    where max_length came from, when the checkpoint set it (_with_checkpoint_max_length)."""
+    `models[1]`), `pools_key` its pools' (`placement.pools`, `models[1].pools`)."""
     if problem := precision_problem(model.backend, model.quantize, model.keep_fp32, where):
         raise ConfigError(f"{source}: {problem}")
     if not pools:
@@ -498,6 +524,18 @@ def _check_model(
             f"{source}: {pools_key}[{autos[1]}].instances: only one pool may be 'auto' "
             f"({pools_key}[{autos[0]}] already is); give the others a number"
         )
+
+
+def check_lengths(
+    model: ModelConfig,
+    pools: tuple[PoolConfig, ...],
+    where: str,
+    pools_key: str,
+    source: str,
+    declared: str | None,
+) -> None:
+    """Every length up to the model's max_length has a pool. `declared`: where max_length
+    came from, when the checkpoint set it (_with_checkpoint_max_length)."""
     longest = max(p.max_tokens for p in pools)
     if longest < model.max_length and declared:
         raise ConfigError(

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from numaserve.client import Client, ClientKeys
-from numaserve.config.schema import parse_config
+from numaserve.config.schema import parse_config, with_checkpoint_lengths
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import deployment
@@ -38,7 +38,7 @@ class Cluster:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.config_file = directory / "cluster.yaml"
         self.config_file.write_text(yaml_text)
-        config = parse_config(yaml_text)
+        config = with_checkpoint_lengths(parse_config(yaml_text))
         # A router and its workers alone: no HTTP fronts (server.http is numaserve start's).
         config = replace(config, server=replace(config.server, endpoint=self.endpoint, http=""))
         topo = read_topology()

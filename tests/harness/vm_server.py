@@ -39,13 +39,15 @@ def prepare_every_model(model: str, isa: tuple[str, ...]) -> None:
     """What `numaserve prepare` builds for every model of these configs on a CPU with `isa`,
     built here, in $NUMASERVE_CACHE (tests/numa_vm.py: ensure_artifacts)."""
     from numaserve.backends import prepare_model
-    from numaserve.config.schema import parse_config
+    from numaserve.config.schema import parse_config, with_checkpoint_lengths
 
     texts = (CONFIG, MODELS, MODELS.replace("server:", ADDED, 1))
     for text in texts:
         endpoint = "tcp://127.0.0.1:5555"
-        config = parse_config(
-            text.format(model=model, endpoint=endpoint).replace("@ENDPOINT@", endpoint)
+        config = with_checkpoint_lengths(
+            parse_config(
+                text.format(model=model, endpoint=endpoint).replace("@ENDPOINT@", endpoint)
+            )
         )
         for served in config.models:
             assert prepare_model(served.model, isa), f"{served.name} could not be prepared"
