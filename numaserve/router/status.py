@@ -18,7 +18,7 @@ from numaserve.status.report import (
     RunningPath,
     ServerReport,
     ShardReport,
-    Slot,
+    SlotEntry,
     SlotTable,
 )
 from numaserve.wire import protocol
@@ -104,11 +104,11 @@ def _running_path(said: object) -> RunningPath | None:
         return None
 
 
-def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[Slot, ...]:
+def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[SlotEntry, ...]:
     """With no supervisor, a slot per instance this shard knows, from its READY, with its
     live affinity read here (for a status question, not in the request loop)."""
     return tuple(
-        Slot(
+        SlotEntry(
             name=w.name,
             pool=dispatch.pools[w.pool].config.name,
             state="draining" if w.stopping else "ready",

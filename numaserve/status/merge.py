@@ -19,13 +19,13 @@ from numaserve.status.report import (
     ServerReport,
     ShardLine,
     ShardReport,
-    Slot,
+    SlotEntry,
     SupervisorInfo,
 )
 
 
 def server_report(
-    slots: Iterable[Slot], supervisor: SupervisorInfo | None, reports: list[ShardReport]
+    slots: Iterable[SlotEntry], supervisor: SupervisorInfo | None, reports: list[ShardReport]
 ) -> ServerReport:
     """Each slot with the routing of its process (by pid: a shard's view of the process
     before a restart is not the new one's), the pools (one per model and pool name), cache

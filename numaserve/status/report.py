@@ -1,6 +1,6 @@
 """What status is made of, as typed records, each with one wire form, each with one owner.
 
-- The supervisor's `SlotTable` (its `SupervisorInfo` and a `Slot` per instance of its plan)
+- The supervisor's `SlotTable` (its `SupervisorInfo` and a `SlotEntry` per slot of its plan)
   goes to every shard, on a timer and on each change of state.
 - A shard's `ShardReport` (router/status.py) goes back to the supervisor once a second: its
   pools, cache, counters, metrics, and a `Routing` per process it has heard from. /metrics
@@ -137,7 +137,7 @@ SUPERVISED = ("model_name", "shard", "restarts", "last_exit")
 
 
 @dataclass(frozen=True)
-class Slot:
+class SlotEntry:
     """One slot of the supervisor's plan, as its slot table says it (or, with no supervisor,
     one instance a shard knows, from its READY), with its live affinity as its owner read it:
     the supervisor, so that no shard reads /proc in its loop."""
@@ -168,7 +168,7 @@ class Slot:
         }
 
     @classmethod
-    def from_wire(cls, body: dict) -> Slot:
+    def from_wire(cls, body: dict) -> SlotEntry:
         return _build(cls, body)
 
 
@@ -218,7 +218,7 @@ class Instance:
     place) with what the shard that routes to its process sees of it; no routing: no shard
     has heard from that process."""
 
-    slot: Slot
+    slot: SlotEntry
     routing: Routing | None = None
 
     @property
@@ -233,7 +233,7 @@ class Instance:
 
     @classmethod
     def from_wire(cls, body: dict) -> Instance:
-        slot = Slot.from_wire(body)
+        slot = SlotEntry.from_wire(body)
         if all(body.get(key, none) == none for key, none in ROUTED.items()):
             return cls(slot)  # written with no routing (or one that says nothing)
         return cls(slot, Routing.from_wire(body | {"name": slot.name, "pid": slot.pid}))
@@ -402,7 +402,7 @@ class SlotTable:
     that is not ready takes no handed-over request)."""
 
     supervisor: SupervisorInfo
-    slots: tuple[Slot, ...]
+    slots: tuple[SlotEntry, ...]
     routers: tuple[tuple[int, str], ...]  # (shard, state)
     # Whether the shard answers with its whole report, or only with what liveness needs (the
     # instances it routes to): the supervisor asks for the report once a second, not with every
@@ -427,7 +427,7 @@ class SlotTable:
             }
             return cls(
                 supervisor=SupervisorInfo.from_wire(told) or SupervisorInfo(),
-                slots=tuple(Slot.from_wire(s) for s in body["slots"]),
+                slots=tuple(SlotEntry.from_wire(s) for s in body["slots"]),
                 routers=tuple((r["shard"], r["state"]) for r in body["routers"]),
                 report=bool(body.get("report", True)),
             )

@@ -21,7 +21,7 @@ from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
 from numaserve.monitoring.snapshot import Process
 from numaserve.processes import exitcodes
 from numaserve.processes.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
-from numaserve.status.report import Slot
+from numaserve.status.report import SlotEntry
 
 log = logging.getLogger("numaserve.supervisor")
 
@@ -306,9 +306,9 @@ class Child:
             self.change_state(State.STOPPED, now)
         return None
 
-    def slot(self, live_cpus: list[int] | None) -> Slot:
+    def slot(self, live_cpus: list[int] | None) -> SlotEntry:
         """Its entry in the slot table the shards get; `live_cpus`: its affinity, read now."""
-        return Slot(
+        return SlotEntry(
             name=self.name,
             pool=self.pool,
             state=self.state.value,

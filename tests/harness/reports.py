@@ -4,7 +4,7 @@ has a plain default."""
 
 from __future__ import annotations
 
-from numaserve.status.report import Cache, Instance, Pool, Routing, ShardReport, Slot
+from numaserve.status.report import Cache, Instance, Pool, Routing, ShardReport, SlotEntry
 
 NO_CACHE = Cache(entries=0, capacity=10, hits=0, misses=0, hit_rate=0.0)
 
@@ -16,8 +16,8 @@ def pool(name: str = "main", model_name: str = "default", **fields) -> Pool:
     )
 
 
-def slot(name: str, **fields) -> Slot:
-    return Slot(
+def slot(name: str, **fields) -> SlotEntry:
+    return SlotEntry(
         **{"name": name, "pool": "main", "state": "ready", "pid": None, "cpus": [], "nodes": []}
         | fields
     )
