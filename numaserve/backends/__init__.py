@@ -6,7 +6,17 @@ inherit the binding, and an ONNX Runtime worker never imports torch (about 200 M
 instance). Nor does it import the code that chooses a model path (choice.py, the gate, the
 race): `prepare_model` and `load_model` do, where they choose; an instance's `load_prepared`
 (loading.py) loads what the prepared record names, and never reaches it. The router and the
-HTTP fronts import only `tokenizer` from here.
+HTTP fronts import only `tokenizer` from here. Its modules:
+
+- the runtimes: `torch.py`, `onnx.py`, `openvino.py` (and `openvino_runtime.py`, OpenVINO
+  loaded with its telemetry off), `ct2.py`; `base.py`, what they share; `banded.py`, a pool
+  that runs more than one path by length;
+- what is built once and kept: `artifacts.py`, `onnx_build.py`, `openvino_build.py`,
+  `ct2_build.py`; `node_weights.py`, one copy of the weights per NUMA node;
+- choosing a path: `choice.py` (`quantize: auto`), `gate.py` (the accuracy gate), `race.py`
+  (timing that holds against a busy neighbour), `precision.py` (`keep_fp32`);
+- `loading.py`: an instance's model, as the prepared record names it;
+- `tokenizer.py` and `wordpiece_memo.py`: texts to token ids, the same everywhere.
 """
 
 from __future__ import annotations

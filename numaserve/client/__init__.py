@@ -37,6 +37,11 @@ request over the server's `server.max_message_bytes` (checked before it is sent)
 answer in time. A bad argument is a TypeError or ValueError that names it.
 
 A Client is not thread-safe: use one per thread. An AsyncClient serves many coroutines at once.
+
+Its modules: `blocking.py` (`Client`) and `aio.py` (`AsyncClient`); `calls.py`, what both
+share; `arguments.py`, a call's arguments checked before sending; `endpoints.py`, which server
+each request goes to; `linkwatch.py` and `probes.py`, whether a server accepts and answers
+again; `errors.py`, the errors a call raises; `trace_context.py`, the caller's trace sent on.
 """
 
 from numaserve.client.aio import AsyncClient

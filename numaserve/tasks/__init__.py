@@ -1,5 +1,6 @@
-"""The tasks numaserve serves, one module each: what its requests carry, what its model's
-head computes, what its worker sends, what its router adds and what its client returns.
+"""The tasks numaserve serves, one module each (`embed.py`, `classify.py`, `rerank.py`,
+`ner.py`, `sparse.py`): what its requests carry, what its model's head computes, what its
+worker sends, what its router adds and what its client returns.
 
 A new task is a module here (a `Task`, base.py) and its line in TASKS. Beside them:
 `requests.py` checks a client's request completely (the keys every request has; a task's own

@@ -4,5 +4,6 @@
 times (`probe.py` measures them in pinned processes, `measure.py` schedules those); `search.py`
 predicts each configuration's throughput and p99 from them, pure; `verify.py` runs the best few
 and the default as real servers under `numaserve bench`'s load; `tuned.py` writes the result;
-`run.py` is the whole run within its time budget.
+`report.py` says the winner and writes the file's head; `run.py` is the whole run within its
+time budget.
 """
