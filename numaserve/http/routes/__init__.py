@@ -1,6 +1,6 @@
 """Every HTTP route, by the API it copies: TEI's (`tei.py`), OpenAI's (`openai.py`), the
 Cohere/Jina rerank (`cohere.py`), our own (`own.py`), and the API page (`docs.py`, /docs);
-`inputs.py` reads the texts a body gives in each API's shapes."""
+`inputs.py` what they share: inputs read into texts, embeddings cut and normalised."""
 
 from numaserve.http.routes import cohere, docs, openai, own, tei
 
