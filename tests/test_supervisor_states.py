@@ -472,15 +472,6 @@ def test_each_instances_spec_carries_its_pools_digest_of_what_prepare_resolved(t
         assert spec["prepared_digest"] == record.pool_digest("main")
 
 
-TWO_PREPARED = """
-models:
-  - {name: a, backend: onnxruntime, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}
-  - {name: b, backend: onnxruntime, quantize: none, pools: [{name: main, max_tokens: 512, instances: 1}]}
-supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
-server: {http: ""}
-"""
-
-
 def test_a_reload_renews_the_instances_whose_prepared_record_changed_and_keeps_the_others(
     tmp_path,
 ):
@@ -580,6 +571,8 @@ models:
 supervisor: {start_timeout_s: 60, kill_timeout_s: 10}
 server: {http: ""}
 """
+# Two models with something to prepare (the fake OS runs no prepare: the tests write records).
+TWO_PREPARED = TWO_MODELS.replace("torch", "onnxruntime").replace("instances: 2", "instances: 1")
 
 
 def test_with_several_models_a_reload_restarts_only_the_changed_models_instances(tmp_path):

@@ -322,25 +322,14 @@ class ShardReport:
 
     def to_wire(self) -> dict:
         body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
-        return body | {
-            "routing": [r.to_wire() for r in self.routing],
-            "pools": [p.to_wire() for p in self.pools],
-            "cache": self.cache.to_wire(),
-            "routed_pids": list(self.routed_pids),
-        }
+        return body | _counts_to_wire(self) | {"routing": [r.to_wire() for r in self.routing]}
 
     @classmethod
     def from_wire(cls, body: Any) -> ShardReport:
         """Raises BadReport for anything but a shard report's shape."""
         try:
-            return _build(
-                cls,
-                body,
-                routing=tuple(Routing.from_wire(r) for r in body["routing"]),
-                pools=tuple(Pool.from_wire(p) for p in body["pools"]),
-                cache=Cache.from_wire(body["cache"]),
-                routed_pids=tuple(body["routed_pids"]),
-            )
+            routing = tuple(Routing.from_wire(r) for r in body["routing"])
+            return _build(cls, body, **_counts_from_wire(body), routing=routing)
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a shard's report: {e!r}") from None
 
@@ -367,14 +356,15 @@ class ServerReport:
 
     def to_wire(self) -> dict:
         body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
-        return body | {
-            "instances": [i.to_wire() for i in self.instances],
-            "pools": [p.to_wire() for p in self.pools],
-            "cache": self.cache.to_wire(),
-            "routed_pids": list(self.routed_pids),
-            "shards": [s.to_wire() for s in self.shards],
-            "supervisor": self.supervisor.to_wire() if self.supervisor else {},
-        }
+        return (
+            body
+            | _counts_to_wire(self)
+            | {
+                "instances": [i.to_wire() for i in self.instances],
+                "shards": [s.to_wire() for s in self.shards],
+                "supervisor": self.supervisor.to_wire() if self.supervisor else {},
+            }
+        )
 
     @classmethod
     def from_wire(cls, body: Any) -> ServerReport:
@@ -383,15 +373,30 @@ class ServerReport:
             return _build(
                 cls,
                 body,
+                **_counts_from_wire(body),
                 instances=tuple(Instance.from_wire(i) for i in body["instances"]),
-                pools=tuple(Pool.from_wire(p) for p in body["pools"]),
-                cache=Cache.from_wire(body["cache"]),
-                routed_pids=tuple(body["routed_pids"]),
                 shards=tuple(ShardLine.from_wire(s) for s in body["shards"]),
                 supervisor=SupervisorInfo.from_wire(body.get("supervisor") or {}),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a status report: {e!r}") from None
+
+
+def _counts_to_wire(report: ShardReport | ServerReport) -> dict:
+    """The records a shard's report and the server's both hold, in their wire form."""
+    return {
+        "pools": [p.to_wire() for p in report.pools],
+        "cache": report.cache.to_wire(),
+        "routed_pids": list(report.routed_pids),
+    }
+
+
+def _counts_from_wire(body: dict) -> dict:
+    return {
+        "pools": tuple(Pool.from_wire(p) for p in body["pools"]),
+        "cache": Cache.from_wire(body["cache"]),
+        "routed_pids": tuple(body["routed_pids"]),
+    }
 
 
 @dataclass(frozen=True)
