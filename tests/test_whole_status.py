@@ -44,6 +44,7 @@ def test_a_shard_asked_for_status_gets_the_whole_server_back_from_fresh_reports(
     assert whole["requests"] == {"requests": 12}
     assert whole["pools"][0]["queue"] == 2
     assert {i["name"] for i in whole["instances"]} == set(rig.states())
+    assert (whole["supervisor"]["pid"], whole["supervisor"]["boot_id"]) == (1, "fake-boot")
     assert rig.shards[1].wholes == []
 
 
