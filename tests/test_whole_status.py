@@ -60,6 +60,17 @@ def test_a_shards_question_and_the_control_sockets_get_the_same_answer(tmp_path)
     assert shard["server"] == control["status"]
 
 
+def test_a_flood_of_status_questions_costs_one_round_of_reports_and_answers_each(tmp_path):
+    rig = Rig(tmp_path, routers=2)
+    rig.start()
+    sent = len(rig.shards[0].tables)
+    rig.shards[0].asking += [{"type": protocol.WHOLE, "token": t} for t in range(100)]
+    rig.step()  # the questions: one table asks for every shard's report
+    assert len(rig.shards[0].tables) == sent + 1
+    rig.step()
+    assert [answer["token"] for answer in rig.shards[0].wholes] == list(range(100))
+
+
 def test_a_question_no_report_can_answer_yet_gets_none_so_the_shard_answers_alone(tmp_path):
     rig = Rig(tmp_path, routers=2)
     for fake in rig.shards:

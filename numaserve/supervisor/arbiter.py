@@ -446,9 +446,11 @@ class Supervisor:
     def ask_status(self, asker: Request | ShardQuestion, now: float) -> None:
         """A status question, on the control socket or passed on by a shard: it waits for a
         report from every shard that serves, asked for now, so that it shows what was served
-        up to the question (STATUS_WAIT_S at most)."""
-        self.shards.want_reports()
-        self.send_slots()
+        up to the question (STATUS_WAIT_S at most). Questions that come while the latest
+        table's reports are awaited share them: a flood of status ops costs one table."""
+        if not any(table == self.shards.sent for _, table, _ in self.asked_status):
+            self.shards.want_reports()
+            self.send_slots()
         self.asked_status.append((asker, self.shards.sent, now + protocol.STATUS_WAIT_S))
 
     def answer_status(self, now: float) -> None:
