@@ -27,6 +27,16 @@ def test_within_the_noise_the_runner_listed_first_wins():
     assert winner([small, fast]) == (small, fast)
 
 
+def test_a_runner_another_is_clearly_ahead_of_never_wins_even_within_the_fastests_noise():
+    # "less memory" is within the noise of the fastest (a noisy one), but "steady" beats it
+    # by 20% in every round: "steady", listed next and beaten by no one, wins.
+    small = Standing("less memory", (1.2, 1.2, 1.2, 1.2, 1.2))
+    steady = Standing("steady", (1.0, 1.0, 1.0, 1.0, 1.0))
+    noisy = Standing("noisy", (0.6, 1.4, 0.6, 1.4, 0.9))
+    assert ahead(steady, small) and not ahead(noisy, small) and not ahead(noisy, steady)
+    assert winner([small, steady, noisy]) == (steady, noisy)
+
+
 def test_every_runner_runs_every_round_on_the_same_inputs_starting_one_later_each_round():
     calls = []
     runners = {name: (lambda part, name=name: calls.append((name, tuple(part)))) for name in "xyz"}

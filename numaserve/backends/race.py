@@ -65,8 +65,10 @@ def ahead(leader: Standing, rival: Standing) -> bool:
 
 
 def winner(standings: Sequence[Standing]) -> tuple[Standing, Standing]:
-    """(the winner, the fastest): the fastest, unless a runner listed before it is within
-    the noise of it, which then wins (callers list their runners by preference: less memory
-    first)."""
+    """(the winner, the fastest): the first runner that no other is ahead of beyond the
+    rounds' noise (callers list their runners by preference: less memory first), so within
+    the noise of the fastest and clearly behind no one; the fastest where every runner has
+    one ahead of it (noisy rounds need not agree)."""
     fastest = min(standings, key=lambda s: s.median)
-    return next(s for s in standings if s is fastest or not ahead(fastest, s)), fastest
+    unbeaten = (s for s in standings if not any(ahead(r, s) for r in standings if r is not s))
+    return next(unbeaten, fastest), fastest

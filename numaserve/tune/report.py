@@ -10,10 +10,10 @@ from numaserve.tune.verify import Verified
 
 
 def winner(results: list[Verified], p99_ms: float) -> Verified | None:
-    """The verified configuration that served the most within the target in every round,
-    where its lead over each one listed before it (the config as given, first) is larger
-    than the rounds' spread of it; else the first within the noise of it. With one round
-    only there is no spread to judge by, and the first stays. None where none held."""
+    """Of the verified configurations that served within the target in every round, the
+    first listed (the config as given, first) that none leads by more than the rounds'
+    spread of its lead (backends/race.py's `winner`). With one round only there is no
+    spread to judge by, and the first stays. None where none held."""
     held = {r.label: (r, rounds) for r in results if (rounds := r.rounds(p99_ms))}
     if not held:
         return None
