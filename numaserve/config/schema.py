@@ -271,7 +271,7 @@ def parse_config(text: str, source: str = "<string>", base: Path | None = None) 
         unset = tuple(i for i, given in enumerate(data["models"]) if "max_length" not in given)
         config = dataclasses.replace(config, named=True, unset_max_length=unset)
     elif "max_length" not in (data.get("model") or {}):
-        config = dataclasses.replace(config, models=(), unset_max_length=(0,))
+        config = dataclasses.replace(config, unset_max_length=(0,))
     _check_server(config, source)
     for i, served in enumerate(config.models):
         where, pools_key = _model_keys(config, i)
@@ -298,8 +298,7 @@ def with_checkpoint_lengths(config: Config) -> Config:
     if config.named:
         return dataclasses.replace(config, models=tuple(models), unset_max_length=())
     (served,) = models  # the one model of a `model:` config: its `model`, and models anew
-    model = ModelConfig(**_model_fields(served))
-    return dataclasses.replace(config, model=model, models=(), unset_max_length=())
+    return dataclasses.replace(config, model=served.model, models=(), unset_max_length=())
 
 
 def _model_keys(config: Config, i: int) -> tuple[str, str]:
