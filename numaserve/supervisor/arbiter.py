@@ -454,11 +454,19 @@ class Supervisor:
         self.asked_status.append((asker, self.shards.sent, now + protocol.STATUS_WAIT_S))
 
     def answer_status(self, now: float) -> None:
-        for asked in list(self.asked_status):
-            asker, table, deadline = asked
-            if self.shards.serving_acked(table) or now >= deadline:
-                self.asked_status.remove(asked)
-                asker.answer(self.status_answer())
+        """The questions whose reports have come (or whose time is up), each given the same
+        answer, built once."""
+        due = [
+            asked
+            for asked in self.asked_status
+            if self.shards.serving_acked(asked[1]) or now >= asked[2]
+        ]
+        if not due:
+            return
+        answer = self.status_answer()
+        for asked in due:
+            self.asked_status.remove(asked)
+            asked[0].answer(answer)
 
     def status_answer(self) -> dict:
         reports = [view.status for view in self.shards if view.status]
