@@ -180,10 +180,10 @@ def sts(directory: Path, models: dict, tokenizer) -> dict:
 
 def speed(models: dict, encoded, rounds: int) -> dict:
     """Each model's ms per text and its ratios to ONNX Runtime int8's, round by round."""
-    from numaserve.backends.gate import run_as_a_pool
+    from numaserve.backends.gate import run_in_batches
     from numaserve.backends.race import race, ratios
 
-    standings = race({n: partial(run_as_a_pool, m) for n, m in models.items()}, encoded, rounds)
+    standings = race({n: partial(run_in_batches, m) for n, m in models.items()}, encoded, rounds)
     base = next(s for s in standings if s.name == "onnxruntime int8")
     return {
         s.name: {

@@ -34,7 +34,7 @@ from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
 from numaserve.processes.tracing import span_context
 from numaserve.processes.tracing import start as start_tracing
-from numaserve.status.report import Band, RunningPath
+from numaserve.status.report import Band, RunningPath, Switch
 from numaserve.wire import protocol
 
 log = logging.getLogger("numaserve.worker")
@@ -92,6 +92,8 @@ class Engine:
         for n in lengths:
             self.model.run([self._ids(n)])
         self.model.run([self._ids(min(16, longest))] * 4)
+        if (ran := getattr(self.model, "ran", None)) is not None:
+            ran.update(dict.fromkeys(ran, 0))  # what it serves counts, not its warm-up
 
     def _ids(self, n: int) -> list[int]:
         return [(7 * i + 1000) % self.model.vocab_size for i in range(n)]
@@ -171,14 +173,30 @@ class Engine:
                 chosen_by="auto" if choice else "config",
                 why=choice.why if choice else None,
                 shorter=tuple(
-                    Band(s.last, s.path.backend, s.path.quantize, s.path.keep_fp32, s.why)
+                    Band(
+                        s.last,
+                        s.path.backend,
+                        s.path.quantize,
+                        s.path.keep_fp32,
+                        s.why,
+                        _switch(s.batched),
+                    )
                     for s in (choice.shorter if choice else ())
                 ),
                 accuracy=self.model.accuracy or None,
+                batched=_switch(choice.batched if choice else None),
             ).to_wire(),
             "weights": [w.to_wire() for w in self.model.weights],
         }
         return info | self.model.head.describe()
+
+
+def _switch(batched) -> Switch | None:
+    """A band's micro-batches' path (a prepared or chosen BatchedPath) as status says it."""
+    if batched is None:
+        return None
+    path = batched.path
+    return Switch(batched.from_batch, path.backend, path.quantize, path.keep_fp32, batched.why)
 
 
 def _job_error(job, code: protocol.ErrorCode, message: str) -> dict:
@@ -199,6 +217,7 @@ class Control(threading.Thread):
         super().__init__(name="numaserve-control", daemon=True)
         self.ctx, self.spec, self.instance, self.wake_fd = ctx, spec, instance, wake_fd
         self.tracing = tracing
+        self.passes: dict[str, int] | None = None  # the model's, by path, where it has several
         self.parent = os.getppid()
         self.busy = self.served = 0  # the model thread's, read for heartbeats
         self.stopping = False
@@ -218,6 +237,8 @@ class Control(threading.Thread):
         beat["served"] = self.served
         if self.tracing is not None:
             beat["spans_dropped"] = self.tracing.dropped()
+        if self.passes is not None:  # its keys are fixed at load: a copy is safe to take
+            beat["passes"] = dict(self.passes)
         return beat
 
     def loop(self) -> None:
@@ -307,6 +328,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     jobs.setsockopt(zmq.ROUTING_ID, instance)
     jobs.connect(spec.router)
     control = Control(ctx, spec, instance, wake_r, engine.tracing)
+    control.passes = getattr(engine.model, "ran", None)  # a Banded model counts its paths'
     control.start()
     log.info(
         "ready in %.1f s: CPUs %s, memory on node(s) %s (bound by %s), %d thread(s)",

@@ -14,7 +14,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
-from numaserve.status.report import Cache, RunningPath, ShardReport
+from numaserve.status.report import Band, Cache, RunningPath, ShardReport, Switch
 from tests.harness.http import http_get
 from tests.harness.reports import pool, report, routing
 
@@ -332,8 +332,10 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
     labels = (
         ("backend", "openvino"),
         ("chosen_by", "auto"),
+        ("from_batch", "1"),
         ("instance", "short-0"),
         ("keep_fp32", ""),
+        ("last_tokens", ""),
         DEFAULT,
         ("quantize", "bf16"),
     )
@@ -341,6 +343,29 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
     assert [k for k in got if k[0] == "numaserve_instance_model_path_info"] == [
         ("numaserve_instance_model_path_info", labels)
     ]
+
+
+def test_every_path_an_instance_holds_has_its_series_and_its_passes_are_counted():
+    switch = Switch(4, "openvino", "bf16", (), "8 a batch: 1.47x")
+    shorter = Band(16, "ctranslate2", "int16", (), "one at a time", batched=switch)
+    path = RunningPath("ctranslate2", "int8", (), chosen_by="auto", shorter=(shorter,))
+    counted = {"ctranslate2 int16": 7, "openvino bf16": 3, "ctranslate2 int8": 5}
+    status = replace(
+        shard_status(), routing=(routing("main-0", 10, model_path=path, passes=counted),)
+    )
+    got = samples(snapshot(shards=(status,), ages=(0.1,)))
+    paths = sorted(
+        (dict(k[1])["last_tokens"], dict(k[1])["from_batch"], dict(k[1])["quantize"])
+        for k in got
+        if k[0] == "numaserve_instance_model_path_info"
+    )
+    assert paths == [("", "1", "int8"), ("16", "1", "int16"), ("16", "4", "bf16")]
+    passes = {
+        dict(k[1])["path"]: v
+        for k, v in got.items()
+        if k[0] == "numaserve_instance_model_passes_total"
+    }
+    assert passes == counted
 
 
 def test_each_routed_instance_says_what_binds_its_memory():

@@ -16,7 +16,7 @@ from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig, load_config
-from numaserve.processes.prepared import BandPath, ModelPath, PoolPath, Prepared
+from numaserve.processes.prepared import BandPath, BatchedPath, ModelPath, PoolPath, Prepared
 from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve
 from tests.harness.router_side import ISA
@@ -121,6 +121,43 @@ def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_di
     assert model.run([long, short]) == [alone["int8"].run([long])[0], alone["fp32"].run([short])[0]]
     assert [(s.last, str(s.path)) for s in model.prepared.shorter] == [(8, "onnxruntime none")]
     assert model.labels == alone["int8"].labels
+
+
+def test_a_pool_runs_its_micro_batches_from_the_crossover_on_its_throughput_path(
+    classifier_dir, tmp_path
+):
+    int8 = ModelConfig(
+        path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
+    )
+    fp32 = replace(int8, quantize="none")
+    alone_path, batch_path = (prepare_model(c, ISA).pools["default"] for c in (int8, fp32))
+    batched = BatchedPath(4, batch_path.path, "4 at a time: the fastest", batch_path.artifact)
+    record = Prepared(
+        "m",
+        str(classifier_dir),
+        "0" * 64,
+        {
+            "default": PoolPath(
+                alone_path.path, alone_path.artifact, "one at a time", (), None, batched
+            )
+        },
+    )
+    record.write(tmp_path / "record.json")
+    assert Prepared.read(tmp_path / "record.json") == record  # written and read back whole
+    auto = ModelConfig(path=str(classifier_dir), task="classify")
+    model = load_prepared(auto, "default", str(tmp_path / "record.json"), ISA, 1)
+    texts = [[101, *[7592 + i] * (3 + i), 102] for i in range(4)]
+    alone = {
+        "int8": load_model(int8, ISA, 1, alone_path.artifact),
+        "fp32": load_model(fp32, ISA, 1, batch_path.artifact),
+    }
+    assert model.run(texts[:3]) == alone["int8"].run(texts[:3])  # 3 texts: below the crossover
+    assert model.run(texts) == alone["fp32"].run(texts)  # 4: from the crossover on
+    assert model.ran == {"onnxruntime int8": 1, "onnxruntime none": 1}
+    assert record.pools["default"].paths == (
+        (alone_path.path, alone_path.artifact),
+        (batch_path.path, batch_path.artifact),
+    )
 
 
 def test_a_named_int8_is_served_and_says_what_it_costs_on_this_cpu(

@@ -1,6 +1,8 @@
 """The whole server's status (status/merge.py: each slot joined with its routing shard's
 view), and the table a person reads (status/format.py): pure, on hand-made records."""
 
+from dataclasses import replace
+
 from numaserve.status.format import format_status, memory_lines, weights_lines
 from numaserve.status.merge import server_report
 from numaserve.status.report import ServerReport, SlotTable, SupervisorInfo
@@ -158,6 +160,48 @@ def test_the_status_says_which_path_runs_a_pools_shorter_texts_and_what_a_named_
     assert lines[at + 1] == (
         "  accuracy: served as asked; on this CPU below the gate's bar on texts of 1-8 tokens"
     )
+
+
+def test_the_status_says_which_path_runs_each_bands_micro_batches_and_the_passes_each_ran():
+    switch = {
+        "from_batch": 4,
+        "backend": "openvino",
+        "quantize": "bf16",
+        "keep_fp32": [],
+        "why": "texts of 9-16 tokens, 8 a batch: 1.47x",
+    }
+    embed = {
+        "backend": "ctranslate2",
+        "quantize": "int8",
+        "keep_fp32": [],
+        "chosen_by": "auto",
+        "why": "texts of 17-256 tokens: the fastest",
+        "batched": None,
+        "shorter": [
+            {
+                "last": 16,
+                "backend": "ctranslate2",
+                "quantize": "int16",
+                "keep_fp32": [],
+                "why": "texts of 1-16 tokens, one at a time: the fastest",
+                "batched": switch,
+            }
+        ],
+    }
+    slots = [slot("embed.main-0", shard=0, pid=10, model_name="embed", cpus=[0], nodes=[0])]
+    seen = routing_said("embed.main-0", 10, embed)
+    counted = replace(seen, passes={"ctranslate2 int16": 7, "openvino bf16": 3})
+    report = server_report(slots, None, [shard(0, [counted], "embed")])
+    lines = format_status(report).splitlines()
+    at = lines.index(
+        "  texts of up to 16 tokens: ctranslate2 int16 (auto: texts of 1-16 tokens, one "
+        "at a time: the fastest)"
+    )
+    assert lines[at + 1] == (
+        "    micro-batches of 4 texts or more: openvino bf16 (auto: texts of 9-16 tokens, 8 a "
+        "batch: 1.47x)"
+    )
+    assert lines[at + 2] == "  forward passes, every instance: ctranslate2 int16 7, openvino bf16 3"
 
 
 def test_the_status_says_what_binds_each_instances_memory():

@@ -21,16 +21,17 @@ HTTP fronts import only `tokenizer` from here. Its modules:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve.backends.loading import banded, load_path, load_prepared
+from numaserve.backends.loading import held, load_path, load_prepared
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
-from numaserve.processes.prepared import BandPath, ModelPath, PoolPath, Prepared
+from numaserve.processes.prepared import BandPath, BatchedPath, ModelPath, PoolPath, Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
@@ -52,9 +53,8 @@ def load_model(
 
     config, choice = concrete(config, isa, load_model)
     model = load_path(config, isa, threads, artifact)
-    if choice and choice.shorter:
-        shorter = [(s.last, s.path.applied_to(config), None) for s in choice.shorter]
-        model = banded(model, shorter, isa, threads)
+    if choice:
+        model = held(model, choice, isa, threads)
     model.choice = choice
     return model
 
@@ -92,7 +92,8 @@ def prepare_model(
                 accuracy = named_cost(c, isa, pools, load_model, digest)
         built: dict[ModelPath, str | None] = {}
         for c in chosen.values():
-            for p in (c.path, *(s.path for s in c.shorter)):
+            bands = (c, *c.shorter)
+            for p in (*(b.path for b in bands), *(b.batched.path for b in bands if b.batched)):
                 if p not in built:
                     built[p] = _prepare_artifact(p.applied_to(config), isa, digest)
     except ModelLoadError as e:
@@ -107,8 +108,12 @@ def prepare_model(
                 c.path,
                 built[c.path],
                 c.why,
-                tuple(BandPath(s.last, s.path, built[s.path], s.why) for s in c.shorter),
+                tuple(
+                    BandPath(s.last, s.path, built[s.path], s.why, _built(s.batched, built))
+                    for s in c.shorter
+                ),
                 accuracy.get(pool),
+                _built(c.batched, built),
             )
             for pool, c in chosen.items()
         },
@@ -133,8 +138,24 @@ def prepare_model(
                 band.why,
                 extra={"event": "prepare"},
             )
+        for band in (entry, *entry.shorter):
+            if band.batched:
+                log.info(
+                    "prepared %s, pool %s, the micro-batches of %s: %s (auto: %s)",
+                    config.path,
+                    pool,
+                    f"texts of up to {band.last} tokens" if band is not entry else "its own texts",
+                    band.batched.words(),
+                    band.batched.why,
+                    extra={"event": "prepare"},
+                )
     log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
     return record
+
+
+def _built(batched: BatchedPath | None, built: dict) -> BatchedPath | None:
+    """A band's micro-batches' path as prepare records it: with the artifact it built."""
+    return batched and dataclasses.replace(batched, artifact=built[batched.path])
 
 
 def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) -> str | None:

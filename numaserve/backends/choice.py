@@ -37,19 +37,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.backends.artifacts import installed_version
-from numaserve.backends.gate import Judgement, Span, length_bands
-from numaserve.backends.race import Standing, race, ratios, winner
+from numaserve.backends.gate import Judgement, Span, length_bands, run_in_batches
+from numaserve.backends.race import ROUNDS, Standing, race, ratios, winner
 from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.precisions import PRECISIONS
 from numaserve.config.schema import ModelConfig
-from numaserve.processes.prepared import ModelPath, write_atomically
+from numaserve.processes.prepared import BatchedPath, ModelPath, write_atomically
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
 
 log = logging.getLogger("numaserve.backends")
-FORMAT = 4  # bump when the candidates or the gate change, so that old choices are made again
+FORMAT = 5  # bump when the candidates or the gate change, so that old choices are made again
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
 PROJECTIONS = ("*.output.dense",)
@@ -131,18 +131,29 @@ ALONE = Batching()  # each text alone: a server with max_batch 1, and the defaul
 @dataclass(frozen=True)
 class Shorter:
     """The path a pool runs for its texts of at most `last` tokens (more than the previous
-    Shorter's), where its own path fails the gate on texts of these lengths."""
+    Shorter's), where its own path fails the gate on texts of these lengths or loses there."""
 
     last: int
     path: ModelPath
     why: str
+    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
 
     def to_json(self) -> dict:
-        return {"last": self.last, "path": dataclasses.asdict(self.path), "why": self.why}
+        return {
+            "last": self.last,
+            "path": dataclasses.asdict(self.path),
+            "why": self.why,
+            "batched": self.batched and dataclasses.asdict(self.batched),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Shorter:
-        return cls(data["last"], ModelPath.from_json(data["path"]), data["why"])
+        return cls(
+            data["last"],
+            ModelPath.from_json(data["path"]),
+            data["why"],
+            BatchedPath.from_json(data["batched"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,7 @@ class PoolChoice:
     path: ModelPath  # what runs the pool's texts, but those of `shorter`
     why: str  # one line for the log and `numaserve status`
     shorter: tuple[Shorter, ...] = ()  # by length, shortest first
+    batched: BatchedPath | None = None  # its own texts' micro-batches' path, where faster
 
 
 @dataclass(frozen=True)
@@ -167,6 +179,7 @@ class Choice:
                 "path": dataclasses.asdict(c.path),
                 "why": c.why,
                 "shorter": [s.to_json() for s in c.shorter],
+                "batched": c.batched and dataclasses.asdict(c.batched),
             }
             for name, c in self.pools.items()
         }
@@ -179,6 +192,7 @@ class Choice:
                 ModelPath.from_json(p["path"]),
                 p["why"],
                 tuple(Shorter.from_json(x) for x in p["shorter"]),
+                BatchedPath.from_json(p["batched"]),
             )
             for name, p in data["pools"].items()
         }
@@ -461,103 +475,209 @@ class Passed:
         return [name for name in self.models if self.judged[name].passes(span)]
 
 
+@dataclass(frozen=True)
+class Won:
+    """What one band of lengths runs: its latency path (the fastest accurate one text at a
+    time) and, where another is faster at the pool's micro-batches, its throughput path."""
+
+    span: Span
+    alone: str
+    why: str
+    batched: BatchedPath | None = None
+
+    def runs_as(self, other: Won) -> bool:
+        """Whether two neighbouring bands run the same paths, and so run as one."""
+
+        def switch(w: Won) -> tuple | None:
+            return w.batched and (w.batched.path, w.batched.from_batch)
+
+        return self.alone == other.alone and switch(self) == switch(other)
+
+
 def race_pools(
     pools, batching: Batching, inputs, passed: Passed, trials: list, paths: dict
 ) -> dict[str, PoolChoice]:
-    """Each pool's path for each band of its lengths: the race among the paths that pass
-    there (their times added to `trials`). The pool's longest band decides its own path,
-    which then runs ahead in the shorter bands' races, so that it wins where it is within
-    the noise of another (one model an instance, where it is accurate)."""
+    """Each pool's paths for each band of its lengths: the race among the paths that pass
+    there (their times added to `trials`), one text at a time and, apart, at the pool's
+    micro-batches. The pool's longest band decides its own path, which then runs ahead in
+    the shorter bands' races, so that it wins where it is within the noise of another (one
+    model an instance, where it is accurate); likewise a band's latency path runs ahead in
+    its micro-batches' race, so that a band holds a second path only where it is clearly
+    faster there."""
     chosen = {}
     for band in pools:
-        spans = length_bands(band.span.first, band.span.last)
-        won: list[tuple[Span, str, str]] = []  # (span, path, why), longest first
-        for span in reversed(spans):
+        won: list[Won] = []  # longest first
+        for span in reversed(length_bands(band.span.first, band.span.last)):
             names = passed.where(span)
-            if won and won[0][1] in names:
-                names = [won[0][1], *(n for n in names if n != won[0][1])]
             if not names:
                 raise ModelLoadError(
                     f"quantize: auto: no model path passes the accuracy gate on texts of {span} "
                     f"(pool {band.pool}): {_figures(trials)}"
                 )
-            log.info(  # a race takes seconds a band: say which, so that no start goes silent
-                "quantize: auto: pool %s, texts of %s tokens: racing %s",
-                band.pool,
-                span,
-                ", ".join(names),
-                extra={"event": "prepare"},
-            )
-            best, why = _race_span(band, span, batching, inputs, passed.models, names, trials)
-            won.append((span, best, why))
+            race = SpanRace(band, span, batching, inputs, passed, trials)
+            won.append(race.run(names, won[0] if won else None, paths))
         chosen[band.pool] = _pool_choice(band, won[::-1], paths)
-        log.info(
-            "quantize: auto: pool %s chose %s: %s",
-            band.pool,
-            chosen[band.pool].path,
-            chosen[band.pool].why,
-            extra={"event": "prepare"},
-        )
-        for shorter in chosen[band.pool].shorter:
-            log.info(
-                "quantize: auto: pool %s runs its texts of up to %d tokens on %s: %s",
-                band.pool,
-                shorter.last,
-                shorter.path,
-                shorter.why,
-                extra={"event": "prepare"},
-            )
+        _log_choice(band.pool, chosen[band.pool])
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
             trial["ms"] = round(statistics.median(times), 3)
     return chosen
 
 
-def _race_span(band: Band, span: Span, batching: Batching, inputs, models: dict, names, trials):
-    """The race of `names` on the pool's texts of the span's lengths: (the winner, why)."""
-    from numaserve.backends.gate import run_as_a_pool
-
-    part = Band(band.pool, span.first - 1, span.last)
-    inputs_of_band = band_inputs(inputs, part)
-    batch = batching.size(statistics.median(len(e.ids) for e in inputs_of_band))
-    runners = {name: partial(run_as_a_pool, models[name], batch=batch) for name in names}
-    log.info(
-        "quantize: auto: pool %s, texts of %s: timing %d path(s) in turns on %d texts, %s",
-        band.pool,
-        span,
-        len(runners),
-        len(inputs_of_band),
-        f"in micro-batches of {batch}" if batch > 1 else "one at a time",
-        extra={"event": "prepare"},
-    )
-    standings = race(runners, inputs_of_band)
-    for standing in standings:
-        trial = next(t for t in trials if t["path"] == standing.name)
-        trial.setdefault("pools", {})[f"{band.pool} {span}"] = {
-            "ms": round(standing.median, 3),
-            "rounds": [round(x, 3) for x in standing.ms],
-        }
-    best, fastest = winner(standings)
-    return best.name, _why(part, batch, best, fastest, standings, trials)
+def _log_choice(pool: str, choice: PoolChoice) -> None:
+    say = partial(log.info, extra={"event": "prepare"})
+    say("quantize: auto: pool %s chose %s: %s", pool, choice.path, choice.why)
+    if choice.batched:
+        say("quantize: auto: pool %s runs its micro-batches of %s", pool, choice.batched.words())
+    for shorter in choice.shorter:
+        say(
+            "quantize: auto: pool %s runs its texts of up to %d tokens on %s%s: %s",
+            pool,
+            shorter.last,
+            shorter.path,
+            f" (micro-batches: {shorter.batched.words()})" if shorter.batched else "",
+            shorter.why,
+        )
 
 
-def _pool_choice(band: Band, won: list[tuple[Span, str, str]], paths: dict) -> PoolChoice:
-    """A pool's bands' winners, shortest first, as its path (the longest band's) and the
-    shorter runs of bands another path won (neighbours that agree run as one)."""
-    runs: list[list] = []  # [first, last, path, why of its longest band]
-    for span, name, why in won:
-        if runs and runs[-1][2] == name:
-            runs[-1][1:] = [span.last, name, why]
+LADDER = (2, 4, 8, 16, 32, 64, 128)  # the micro-batch sizes a crossover is looked for at
+
+
+class SpanRace:
+    """The races of one band of one pool's lengths, on the gate's texts of those lengths:
+    one text at a time, the pool's micro-batches, and where their winners differ, the batch
+    size from which the throughput path leads."""
+
+    def __init__(self, band: Band, span: Span, batching: Batching, inputs, passed, trials):
+        self.pool, self.span, self.passed, self.trials = band.pool, span, passed, trials
+        self.part = Band(band.pool, span.first - 1, span.last)
+        self.inputs = band_inputs(inputs, self.part)
+        self.batch = batching.size(statistics.median(len(e.ids) for e in self.inputs))
+
+    def run(self, names: list[str], longest: Won | None, paths: dict) -> Won:
+        """The band's paths; `longest`: what the pool's longest band won, preferred."""
+        alone_first = longest.alone if longest else None
+        standings = self.timed(_first(names, alone_first), 1)
+        best, fastest = winner(standings)
+        why = self.why(1, best, fastest, standings)
+        if self.batch == 1:
+            return Won(self.span, best.name, why)
+        preferred = [best.name, *([longest.batched.path] if longest and longest.batched else [])]
+        standings = self.timed(_first(names, *map(str, preferred)), self.batch)
+        batched, fastest_batched = winner(standings)
+        why += f"; {self.batch} at a time: " + self.why(
+            self.batch, batched, fastest_batched, standings, figure=False
+        )
+        if batched.name == best.name:
+            return Won(self.span, best.name, why)
+        start, crossing = self.crossover(best.name, batched.name)
+        switch = BatchedPath(
+            start,
+            paths[batched.name],
+            f"texts of {self.span}, {self.batch} at a time: "
+            + self.why(self.batch, batched, fastest_batched, standings)
+            + f"; ahead of {best.name} from {start} texts a batch ({crossing})",
+        )
+        return Won(self.span, best.name, why, switch)
+
+    def timed(self, names: list[str], batch: int) -> list[Standing]:
+        """The names' times per text at micro-batches of `batch`, kept in their trials."""
+        log.info(  # a race takes seconds a band: say which, so that no start goes silent
+            "quantize: auto: pool %s, texts of %s: timing %s in turns on %d texts, %s",
+            self.pool,
+            self.span,
+            ", ".join(names),
+            len(self.inputs),
+            f"in micro-batches of {batch}" if batch > 1 else "one at a time",
+            extra={"event": "prepare"},
+        )
+        models = self.passed.models
+        runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
+        standings = race(runners, self.enough(batch))
+        key = f"{self.pool} {self.span}" + (f" x{batch}" if batch > 1 else "")
+        for standing in standings:
+            trial = next(t for t in self.trials if t["path"] == standing.name)
+            trial.setdefault("pools", {})[key] = {
+                "ms": round(standing.median, 3),
+                "rounds": [round(x, 3) for x in standing.ms],
+            }
+        return standings
+
+    def enough(self, batch: int) -> list:
+        """The band's inputs, repeated where a round would not fill two micro-batches of
+        `batch` (a round runs every ROUNDS-th of them), shortest first as before."""
+        times = -(-2 * ROUNDS * batch // len(self.inputs))
+        return sorted(self.inputs * times, key=lambda e: len(e.ids)) if times > 1 else self.inputs
+
+    def crossover(self, alone: str, batched: str) -> tuple[int, str]:
+        """The smallest micro-batch at which the throughput path is faster a text than the
+        latency path, looked for at the sizes below the pool's (the pool's own, where it
+        leads at none), and each size's ratio, for the record."""
+        seen = []
+        for size in (s for s in LADDER if s < self.batch):
+            a, b = self.timed([alone, batched], size)
+            lead = statistics.median(ratios(b, a))
+            seen.append(f"{size}: {lead:.2f}x")
+            if lead > 1:
+                return size, ", ".join(seen)
+        return self.batch, ", ".join(seen) or f"{self.batch}: measured above"
+
+    def why(
+        self, batch: int, best: Standing, fastest: Standing, standings, figure: bool = True
+    ) -> str:
+        """One line: the path, its speed, its lead (or why a faster one lost), and its
+        accuracy in the gate's bands the band overlaps."""
+        where = f"texts of {self.span}, " + ("one at a time" if batch == 1 else f"{batch} a batch")
+        rivals = [s for s in standings if s is not best]
+        if best is fastest:
+            line = f"{best.name}, the fastest that passes the gate on {where}: "
+            line += f"{best.median:.2f} ms a text"
+            if rivals:
+                second = min(rivals, key=lambda s: s.median)
+                r = ratios(best, second)
+                line += f", {min(r):.2f}-{max(r):.2f}x {second.name}'s round by round"
+                line += f" ({len(r)} rounds)"
         else:
-            runs.append([span.first, span.last, name, why])
-    *rest, (first, _, main, why) = runs
+            r = ratios(fastest, best)
+            line = (
+                f"{best.name}, which passes the gate and runs ahead of {fastest.name}, whose "
+                f"lead on {where} is within the rounds' noise ({best.median:.2f} against "
+                f"{fastest.median:.2f} ms a text, {min(r):.2f}-{max(r):.2f}x round by round)"
+            )
+        if not figure:
+            return line
+        return f"{line}; {self.passed.judged[best.name].figure_within(self.part.span)}"
+
+
+def _first(names: list[str], *preferred: str | None) -> list[str]:
+    """`names` with those `preferred` that are among them first, in that order."""
+    ahead = [p for p in dict.fromkeys(preferred) if p in names]
+    return [*ahead, *(n for n in names if n not in ahead)]
+
+
+def _pool_choice(band: Band, won: list[Won], paths: dict) -> PoolChoice:
+    """A pool's bands' paths, shortest first, as its own (the longest band's) and the
+    shorter runs of bands that run others (neighbours that run the same run as one)."""
+    runs: list[tuple[int, Won]] = []  # (first tokens, the run's longest band's Won)
+    for w in won:
+        if runs and runs[-1][1].runs_as(w):
+            runs[-1] = (runs[-1][0], w)
+        else:
+            runs.append((w.span.first, w))
+    *rest, (first, main) = runs
     shorter = tuple(
-        Shorter(last, paths[name], f"texts of {a}-{last} tokens (raced in each band; {reason})")
-        for a, last, name, reason in rest
+        Shorter(
+            w.span.last,
+            paths[w.alone],
+            f"texts of {a}-{w.span.last} tokens (raced in each band; {w.why})",
+            w.batched,
+        )
+        for a, w in rest
     )
+    why = main.why
     if len(won) > 1:  # say which lengths the pool's own path serves, and that each band raced
         why = f"texts of {first}-{band.longest} tokens (raced in each band; {why})"
-    return PoolChoice(paths[main], why, shorter)
+    return PoolChoice(paths[main.alone], why, shorter, main.batched)
 
 
 def reference_gate(config: ModelConfig, isa, load: Load, texts: list[str] | None = None):
@@ -657,27 +777,3 @@ def gate_config(config: ModelConfig) -> ModelConfig:
     positions = ModelFacts.read(resolve_model_path(config.path)).max_positions
     tokens = min(GATE_MAX_TOKENS, positions or GATE_MAX_TOKENS)
     return dataclasses.replace(config, max_length=tokens, padding="dynamic", truncate=True)
-
-
-def _why(band: Band, batch: int, best: Standing, fastest: Standing, standings, trials) -> str:
-    """One line: the band's path, its speed, its lead (or why a faster one lost), and its
-    accuracy in the gate's bands the band overlaps."""
-    span = band.span
-    judged = next(t["bands"] for t in trials if t["path"] == best.name)
-    figure = Judgement.from_json(judged).figure_within(span)
-    where = f"texts of {span}, alone and {batch} at a time"
-    rivals = [s for s in standings if s is not best]
-    if best is fastest:
-        line = f"the fastest that passes the gate on {where}: {best.median:.2f} ms a text"
-        if rivals:
-            second = min(rivals, key=lambda s: s.median)
-            r = ratios(best, second)
-            line += f", {min(r):.2f}-{max(r):.2f}x {second.name}'s round by round ({len(r)} rounds)"
-    else:
-        r = ratios(fastest, best)
-        line = (
-            f"passes the gate and takes less memory than {fastest.name}, whose lead on {where}"
-            f" is within the rounds' noise ({best.median:.2f} against {fastest.median:.2f} ms a"
-            f" text, {min(r):.2f}-{max(r):.2f}x round by round)"
-        )
-    return f"{line}; {figure}"

@@ -147,13 +147,11 @@ class Gate:
         )
 
 
-def run_as_a_pool(model, inputs: list, batch: int = 1) -> None:
-    """A candidate on some of the gate's inputs as a pool runs them, what quantize: auto
-    times: each alone (a pool at low load), then, for a pool that micro-batches, `batch` at
-    a time (under load), each of those passes meeting whatever shapes traffic brings."""
-    for e in inputs:
-        model.run([list(e.ids)], [e.second])
-    if batch > 1:
-        for i in range(0, len(inputs), batch):
-            group = inputs[i : i + batch]
-            model.run([list(e.ids) for e in group], [e.second for e in group])
+def run_in_batches(model, inputs: list, batch: int = 1) -> None:
+    """A candidate on some of the gate's inputs as a pool runs them at one load, what
+    quantize: auto times: each alone (batch 1: a pool at low load) or `batch` neighbours at a
+    time (the micro-batches of a pool under load), each pass meeting whatever shapes traffic
+    brings."""
+    for i in range(0, len(inputs), batch):
+        group = inputs[i : i + batch]
+        model.run([list(e.ids) for e in group], [e.second for e in group])

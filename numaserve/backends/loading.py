@@ -50,24 +50,33 @@ def load_path(
         ) from e
 
 
-def banded(
-    main,
-    shorter: list[tuple[int, ModelConfig, str | None]],
-    isa,
-    threads: int,
-    node: int | None = None,
-):
-    """The pool's model and its shorter bands' [(last, config, artifact)], one model a path."""
-    from numaserve.backends.banded import Banded
+def held(main, entry, isa, threads: int, node: int | None = None):
+    """The pool's model: `main` (its own path, loaded) where `entry` (a prepared PoolPath, or
+    a PoolChoice where `auto` chose in this process) names no other path; else a Banded that
+    holds each of the entry's paths once: its shorter bands' and each band's micro-batches'."""
+    from numaserve.backends.banded import Banded, Segment
+    from numaserve.processes.prepared import ModelPath
 
-    loaded = {(main.config.backend, main.config.quantize, main.config.keep_fp32): main}
-    models = []
-    for last, config, artifact in shorter:
-        key = (config.backend, config.quantize, config.keep_fp32)
-        if key not in loaded:
-            loaded[key] = load_path(config, isa, threads, artifact, node)
-        models.append((last, loaded[key]))
-    return Banded(main, models)
+    config = main.config
+    own = ModelPath(config.backend, config.quantize, config.keep_fp32)
+    loaded = {own: main}
+
+    def load(path: ModelPath, artifact: str | None):
+        if path not in loaded:
+            loaded[path] = load_path(path.applied_to(config), isa, threads, artifact, node)
+        return loaded[path]
+
+    def segment(last: int | None, band) -> Segment:
+        alone = load(band.path, getattr(band, "artifact", None))  # a choice builds none
+        if band.batched is None:
+            return Segment(last, alone)
+        batched = load(band.batched.path, band.batched.artifact)
+        return Segment(last, alone, batched, band.batched.from_batch)
+
+    segments = [*(segment(b.last, b) for b in entry.shorter), segment(None, entry)]
+    if len(loaded) == 1:
+        return main
+    return Banded(segments, {id(m): str(p) for p, m in loaded.items()})
 
 
 def load_prepared(
@@ -95,10 +104,7 @@ def load_prepared(
             extra={"event": "load"},
         )
     config, entry = prepared.config_for(config, pool)
-    model = load_path(config, isa, threads, entry.artifact, node)
-    if entry.shorter:
-        shorter = [(b.last, b.path.applied_to(config), b.artifact) for b in entry.shorter]
-        model = banded(model, shorter, isa, threads, node)
+    model = held(load_path(config, isa, threads, entry.artifact, node), entry, isa, threads, node)
     model.prepared = entry
     model.accuracy = entry.accuracy
     return model

@@ -41,9 +41,13 @@ def race(
 ) -> list[Standing]:
     """Each runner's time per input in each round, in the runners' order. Round r runs every
     rounds-th input from the r-th (inputs sorted by length give each round every length),
-    each runner in turn, starting one later each round."""
+    each runner in turn, starting one later each round; before the first, each runs half a
+    round's inputs uncounted, so that no runtime's first pass at a shape counts."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
+    warm = list(inputs[:: 2 * rounds]) or list(inputs)  # half a round's, spread over the lengths
+    for name in names:  # each runtime's first passes at new shapes (a graph's compile) uncounted
+        runners[name](warm)
     for r in range(rounds):
         part = list(inputs[r::rounds]) or list(inputs)
         for name in in_turn(names, r):

@@ -229,26 +229,46 @@ def _requests(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
 
 
 def _model_paths(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:
-    """What each ready instance runs, as the shard that routes to it heard in its READY:
-    `quantize: auto`'s choice shows here (chosen_by auto) with the config's own (config)."""
+    """What each ready instance runs, as the shard that routes to it heard in its READY: a
+    series for each path it holds, by the texts it runs (`last_tokens`: up to that many, ""
+    for every longer one; `from_batch`: micro-batches of at least that many), `quantize:
+    auto`'s choice (chosen_by auto) with the config's own (config); and the passes each ran,
+    where an instance holds several."""
     info = InfoMetricFamily(
         "numaserve_instance_model_path",
-        "The backend and precision an instance runs, and whether auto or the config chose them.",
+        "A backend and precision an instance runs, for which texts (last_tokens: up to that "
+        "many tokens, '' every longer one; from_batch: micro-batches of at least that many), "
+        "and whether auto or the config chose it.",
+    )
+    passes = CounterMetricFamily(
+        "numaserve_instance_model_passes",
+        "Forward passes an instance ran on each of its model paths, where it holds several.",
+        labels=["instance", "model_name", "path"],
     )
     for (_, model_name), status in shards:
         for instance in status.routing:
             path = instance.model_path
-            if instance.routed and path:
-                labels = {
-                    "instance": instance.name,
-                    "model_name": model_name,
-                    "backend": path.backend,
-                    "quantize": path.quantize,
-                    "keep_fp32": ",".join(path.keep_fp32),
-                    "chosen_by": path.chosen_by,
-                }
-                info.add_metric([], labels)
+            if not (instance.routed and path):
+                continue
+            bands = [(str(b.last), b, b.batched) for b in path.shorter]
+            for last, held, batched in [*bands, ("", path, path.batched)]:
+                runs = [(1, held), *([(batched.from_batch, batched)] if batched else [])]
+                for from_batch, p in runs:
+                    labels = {
+                        "instance": instance.name,
+                        "model_name": model_name,
+                        "backend": p.backend,
+                        "quantize": p.quantize,
+                        "keep_fp32": ",".join(p.keep_fp32),
+                        "chosen_by": path.chosen_by,
+                        "last_tokens": last,
+                        "from_batch": str(from_batch),
+                    }
+                    info.add_metric([], labels)
+            for name, count in sorted((instance.passes or {}).items()):
+                passes.add_metric([instance.name, model_name, name], count)
     yield info
+    yield passes
 
 
 def _memory_binding(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric]:

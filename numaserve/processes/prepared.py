@@ -49,6 +49,30 @@ class ModelPath:
 
 
 @dataclass(frozen=True)
+class BatchedPath:
+    """A band's throughput path: its micro-batches of at least `from_batch` texts run here,
+    where `quantize: auto` timed it ahead of the band's own path (its latency path, fastest
+    one text at a time) at the batch sizes the pool runs under load. `artifact`: None in a
+    choice, which builds nothing; prepare's record names it."""
+
+    from_batch: int
+    path: ModelPath
+    why: str
+    artifact: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> BatchedPath | None:
+        if data is None:
+            return None
+        return cls(
+            data["from_batch"], ModelPath.from_json(data["path"]), data["why"], data["artifact"]
+        )
+
+    def words(self) -> str:
+        return f"{self.path} from {self.from_batch} texts a batch"
+
+
+@dataclass(frozen=True)
 class BandPath:
     """What one pool's instances run for its texts of at most `last` tokens (more than the
     band before's), where `quantize: auto` found another path faster and accurate there."""
@@ -57,10 +81,17 @@ class BandPath:
     path: ModelPath
     artifact: str | None
     why: str
+    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
 
     @classmethod
     def from_json(cls, data: dict) -> BandPath:
-        return cls(data["last"], ModelPath.from_json(data["path"]), data["artifact"], data["why"])
+        return cls(
+            data["last"],
+            ModelPath.from_json(data["path"]),
+            data["artifact"],
+            data["why"],
+            BatchedPath.from_json(data.get("batched")),
+        )
 
 
 @dataclass(frozen=True)
@@ -73,6 +104,15 @@ class PoolPath:
     shorter: tuple[BandPath, ...] = ()  # its shorter texts' paths, shortest first
     # A precision the config names, judged by the accuracy gate: what it costs on this CPU.
     accuracy: str | None = None
+    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
+
+    @property
+    def paths(self) -> tuple[tuple[ModelPath, str | None], ...]:
+        """Every path the pool's instances hold, with its artifact, each once."""
+        bands = (self, *self.shorter)
+        found = [(b.path, b.artifact) for b in bands]
+        found += [(b.batched.path, b.batched.artifact) for b in bands if b.batched]
+        return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)
@@ -94,6 +134,7 @@ class Prepared:
                 p["why"],
                 tuple(BandPath.from_json(b) for b in p["shorter"]),
                 p["accuracy"],
+                BatchedPath.from_json(p.get("batched")),
             )
             for name, p in data["pools"].items()
         }

@@ -82,6 +82,7 @@ class WorkerState:
     stopping: bool = False
     control: bytes | None = None  # its control connection, where heartbeats go, if it has one
     spans_dropped: int = 0  # trace spans it could not deliver, as its heartbeats say
+    passes: dict[str, int] | None = None  # its model paths' passes, where it holds several
 
 
 @dataclass

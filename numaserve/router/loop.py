@@ -380,6 +380,11 @@ class Router:
                 dropped = body.get("spans_dropped")
                 if type(dropped) is int and dropped > worker.spans_dropped:
                     worker.spans_dropped = dropped
+                passes = body.get("passes")
+                if isinstance(passes, dict) and all(
+                    isinstance(k, str) and type(v) is int for k, v in passes.items()
+                ):
+                    worker.passes = passes
         else:
             self._on_job_connection(identity, kind, body, now)
 

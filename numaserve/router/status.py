@@ -90,6 +90,7 @@ def routing(dispatch: Dispatcher) -> tuple[Routing, ...]:
                 weights=w.info.get("weights"),
                 busy=w.jobs,
                 served=w.served,
+                passes=w.passes,
             )
         )
     return tuple(entries)

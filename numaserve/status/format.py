@@ -7,25 +7,43 @@ from collections.abc import Iterable
 
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import BOUND_BY
-from numaserve.status.report import Instance, ServerReport
+from numaserve.status.report import Instance, ServerReport, Switch
 
 
 def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
-    """What runs each model (its instances agree unless a reload is under way), and why."""
+    """What runs each model (its instances agree unless a reload is under way), and why; and
+    where its instances hold several paths, the forward passes each ran, summed over them."""
     seen: dict[tuple, list[str]] = {}
+    passes: dict[tuple, dict[str, int]] = {}
     for i in instances:
         if i.routing and (path := i.routing.model_path):
             why = f"auto: {path.why}" if path.chosen_by == "auto" else "as configured"
             model = f" of {i.slot.model_name}" if several else ""
             lines = [f"model path{model}: {path.words()} ({why})"]
-            lines += [
-                f"  texts of up to {s.last} tokens: {s.words()} (auto: {s.why})"
-                for s in path.shorter
-            ]
+            lines += _batched(path.batched, "  ")
+            for s in path.shorter:
+                lines.append(f"  texts of up to {s.last} tokens: {s.words()} (auto: {s.why})")
+                lines += _batched(s.batched, "    ")
             if path.accuracy:
                 lines.append(f"  accuracy: {path.accuracy}")
             seen.setdefault((model, path.words()), lines)
+            for name, count in (i.routing.passes or {}).items():
+                summed = passes.setdefault((model, path.words()), {})
+                summed[name] = summed.get(name, 0) + count
+    for key, summed in passes.items():
+        ran = ", ".join(f"{name} {count:,}" for name, count in summed.items())
+        seen[key].append(f"  forward passes, every instance: {ran}")
     return [line for lines in seen.values() for line in lines]
+
+
+def _batched(switch: Switch | None, indent: str) -> list[str]:
+    """A band's micro-batches' path, where it has one of its own."""
+    if switch is None:
+        return []
+    return [
+        f"{indent}micro-batches of {switch.from_batch} texts or more: {switch.words()} "
+        f"(auto: {switch.why})"
+    ]
 
 
 def memory_lines(instances: Iterable[Instance]) -> list[str]:

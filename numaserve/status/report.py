@@ -71,6 +71,29 @@ class Cache(_Plain):
 
 
 @dataclass(frozen=True)
+class Switch:
+    """A band's throughput path: its micro-batches of at least `from_batch` texts run here."""
+
+    from_batch: int
+    backend: str
+    quantize: str
+    keep_fp32: tuple[str, ...]
+    why: str
+
+    def words(self) -> str:
+        return _path_words(self.backend, self.quantize, self.keep_fp32)
+
+    def to_wire(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "keep_fp32": list(self.keep_fp32)
+        }
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Switch | None:
+        return body and _build(cls, body, keep_fp32=tuple(body["keep_fp32"]))
+
+
+@dataclass(frozen=True)
 class Band:
     """A shorter band's own path in an instance's pool: its texts of up to `last` tokens."""
 
@@ -79,9 +102,25 @@ class Band:
     quantize: str
     keep_fp32: tuple[str, ...]
     why: str
+    batched: Switch | None = None
 
     def words(self) -> str:
         return _path_words(self.backend, self.quantize, self.keep_fp32)
+
+    def to_wire(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "keep_fp32": list(self.keep_fp32),
+            "batched": self.batched and self.batched.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Band:
+        return _build(
+            cls,
+            body,
+            keep_fp32=tuple(body["keep_fp32"]),
+            batched=Switch.from_wire(body.get("batched")),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +136,7 @@ class RunningPath:
     why: str | None = None  # auto's
     shorter: tuple[Band, ...] = ()
     accuracy: str | None = None
+    batched: Switch | None = None  # its own texts' micro-batches' path, where another's
 
     def words(self) -> str:
         """As the config spells it: backend, precision, layers kept in fp32."""
@@ -108,21 +148,26 @@ class RunningPath:
             "quantize": self.quantize,
             "keep_fp32": list(self.keep_fp32),
             "chosen_by": self.chosen_by,
-            "shorter": [
-                {f.name: getattr(s, f.name) for f in fields(s)} | {"keep_fp32": list(s.keep_fp32)}
-                for s in self.shorter
-            ],
+            "shorter": [s.to_wire() for s in self.shorter],
         }
-        optional = {"why": self.why, "accuracy": self.accuracy}
+        optional = {
+            "why": self.why,
+            "accuracy": self.accuracy,
+            "batched": self.batched and self.batched.to_wire(),
+        }
         return body | {k: v for k, v in optional.items() if v is not None}
 
     @classmethod
     def from_wire(cls, body: Any) -> RunningPath:
         try:
-            shorter = tuple(
-                _build(Band, s, keep_fp32=tuple(s["keep_fp32"])) for s in body.get("shorter") or ()
+            shorter = tuple(Band.from_wire(s) for s in body.get("shorter") or ())
+            return _build(
+                cls,
+                body,
+                keep_fp32=tuple(body["keep_fp32"]),
+                shorter=shorter,
+                batched=Switch.from_wire(body.get("batched")),
             )
-            return _build(cls, body, keep_fp32=tuple(body["keep_fp32"]), shorter=shorter)
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a model path: {e!r}") from None
 
@@ -188,6 +233,8 @@ class Routing:
     weights: list[dict] | None = None
     busy: int = 0
     served: int = 0
+    # The forward passes each of its model paths ran, by path, where it holds more than one.
+    passes: dict[str, int] | None = None
 
     def to_wire(self) -> dict:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -209,6 +256,7 @@ ROUTED = {
     "weights": None,
     "busy": 0,
     "served": 0,
+    "passes": None,
 }
 
 

@@ -1,0 +1,70 @@
+"""`quantize: auto` chooses each band's paths for the loads it runs (backends/choice.py's
+race_pools): one text at a time and, apart, at the pool's micro-batches, keeping a second
+path only where it is clearly ahead there, from the batch size where it takes the lead.
+The paths are stand-ins whose time a pass is made up (sleeps, so a busy neighbour cannot
+change the answer): what is tested is the rule; the real paths race in test_choice.py."""
+
+import time
+from dataclasses import dataclass
+
+from numaserve.backends.choice import Band, Batching, Passed, race_pools
+from numaserve.backends.gate import Judgement, Span
+from numaserve.processes.prepared import ModelPath
+from numaserve.tasks.agreement import Verdict
+
+PATHS = {"latency": ModelPath("ctranslate2", "int16"), "throughput": ModelPath("openvino", "bf16")}
+
+
+@dataclass(frozen=True)
+class Text:
+    ids: tuple[int, ...]
+    second: int | None = None
+
+
+class Timed:
+    """A path that takes `per_pass` ms a forward pass and `per_text` ms more a text in it."""
+
+    def __init__(self, per_pass: float, per_text: float) -> None:
+        self.per_pass, self.per_text = per_pass, per_text
+
+    def run(self, batch, segments=None, whole=()):
+        time.sleep((self.per_pass + self.per_text * len(batch)) / 1e3)
+        return [None] * len(batch)
+
+
+def choose(models: dict, batching: Batching):
+    texts = [Text(tuple(range(n))) for n in range(1, 17) for _ in range(3)]
+    judged = {
+        name: Judgement({Span(1, 8): Verdict(True, ""), Span(9, 16): Verdict(True, "")})
+        for name in models
+    }
+    trials = [{"path": name} for name in models]
+    pools = (Band("main", 0, 16),)
+    chosen = race_pools(pools, batching, texts, Passed(models, judged), trials, PATHS)
+    return chosen["main"], trials
+
+
+def test_a_band_keeps_a_throughput_path_from_the_batch_size_where_it_takes_the_lead():
+    # one text: 3 ms against 4.2; two: 2 ms a text against 2.2; four: 1.5 against 1.2
+    models = {"latency": Timed(2, 1), "throughput": Timed(4, 0.2)}
+    choice, trials = choose(models, Batching(max_batch=8, max_batch_tokens=128))
+    assert str(choice.path) == "ctranslate2 int16"
+    assert choice.batched is not None and str(choice.batched.path) == "openvino bf16"
+    assert choice.batched.from_batch == 4
+    assert "ahead of latency from 4 texts a batch (2: " in choice.batched.why
+    assert choice.shorter == ()  # both bands run the same paths: one run
+    timed = {key for t in trials for key in t["pools"]}
+    assert {"main 9-16 tokens", "main 9-16 tokens x8", "main 9-16 tokens x2"} <= timed
+
+
+def test_a_path_no_faster_at_the_pools_micro_batches_is_not_held_beside_the_latency_path():
+    models = {"latency": Timed(2, 1), "throughput": Timed(2.5, 1)}
+    choice, _ = choose(models, Batching(max_batch=8, max_batch_tokens=128))
+    assert str(choice.path) == "ctranslate2 int16" and choice.batched is None
+
+
+def test_a_pool_that_runs_one_text_at_a_time_races_one_text_at_a_time_alone():
+    models = {"latency": Timed(2, 1), "throughput": Timed(4, 0.2)}
+    choice, trials = choose(models, Batching(max_batch=1, max_batch_tokens=128))
+    assert str(choice.path) == "ctranslate2 int16" and choice.batched is None
+    assert all(" x" not in key for t in trials for key in t["pools"])
