@@ -1,12 +1,14 @@
 """Is the default server as fast as at an earlier commit? Both, alternating, in one run.
 
-The default config (`bundled:minilm`, embed, onnxruntime int8, every core; only the endpoint
-set) is started with `numaserve start` from this checkout and from a git worktree of --old,
+The default config (`bundled:minilm`, embed, `quantize: auto`, every core; only the
+endpoint set) is started with `numaserve start` from this checkout and from a git worktree of --old,
 in turns, ABBA (old, new, new, old, old, new, ...) so that neither always goes first, and
 loaded each time with `numaserve bench` (closed loop,
 stdlib sentences, after a warm-up); its start time is from `numaserve start` to every instance
 ready, compared from the second round on (the first side of the first round chooses). The worktree's code is run by putting it first on
-PYTHONPATH, with this venv's packages. Prints each round and the median ratio new/old of
+PYTHONPATH, with this venv's packages, each side's processes started in a directory of its
+own (`python -c` puts the working directory ahead of PYTHONPATH: from this checkout both
+sides ran its code, until 2026-12-06; it checks now). Prints each round and the median ratio new/old of
 throughput, p50 latency and the server's CPU time a request (its processes' user and system
 time over the measured load, /proc): on a noisy VM only ratios within one run mean anything,
 and the CPU time a request moves least with the neighbours.
@@ -41,10 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def all_ready(numaserve: list[str], endpoint: str, env: dict) -> bool:
+def all_ready(numaserve: list[str], endpoint: str, env: dict, cwd: Path) -> bool:
     status = subprocess.run(
         [*numaserve, "status", "--endpoint", endpoint, "--timeout", "1", "--json"],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
     )
@@ -71,6 +74,21 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def runs_from(tree: Path, env: dict, cwd: Path) -> Path:
+    """Where `numaserve` imports from, run as the servers are: `python -c` puts the working
+    directory first on sys.path, ahead of PYTHONPATH, so run from this checkout both sides
+    would run its code."""
+    where = subprocess.run(
+        [sys.executable, "-c", "import numaserve; print(numaserve.__file__)"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return Path(where).resolve().parents[1]
+
+
 def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = work / "default.yaml"
@@ -79,27 +97,34 @@ def serve_and_load(tree: Path, args, work: Path, extra_env: dict) -> dict:
     # One ONNX cache for both trees: the artifact's key is the same, so it is built once.
     env = {**os.environ, "PYTHONPATH": str(tree), "NUMASERVE_CACHE": str(work.parent / "cache")}
     env |= extra_env
+    if runs_from(tree, env, work) != tree.resolve():
+        raise RuntimeError(f"{tree}'s side would import numaserve from elsewhere")
     numaserve = [sys.executable, "-c", "from numaserve.cli import main; main()"]
     log = (work / "server.log").open("a")
     launched = time.monotonic()
-    server = subprocess.Popen(
-        [*numaserve, "start", "--config", str(config)], stdout=log, stderr=log, env=env
+    server = subprocess.Popen(  # run from `work`: see runs_from
+        [*numaserve, "start", "--config", str(config)], stdout=log, stderr=log, env=env, cwd=work
     )
     try:
         deadline = time.monotonic() + 600
-        while not all_ready(numaserve, endpoint, env):
+        while not all_ready(numaserve, endpoint, env, work):
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError(f"the server did not start; see {work / 'server.log'}")
             time.sleep(0.2)
         start_s = time.monotonic() - launched  # to every instance ready (its choice kept)
         bench = [*numaserve, "bench", "--endpoint", endpoint, "--json"]
         subprocess.run(
-            [*bench, "--clients", "2", "--requests", "50"], env=env, check=True, capture_output=True
+            [*bench, "--clients", "2", "--requests", "50"],
+            env=env,
+            cwd=work,
+            check=True,
+            capture_output=True,
         )  # warm every instance and the path
         before = cpu_seconds(server.pid)
         out = subprocess.run(
             [*bench, "--clients", str(args.clients), "--requests", str(args.requests)],
             env=env,
+            cwd=work,
             check=True,
             capture_output=True,
             text=True,
