@@ -391,7 +391,20 @@ def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
         for s in path["shorter"]
     ]
     assert info["model_paths_shorter"] == ({"main": shorter} if shorter else {})
-    dtypes = {DTYPES[p["quantize"]] for p in (path, *path["shorter"])}
+    # and each band's micro-batches' path, where auto found another faster there
+    batched = [
+        {
+            "last_tokens": b.get("last"),
+            "from_batch": b["batched"]["from_batch"],
+            "path": f"{b['batched']['backend']} {b['batched']['quantize']}",
+        }
+        for b in (*path["shorter"], path)
+        if b.get("batched")
+    ]
+    assert info["model_paths_batched"] == ({"main": batched} if batched else {})
+    bands = (path, *path["shorter"])
+    held = (*bands, *(b["batched"] for b in bands if b.get("batched")))
+    dtypes = {DTYPES[p["quantize"]] for p in held}
     assert info["model_dtype"] == ",".join(sorted(dtypes)) and "auto" not in dtypes
     assert len(info["model_sha"]) == 64
 

@@ -79,9 +79,8 @@ AUTO_BACKENDS = ("ctranslate2", "onnxruntime", "openvino")
 RUNTIMES = ("numaserve", "onnxruntime", "openvino", "nncf", "ctranslate2")  # not torch: onnx_build
 GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
 JUDGING_THREADS = 4  # a named precision's judgement runs on up to this many CPUs
-BAND_INPUTS = (
-    25  # a pool whose length range holds fewer of the gate's texts is timed on the nearest
-)
+BAND_INPUTS = 25  # a pool whose length range holds fewer of the gate's texts: the nearest
+RACE_INPUTS = 100  # a band that holds more is timed on this many, spread over its lengths
 
 
 @dataclass(frozen=True)
@@ -761,8 +760,12 @@ def _time_left(spent: float, judged: int, left: int) -> str:
 
 
 def band_inputs(inputs: list, band: Band) -> list:
-    """The gate's inputs of the band's lengths, or the BAND_INPUTS nearest to it."""
-    inside = [e for e in inputs if band.holds(len(e.ids))]
+    """The gate's inputs of the band's lengths (RACE_INPUTS of them at most, spread over its
+    lengths by rank), or the BAND_INPUTS nearest to it."""
+    inside = sorted((e for e in inputs if band.holds(len(e.ids))), key=lambda e: len(e.ids))
+    if len(inside) > RACE_INPUTS:
+        step = len(inside) / RACE_INPUTS
+        return [inside[int(i * step)] for i in range(RACE_INPUTS)]
     if len(inside) >= BAND_INPUTS:
         return inside
     nearest = sorted(inputs, key=lambda e: (band.distance(len(e.ids)), len(e.ids)))

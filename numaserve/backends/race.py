@@ -41,13 +41,14 @@ def race(
 ) -> list[Standing]:
     """Each runner's time per input in each round, in the runners' order. Round r runs every
     rounds-th input from the r-th (inputs sorted by length give each round every length),
-    each runner in turn, starting one later each round; before the first, each runs half a
-    round's inputs uncounted, so that no runtime's first pass at a shape counts."""
+    each runner in turn, starting one later each round. Before the first, each runs every
+    round's inputs once uncounted: a runtime's first pass at a shape (OpenVINO compiles one
+    per shape, a cost a serving instance pays once) is not its speed."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
-    warm = list(inputs[:: 2 * rounds]) or list(inputs)  # half a round's, spread over the lengths
-    for name in names:  # each runtime's first passes at new shapes (a graph's compile) uncounted
-        runners[name](warm)
+    for name in names:  # each runtime's first passes at the shapes it meets (a compile) uncounted
+        for r in range(rounds):
+            runners[name](list(inputs[r::rounds]) or list(inputs))
     for r in range(rounds):
         part = list(inputs[r::rounds]) or list(inputs)
         for name in in_turn(names, r):

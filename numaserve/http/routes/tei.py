@@ -281,7 +281,7 @@ async def info(app: App, request: Request) -> Response:
     settings, server = model.model, app.spec.server
     record = prepared(model)
     pools = record.pools if record else {}
-    every = [p.path for p in pools.values()] + [b.path for p in pools.values() for b in p.shorter]
+    every = [path for p in pools.values() for path, _ in p.paths]
     dtypes = sorted({DTYPES[p.quantize] for p in every}) or [DTYPES[settings.quantize]]
     return ok(
         {
@@ -295,6 +295,21 @@ async def info(app: App, request: Request) -> Response:
                 pool: [{"last_tokens": b.last, "path": _words(b.path)} for b in p.shorter]
                 for pool, p in pools.items()
                 if p.shorter
+            },
+            # A band's micro-batches from `from_batch` texts on (`last_tokens`: the band's
+            # longest; null: the pool's own band), where another path is faster there.
+            "model_paths_batched": {
+                pool: [
+                    {
+                        "last_tokens": getattr(b, "last", None),
+                        "from_batch": b.batched.from_batch,
+                        "path": _words(b.batched.path),
+                    }
+                    for b in (*p.shorter, p)
+                    if b.batched
+                ]
+                for pool, p in pools.items()
+                if any(b.batched for b in (p, *p.shorter))
             },
             "model_accuracy": {pool: p.accuracy for pool, p in pools.items() if p.accuracy},
             "model_type": model_type(model),
