@@ -70,7 +70,9 @@ class Engine:
         else:  # torch, with a named precision: the checkpoint as it is
             self.model = load_model(spec.model, spec.isa, report.threads)
         self.task = self.model.task
-        self.warm_up(min(spec.max_tokens, spec.model.max_length))
+        self.warm_up(
+            min(spec.max_tokens, spec.model.max_length), spec.max_batch, spec.max_batch_tokens
+        )
         # Where tracing is on: this process's, with what holds for each of its forward passes
         # on its resource (sent once a batch of spans, not on every span).
         self.tracing = start_tracing(
@@ -86,12 +88,19 @@ class Engine:
             },
         )
 
-    def warm_up(self, longest: int) -> None:
-        """Run every shape family once, so the first real request pays no one-off costs."""
+    def warm_up(self, longest: int, max_batch: int = 1, max_batch_tokens: int = 1) -> None:
+        """Run every shape family once on every path it holds, one text at a time and in the
+        micro-batches the router sends (a band's throughput path runs those), so the first
+        real request pays no one-off costs (a runtime's first pass at a shape)."""
         lengths = sorted({n for n in (2, 8, 16, 32, 64, 128, 256, 512) if n < longest} | {longest})
         for n in lengths:
             self.model.run([self._ids(n)])
-        self.model.run([self._ids(min(16, longest))] * 4)
+        sizes = {s for s in (2, 4, 8, 16, 32, 64, 128, 256) if s < max_batch} | {max_batch, 4}
+        for size in sorted(sizes - {1}):
+            for n in lengths:
+                if size * n > max(max_batch_tokens, 64):
+                    break
+                self.model.run([self._ids(n)] * size)
         if (ran := getattr(self.model, "ran", None)) is not None:
             ran.update(dict.fromkeys(ran, 0))  # what it serves counts, not its warm-up
 

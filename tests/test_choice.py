@@ -280,6 +280,8 @@ def test_auto_says_which_candidate_it_builds_before_building_it(caplog):
     choose(ModelConfig(backend="torch"), ISA, load, TEXTS[-8:])
     reference, first, second = said_before_load[:3]
     assert "judging and timing each model path" in first and "candidate" not in reference
+    # before the fp32 reference loads, the first line says what is coming and how to skip it
+    assert "once (kept for later starts)" in reference and "--quantize" in reference
     assert "candidate 1 of 2, torch int8: building and judging it" in first
     assert "candidate 2 of 2, torch " in second and "s left" in second
 

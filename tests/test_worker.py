@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from numaserve.host.pinning import live_affinity, read_numa_maps
 from numaserve.processes import exitcodes
 from numaserve.wire import protocol
 from tests.harness.processes import wait_gone
-from tests.harness.router_side import RouterSide, start_worker, worker_spec
+from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
 from tests.harness.seccomp import UNDER_DEFAULT_PROFILE
 
 TEXTS = ["Return the absolute value of the argument.", "Hello world"]
@@ -282,3 +283,43 @@ def test_a_failed_forward_pass_is_logged_with_the_trace_ids_of_the_requests_it_s
         "forward pass failed (job 7, trace_ids 4bf92f3577b34da6a3ce929d0e0e4736)"
     )
     assert record.trace_ids == ["4bf92f3577b34da6a3ce929d0e0e4736"]
+
+
+def test_a_worker_holding_a_throughput_path_says_so_runs_its_batches_there_and_counts_them(
+    router, tmp_path
+):
+    from numaserve.backends import prepare_model
+    from numaserve.backends.choice import Band
+    from numaserve.processes.prepared import BatchedPath
+
+    int8 = ModelConfig(backend="onnxruntime", quantize="int8")
+    fp32 = ModelConfig(backend="onnxruntime", quantize="none")
+    alone, batch = (prepare_model(c, ISA, (Band("main", 0, 256),)) for c in (int8, fp32))
+    path = batch.pools["main"]
+    batched = BatchedPath(4, path.path, "4 at a time: the fastest", path.artifact)
+    pool = replace(alone.pools["main"], why="one at a time: the fastest", batched=batched)
+    record = replace(alone, pools={"main": pool})
+    record.write(tmp_path / "prepared.json")
+    auto = ModelConfig()  # quantize: auto; the record says what runs
+    spec = worker_spec(
+        router,
+        model=auto,
+        prepared=str(tmp_path / "prepared.json"),
+        heartbeat_ms=100,
+        max_batch=8,
+        max_batch_tokens=128,
+    )
+    proc = start_worker(spec, tmp_path / "worker.log")
+    try:
+        identity, ready = router.wait_for(protocol.READY, timeout=120)
+        said = ready["model_path"]
+        assert (said["backend"], said["quantize"]) == ("onnxruntime", "int8")
+        assert said["batched"]["from_batch"] == 4 and said["batched"]["quantize"] == "none"
+        router.run(identity, [[101, 7592, 102]] * 3)  # below the crossover: int8
+        router.run(identity, [[101, 7592, 102]] * 4)  # from it: fp32
+        router.run(identity, [[101, 7592, 102]] * 8)
+        router.discard(0.3)  # heartbeats sent before the runs
+        _, beat = router.wait_for(protocol.HEARTBEAT, timeout=5)
+        assert beat["passes"] == {"onnxruntime int8": 1, "onnxruntime none": 2}  # not warm-up's
+    finally:
+        stop(proc)

@@ -440,6 +440,15 @@ def choose(
             if judgement.passes_any
         }
     else:
+        log.info(  # the first line, before the fp32 reference loads (seconds of silence)
+            "quantize: auto: choosing the fastest accurate model path of %s for this CPU, "
+            "once (kept for later starts): %d model paths built, judged against fp32 and timed, "
+            "about two minutes for a small model on 2 cores. To skip it, name a precision: "
+            "model.quantize in the config, or --quantize with --model",
+            config.path,
+            len(paths),
+            extra={"event": "prepare"},
+        )
         gate = reference_gate(config, isa, load, texts)
         log.info(  # once the reference loads: a checkpoint without the task's head fails there
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "

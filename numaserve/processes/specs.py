@@ -147,6 +147,10 @@ class WorkerSpec(JSONSpec):
     router: str  # the router's worker endpoint
     max_tokens: int  # the pool's length band: warm-up covers up to here
     model: ModelConfig = field(default_factory=ModelConfig)
+    # The router's micro-batches (server.max_batch, max_batch_tokens): warm-up runs each path
+    # the instance holds at the batch sizes it will meet.
+    max_batch: int = 1
+    max_batch_tokens: int = 1
     isa: tuple[str, ...] = ()
     heartbeat_ms: int = 500
     liveness: int = 3  # heartbeats the router may miss before we announce ourselves again
@@ -289,6 +293,8 @@ def deployment(
             max_tokens=next(p for p in served[slot.model].pools if p.name == slot.pool).max_tokens,
             model=served[slot.model].model,
             isa=topo.isa,
+            max_batch=config.server.max_batch,
+            max_batch_tokens=config.server.max_batch_tokens,
             heartbeat_ms=config.server.heartbeat_ms,
             liveness=config.server.heartbeat_liveness,
             shard=router_of[slot.name].shard,
