@@ -10,7 +10,7 @@ from functools import cache
 
 
 @cache
-def _propagation():
+def propagation():
     """OpenTelemetry's current-context getter and W3C Trace Context's propagator, or None
     where OpenTelemetry's API is not installed (looked for once)."""
     if importlib.util.find_spec("opentelemetry") is None:
@@ -24,10 +24,10 @@ def _propagation():
 def caller_trace() -> dict[str, str]:
     """`traceparent` (and `tracestate`) of the current span, where there is one. A caller
     that does not trace has an empty context: it pays one lookup a call, not an injection."""
-    propagation = _propagation()
-    if propagation is None:
+    found = propagation()
+    if found is None:
         return {}
-    get_current, propagator = propagation
+    get_current, propagator = found
     current = get_current()
     if not current:
         return {}

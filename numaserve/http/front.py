@@ -28,7 +28,7 @@ from numaserve.http.routes import ROUTES
 from numaserve.http.stats import Stats
 from numaserve.http.upstream import Upstream
 from numaserve.processes import exitcodes
-from numaserve.processes.begin import begin
+from numaserve.processes.begin import begin, import_numpy
 from numaserve.processes.specs import HttpSpec
 from numaserve.processes.tracing import start as start_tracing
 from numaserve.router.process import context
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(began, int):
         return began
     spec = began.spec
+    import_numpy()
     try:
         sock = listen(spec.address)
     except OSError as e:

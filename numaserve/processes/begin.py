@@ -59,3 +59,11 @@ def begin(
     if getattr(spec, "use_numactl", True):
         restart_under_numactl(method, cpus, nodes, spec.argv(), log)
     return Began(spec, method, cpus, nodes)
+
+
+def import_numpy() -> None:
+    """numpy, imported once the process is pinned (a thread pool it starts inherits the
+    binding) and before it serves: a router shard and an HTTP front import it where a reply
+    first needs it, and that first import (60-70 ms here) fell on the first request after
+    every start."""
+    import numpy  # noqa: F401

@@ -22,7 +22,7 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.processes import exitcodes
-from numaserve.processes.begin import begin
+from numaserve.processes.begin import begin, import_numpy
 from numaserve.processes.specs import RouterSpec, model_key
 from numaserve.processes.tracing import Tracing
 from numaserve.processes.tracing import start as start_tracing
@@ -495,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(began, int):
         return began
     spec = began.spec
+    import_numpy()
     try:
         tokenizer = Tokenizer(
             spec.model.path,
