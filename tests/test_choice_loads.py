@@ -7,7 +7,7 @@ change the answer): what is tested is the rule; the real paths race in test_choi
 import time
 from dataclasses import dataclass
 
-from numaserve.backends.choice import Band, Batching, Passed, race_pools
+from numaserve.backends.choice import Band, Batching, Passed, covered_without_fp32, race_pools
 from numaserve.backends.gate import Judgement, Span
 from numaserve.processes.prepared import ModelPath
 from numaserve.tasks.agreement import Verdict
@@ -68,3 +68,31 @@ def test_a_pool_that_runs_one_text_at_a_time_races_one_text_at_a_time_alone():
     choice, trials = choose(models, Batching(max_batch=1, max_batch_tokens=128))
     assert str(choice.path) == "ctranslate2 int16" and choice.batched is None
     assert all(" x" not in key for t in trials for key in t["pools"])
+
+
+def judged(**passes: tuple[bool, bool]) -> dict:
+    """Made-up judgements, by path: whether each passes in 1-8 and in 9-16 tokens."""
+    spans = (Span(1, 8), Span(9, 16))
+    return {
+        name.replace("_", " "): Judgement(
+            {span: Verdict(ok, "") for span, ok in zip(spans, oks, strict=True)}
+        )
+        for name, oks in passes.items()
+    }
+
+
+BANDS = (Span(1, 8), Span(9, 16))
+
+
+def test_fp32_is_not_judged_where_int16_or_amx_bf16_passes_in_every_band():
+    int16 = judged(ctranslate2_int16=(True, True))
+    assert covered_without_fp32(int16, BANDS, ()) == "ctranslate2 int16"
+    split = judged(ctranslate2_int16=(False, True), openvino_bf16=(True, False))
+    assert covered_without_fp32(split, BANDS, ("amx_bf16",)) == "ctranslate2 int16 or openvino bf16"
+
+
+def test_fp32_is_judged_where_a_band_has_no_path_known_faster():
+    assert covered_without_fp32(judged(ctranslate2_int16=(False, True)), BANDS, ()) is None
+    # bf16 on AVX512_BF16 without AMX is not known to beat fp32: fp32 is judged and raced
+    assert covered_without_fp32(judged(openvino_bf16=(True, True)), BANDS, ("avx512_bf16",)) is None
+    assert covered_without_fp32(judged(ctranslate2_int8=(True, True)), BANDS, ()) is None

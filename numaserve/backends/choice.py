@@ -29,6 +29,7 @@ import logging
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from numaserve.backends.base import Model
 
 log = logging.getLogger("numaserve.backends")
+PREPARE = {"event": "prepare"}  # what every line of the choice is logged with
 FORMAT = 5  # bump when the candidates or the gate change, so that old choices are made again
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
@@ -549,6 +551,7 @@ def _log_choice(pool: str, choice: PoolChoice) -> None:
 
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)  # the micro-batch sizes a crossover is looked for at
+BATCHES_A_ROUND = 8  # micro-batches each round of a race times, at the least
 
 
 class SpanRace:
@@ -612,9 +615,10 @@ class SpanRace:
         return standings
 
     def enough(self, batch: int) -> list:
-        """The band's inputs, repeated where a round would not fill two micro-batches of
-        `batch` (a round runs every ROUNDS-th of them), shortest first as before."""
-        times = -(-2 * ROUNDS * batch // len(self.inputs))
+        """The band's inputs, repeated where a round would not fill BATCHES_A_ROUND
+        micro-batches of `batch` (a round runs every ROUNDS-th of them), shortest first as
+        before: a round of two or three passes is too noisy to call a lead."""
+        times = -(-BATCHES_A_ROUND * ROUNDS * batch // len(self.inputs))
         return sorted(self.inputs * times, key=lambda e: len(e.ids)) if times > 1 else self.inputs
 
     def crossover(self, alone: str, batched: str) -> tuple[int, str]:
@@ -713,29 +717,46 @@ def _read_trials(path: Path | None) -> list[dict] | None:
         return None
 
 
+# Accurate paths measured faster than fp32 at every length and batch size (MiniLM: int16
+# 1.6-1.9x ONNX Runtime fp32, bf16 on AMX 1.3-2.2x; docs/benchmarks.md#model-paths): where
+# they pass the gate in every band, no band runs fp32, which is then neither built nor judged.
+FASTER_THAN_FP32 = {"ctranslate2 int16": (), "openvino bf16": ("amx_bf16",)}
+
+
 def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict, dict]:
-    """Each candidate's judgement (a trial each), the models that pass in some band, kept
-    loaded, and the judgements by path."""
-    trials, passed, judged = [], {}, {}
+    """Each candidate's judgement (a trial each, in CANDIDATES' order), the models that pass
+    in some band, kept loaded, and the judgements by path. fp32's paths are judged last, and
+    only where some band has no accurate path known to be faster (FASTER_THAN_FP32). While
+    one candidate is judged, the next ones' artifacts are built on another core
+    (`_build_ahead`): judging needs one, each build's child process another."""
     paths = candidates(config.backend)
+    order = sorted(paths, key=lambda p: p.quantize == "none" and p.backend != "torch")
+    trials, passed, judged = {}, {}, {}
+    builder = threading.Thread(
+        target=_build_ahead, args=([p.applied_to(config) for p in order], isa), daemon=True
+    )
+    builder.start()
     judging, count = 0.0, 0  # seconds spent on the candidates built and judged, and how many
-    for number, path in enumerate(paths, 1):
-        trial = {"path": str(path)}
-        trials.append(trial)
+    for number, path in enumerate(order, 1):
+        trial = trials[str(path)] = {"path": str(path)}
+        if path.quantize == "none" and (faster := covered_without_fp32(judged, gate.bands, isa)):
+            trial["skipped"] = f"not needed: {faster} passes the gate in every band, faster"
+            log.info("quantize: auto: %s skipped, %s", path, trial["skipped"], extra=PREPARE)
+            continue
         log.info(  # a first start spends up to half a minute on one: say which, and how long
             "quantize: auto: candidate %d of %d, %s: building and judging it%s",
             number,
             len(paths),
             path,
             _time_left(judging, count, len(paths) - number + 1),
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         began = time.monotonic()
         try:
             model = load(path.applied_to(config), isa)
         except ModelLoadError as e:
             trial["skipped"] = str(e)
-            log.info("quantize: auto: %s skipped: %s", path, e, extra={"event": "prepare"})
+            log.info("quantize: auto: %s skipped: %s", path, e, extra=PREPARE)
             continue
         judgement = gate.judge(model)
         judging, count = judging + time.monotonic() - began, count + 1
@@ -755,9 +776,43 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict,
             path,
             f"fails the gate on texts of {', '.join(failed)}" if failed else "passes the gate",
             judgement.figure,
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
-    return trials, passed, judged
+    builder.join()
+    names = [str(p) for p in paths]  # races list them in CANDIDATES' order: less memory first
+    return [trials[n] for n in names], {n: passed[n] for n in names if n in passed}, judged
+
+
+def covered_without_fp32(judged: dict[str, Judgement], bands, isa) -> str | None:
+    """Which of FASTER_THAN_FP32 pass the gate in every band, joined; None where some band
+    has none of them."""
+    faster = [p for p, needs in FASTER_THAN_FP32.items() if all(n in isa for n in needs)]
+    found = [p for p in faster if p in judged]
+    every = all(any(judged[p].passes(span) for p in found) for span in bands)
+    return " or ".join(found) if found and every else None
+
+
+def _build_ahead(configs: list[ModelConfig], isa) -> None:
+    """Each candidate's artifact, built in turn (a child process builds each) and kept, so
+    that judging it finds it: run beside the judging. One that cannot be built is left to
+    the judging, which says why; fp32's, which may not be needed, last."""
+    for config in configs:
+        try:
+            if config.backend == "ctranslate2":
+                from numaserve.backends.ct2 import prepare_converted
+
+                prepare_converted(config)
+            elif config.backend == "onnxruntime":
+                from numaserve.backends.onnx import prepare_artifact
+
+                prepare_artifact(config, isa)
+            elif config.backend == "openvino":
+                from numaserve.backends.openvino import inference_precision, prepare_model
+
+                inference_precision(config, isa)  # bf16 on a CPU without it: not built
+                prepare_model(config, isa)
+        except (ModelLoadError, OSError):
+            continue
 
 
 def _time_left(spent: float, judged: int, left: int) -> str:
