@@ -67,6 +67,13 @@ def test_each_runners_first_passes_run_uncounted_on_inputs_of_every_length():
     assert max(standings[0].ms) < 0.05 * 1e3 / 4  # the slow first pass counted in no round
 
 
+def test_only_the_runners_named_warm_up_on_every_rounds_inputs():
+    calls = {"x": [], "y": []}
+    race({n: calls[n].append for n in "xy"}, list(range(8)), rounds=2, warm_every_shape={"x"})
+    assert calls["x"][:2] == [[0, 2, 4, 6], [1, 3, 5, 7]]  # then its two counted rounds
+    assert calls["y"][:1] == [[0, 2, 4, 6]] and len(calls["y"]) == 3
+
+
 def test_each_round_starts_one_later_and_wraps_around():
     assert [in_turn("abc", r) for r in range(4)] == [
         ["a", "b", "c"],

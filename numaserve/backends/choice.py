@@ -604,7 +604,9 @@ class SpanRace:
         )
         models = self.passed.models
         runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
-        standings = race(runners, self.enough(batch))
+        # OpenVINO compiles a kernel for each new shape: it meets every round's first
+        shapes = {n for n in names if models[n].config.backend == "openvino"}
+        standings = race(runners, self.enough(batch), warm_every_shape=shapes)
         key = f"{self.pool} {self.span}" + (f" x{batch}" if batch > 1 else "")
         for standing in standings:
             trial = next(t for t in self.trials if t["path"] == standing.name)
@@ -727,15 +729,18 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict,
     """Each candidate's judgement (a trial each, in CANDIDATES' order), the models that pass
     in some band, kept loaded, and the judgements by path. fp32's paths are judged last, and
     only where some band has no accurate path known to be faster (FASTER_THAN_FP32). While
-    one candidate is judged, the next ones' artifacts are built on another core
-    (`_build_ahead`): judging needs one, each build's child process another."""
+    one candidate is judged, the next ones' artifacts are built beside it (`_build_ahead`,
+    two at a time): judging mostly waits on the builds, each a child process."""
     paths = candidates(config.backend)
     order = sorted(paths, key=lambda p: p.quantize == "none" and p.backend != "torch")
     trials, passed, judged = {}, {}, {}
-    builder = threading.Thread(
-        target=_build_ahead, args=([p.applied_to(config) for p in order], isa), daemon=True
-    )
-    builder.start()
+    configs = [p.applied_to(config) for p in order]
+    builders = [  # two, each a child process at a time: the judging mostly waits on them
+        threading.Thread(target=_build_ahead, args=(configs[i::2], isa), daemon=True)
+        for i in range(2)
+    ]
+    for builder in builders:
+        builder.start()
     judging, count = 0.0, 0  # seconds spent on the candidates built and judged, and how many
     for number, path in enumerate(order, 1):
         trial = trials[str(path)] = {"path": str(path)}
@@ -778,7 +783,8 @@ def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict,
             judgement.figure,
             extra=PREPARE,
         )
-    builder.join()
+    for builder in builders:
+        builder.join()
     names = [str(p) for p in paths]  # races list them in CANDIDATES' order: less memory first
     return [trials[n] for n in names], {n: passed[n] for n in names if n in passed}, judged
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 ROUNDS = 5
@@ -37,17 +37,22 @@ def in_turn(items: Sequence, r: int) -> list:
 
 
 def race(
-    runners: dict[str, Callable[[list], object]], inputs: Sequence, rounds: int = ROUNDS
+    runners: dict[str, Callable[[list], object]],
+    inputs: Sequence,
+    rounds: int = ROUNDS,
+    warm_every_shape: Collection[str] | None = None,
 ) -> list[Standing]:
     """Each runner's time per input in each round, in the runners' order. Round r runs every
     rounds-th input from the r-th (inputs sorted by length give each round every length),
-    each runner in turn, starting one later each round. Before the first, each runs every
-    round's inputs once uncounted: a runtime's first pass at a shape (OpenVINO compiles one
-    per shape, a cost a serving instance pays once) is not its speed."""
+    each runner in turn, starting one later each round. Before the first, each runs the
+    first round's inputs uncounted, and those in `warm_every_shape` (None: every runner)
+    every round's: a runtime's first pass at a shape (OpenVINO compiles one per shape, a
+    cost a serving instance pays once) is not its speed."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # each runtime's first passes at the shapes it meets (a compile) uncounted
-        for r in range(rounds):
+        every = warm_every_shape is None or name in warm_every_shape
+        for r in range(rounds if every else 1):
             runners[name](list(inputs[r::rounds]) or list(inputs))
     for r in range(rounds):
         part = list(inputs[r::rounds]) or list(inputs)
