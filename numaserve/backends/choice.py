@@ -524,8 +524,8 @@ def race_pools(
                     f"quantize: auto: no model path passes the accuracy gate on texts of {span} "
                     f"(pool {band.pool}): {_figures(trials)}"
                 )
-            race = SpanRace(band, span, batching, inputs, passed, trials)
-            won.append(race.run(names, won[0] if won else None, paths))
+            race = SpanRace(band, span, batching, inputs, passed, trials, paths)
+            won.append(race.run(names, won[0] if won else None))
         chosen[band.pool] = _pool_choice(band, won[::-1], paths)
         _log_choice(band.pool, chosen[band.pool])
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
@@ -559,13 +559,14 @@ class SpanRace:
     one text at a time, the pool's micro-batches, and where their winners differ, the batch
     size from which the throughput path leads."""
 
-    def __init__(self, band: Band, span: Span, batching: Batching, inputs, passed, trials):
+    def __init__(self, band: Band, span: Span, batching: Batching, inputs, passed, trials, paths):
         self.pool, self.span, self.passed, self.trials = band.pool, span, passed, trials
+        self.paths = paths  # each name's ModelPath
         self.part = Band(band.pool, span.first - 1, span.last)
         self.inputs = band_inputs(inputs, self.part)
         self.batch = batching.size(statistics.median(len(e.ids) for e in self.inputs))
 
-    def run(self, names: list[str], longest: Won | None, paths: dict) -> Won:
+    def run(self, names: list[str], longest: Won | None) -> Won:
         """The band's paths; `longest`: what the pool's longest band won, preferred."""
         alone_first = longest.alone if longest else None
         standings = self.timed(_first(names, alone_first), 1)
@@ -584,7 +585,7 @@ class SpanRace:
         start, crossing = self.crossover(best.name, batched.name)
         switch = BatchedPath(
             start,
-            paths[batched.name],
+            self.paths[batched.name],
             f"texts of {self.span}, {self.batch} at a time: "
             + self.why(self.batch, batched, fastest_batched, standings)
             + f"; ahead of {best.name} from {start} texts a batch ({crossing})",
@@ -605,7 +606,7 @@ class SpanRace:
         models = self.passed.models
         runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
         # OpenVINO compiles a kernel for each new shape: it meets every round's first
-        shapes = {n for n in names if models[n].config.backend == "openvino"}
+        shapes = {n for n in names if self.paths[n].backend == "openvino"}
         standings = race(runners, self.enough(batch), warm_every_shape=shapes)
         key = f"{self.pool} {self.span}" + (f" x{batch}" if batch > 1 else "")
         for standing in standings:
