@@ -451,6 +451,7 @@ def choose(
             len(paths),
             extra={"event": "prepare"},
         )
+        builders = start_builders(config, isa)
         gate = reference_gate(config, isa, load, texts)
         log.info(  # once the reference loads: a checkpoint without the task's head fails there
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
@@ -458,7 +459,7 @@ def choose(
             config.path,
             extra={"event": "prepare"},
         )
-        trials, passed, judged = judge(config, isa, load, gate)
+        trials, passed, judged = judge(config, isa, load, gate, builders)
         inputs = gate.inputs
         if verdicts is not None:
             write_atomically(verdicts, json.dumps(trials, indent=1))
@@ -726,22 +727,35 @@ def _read_trials(path: Path | None) -> list[dict] | None:
 FASTER_THAN_FP32 = {"ctranslate2 int16": (), "openvino bf16": ("amx_bf16",)}
 
 
-def judge(config: ModelConfig, isa, load: Load, gate) -> tuple[list[dict], dict, dict]:
-    """Each candidate's judgement (a trial each, in CANDIDATES' order), the models that pass
-    in some band, kept loaded, and the judgements by path. fp32's paths are judged last, and
-    only where some band has no accurate path known to be faster (FASTER_THAN_FP32). While
-    one candidate is judged, the next ones' artifacts are built beside it (`_build_ahead`,
-    two at a time): judging mostly waits on the builds, each a child process."""
-    paths = candidates(config.backend)
-    order = sorted(paths, key=lambda p: p.quantize == "none" and p.backend != "torch")
-    trials, passed, judged = {}, {}, {}
-    configs = [p.applied_to(config) for p in order]
-    builders = [  # two, each a child process at a time: the judging mostly waits on them
+def judging_order(paths: list[ModelPath]) -> list[ModelPath]:
+    """fp32's paths last: judged only where needed (FASTER_THAN_FP32)."""
+    return sorted(paths, key=lambda p: p.quantize == "none" and p.backend != "torch")
+
+
+def start_builders(config: ModelConfig, isa) -> list[threading.Thread]:
+    """Two threads building the candidates' artifacts in judging order, each through a child
+    process at a time, started before the fp32 reference loads (10 s for MiniLM): the
+    judging, which finds each artifact kept once built, mostly waits on them."""
+    configs = [p.applied_to(config) for p in judging_order(candidates(config.backend))]
+    builders = [
         threading.Thread(target=_build_ahead, args=(configs[i::2], isa), daemon=True)
         for i in range(2)
     ]
     for builder in builders:
         builder.start()
+    return builders
+
+
+def judge(
+    config: ModelConfig, isa, load: Load, gate, builders: list[threading.Thread] = ()
+) -> tuple[list[dict], dict, dict]:
+    """Each candidate's judgement (a trial each, in CANDIDATES' order), the models that pass
+    in some band, kept loaded, and the judgements by path. fp32's paths are judged last, and
+    only where some band has no accurate path known to be faster (FASTER_THAN_FP32). While
+    one candidate is judged, `builders` (start_builders) build the next ones' artifacts."""
+    paths = candidates(config.backend)
+    order = judging_order(paths)
+    trials, passed, judged = {}, {}, {}
     judging, count = 0.0, 0  # seconds spent on the candidates built and judged, and how many
     for number, path in enumerate(order, 1):
         trial = trials[str(path)] = {"path": str(path)}
