@@ -118,6 +118,14 @@ def prepare_model(
             for pool, c in chosen.items()
         },
     )
+    _log_prepared(config, record)
+    log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
+    return record
+
+
+def _log_prepared(config: ModelConfig, record: Prepared) -> None:
+    """What prepare resolved for each pool: its path, its shorter texts' and its
+    micro-batches', each with why."""
     for pool, entry in record.pools.items():
         log.info(
             "prepared %s, pool %s: %s (%s)%s",
@@ -149,8 +157,6 @@ def prepare_model(
                     band.batched.why,
                     extra={"event": "prepare"},
                 )
-    log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
-    return record
 
 
 def _built(batched: BatchedPath | None, built: dict) -> BatchedPath | None:

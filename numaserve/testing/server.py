@@ -113,7 +113,7 @@ class Server:
 
     def wait_ready(self, timeout: float = 300) -> dict:
         """Every instance ready and routed. A first start on a fresh cache chooses the model
-        path (`quantize: auto`, about 70 s for MiniLM on 2 cores) and builds its artifacts."""
+        path (`quantize: auto`, about 90 s for MiniLM on 2 cores) and builds its artifacts."""
 
         def ready():
             status = self.status()
