@@ -70,8 +70,21 @@ class Cache(_Plain):
     hit_rate: float
 
 
+class _Spelled:
+    """A model path's record: spelled as the config spells it."""
+
+    backend: str
+    quantize: str
+    keep_fp32: tuple[str, ...]
+
+    def words(self) -> str:
+        """As the config spells it: backend, precision, layers kept in fp32."""
+        keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
+        return f"{self.backend} {self.quantize}{keep}"
+
+
 @dataclass(frozen=True)
-class Switch:
+class Switch(_Spelled):
     """A band's throughput path: its micro-batches of at least `from_batch` texts run here."""
 
     from_batch: int
@@ -79,9 +92,6 @@ class Switch:
     quantize: str
     keep_fp32: tuple[str, ...]
     why: str
-
-    def words(self) -> str:
-        return _path_words(self.backend, self.quantize, self.keep_fp32)
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -94,7 +104,7 @@ class Switch:
 
 
 @dataclass(frozen=True)
-class Band:
+class Band(_Spelled):
     """A shorter band's own path in an instance's pool: its texts of up to `last` tokens."""
 
     last: int
@@ -103,9 +113,6 @@ class Band:
     keep_fp32: tuple[str, ...]
     why: str
     batched: Switch | None = None
-
-    def words(self) -> str:
-        return _path_words(self.backend, self.quantize, self.keep_fp32)
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -124,7 +131,7 @@ class Band:
 
 
 @dataclass(frozen=True)
-class RunningPath:
+class RunningPath(_Spelled):
     """What an instance says it runs (its READY, worker.py), as status and /metrics show it:
     its model path, who chose it (`auto` and why, or the config), its pool's shorter texts'
     own paths, and what a precision the config names costs on this CPU."""
@@ -137,10 +144,6 @@ class RunningPath:
     shorter: tuple[Band, ...] = ()
     accuracy: str | None = None
     batched: Switch | None = None  # its own texts' micro-batches' path, where another's
-
-    def words(self) -> str:
-        """As the config spells it: backend, precision, layers kept in fp32."""
-        return _path_words(self.backend, self.quantize, self.keep_fp32)
 
     def to_wire(self) -> dict:
         body: dict = {
@@ -170,11 +173,6 @@ class RunningPath:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a model path: {e!r}") from None
-
-
-def _path_words(backend: str, quantize: str, keep_fp32: tuple[str, ...]) -> str:
-    keep = f" keep_fp32 {','.join(keep_fp32)}" if keep_fp32 else ""
-    return f"{backend} {quantize}{keep}"
 
 
 # A slot's fields that only the supervisor's slot table has; absent where none runs.
