@@ -10,7 +10,7 @@ HTTP fronts import only `tokenizer` from here. Its modules:
 
 - the runtimes: `torch.py`, `onnx.py`, `openvino.py` (and `openvino_runtime.py`, OpenVINO
   loaded with its telemetry off), `ct2.py`; `base.py`, what they share; `banded.py`, a pool
-  that runs more than one path by length;
+  that runs more than one path, by length and by micro-batch size;
 - what is built once and kept: `artifacts.py`, `onnx_build.py`, `openvino_build.py`,
   `ct2_build.py`; `node_weights.py`, one copy of the weights per NUMA node;
 - choosing a path: `choice.py` (`quantize: auto`), `gate.py` (the accuracy gate), `race.py`
