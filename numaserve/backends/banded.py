@@ -13,6 +13,7 @@ path it needs. It counts the passes each path ran, for `numaserve status` and /m
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ class Banded:
         if own.last is not None or any(s.last is None for s in shorter):
             raise ValueError("the pool's own band comes last, and it alone has no `last`")
         self.segments, self.main = tuple(segments), own.alone
+        self._lasts = [s.last for s in shorter]
         self.names = names
         self.ran = {name: 0 for name in dict.fromkeys(names.values())}  # passes, by path
         self.choice = self.prepared = None
@@ -60,20 +62,16 @@ class Banded:
         models = {id(m): m for s in self.segments for m in (s.alone, s.batched) if m}
         return tuple(dict.fromkeys(w for m in models.values() for w in m.weights))
 
-    def segment_for(self, tokens: int) -> Segment:
-        return next(s for s in self.segments if s.last is None or tokens <= s.last)
-
     def run(
         self, batch: list[list[int]], segments: list[int] | None = None, whole: Sequence[int] = ()
     ) -> list:
-        bands: dict[int, list[int]] = {}  # the batch's inputs by their band
+        bands: dict[int, list[int]] = {}  # the batch's inputs by their band's index
         for i, ids in enumerate(batch):
-            bands.setdefault(id(self.segment_for(len(ids))), []).append(i)
+            bands.setdefault(bisect.bisect_left(self._lasts, len(ids)), []).append(i)
         groups: dict[int, list[int]] = {}  # the batch's inputs by the model that runs them
         models = {}
-        by_id = {id(s): s for s in self.segments}
-        for key, rows in bands.items():
-            model = by_id[key].model_for(len(rows))
+        for band, rows in bands.items():
+            model = self.segments[band].model_for(len(rows))
             models[id(model)] = model
             groups.setdefault(id(model), []).extend(rows)
         if len(groups) == 1:  # the common case: the whole batch on one path, as it came

@@ -344,7 +344,7 @@ def named_cost(
             "%s as the config names it: judging it against fp32 on this CPU, to say what it "
             "costs here (once; kept)",
             path,
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         judged = gate_config(config)
         # Judged once, before any instance of it runs: on a few of this process's CPUs, not one.
@@ -359,7 +359,7 @@ def named_cost(
                 "here (docs/accuracy.md#a-named-precision)",
                 path,
                 e.__cause__ or e,
-                extra={"event": "prepare"},
+                extra=PREPARE,
             )
             unjudged = "served as asked; not judged on this CPU (its fp32 reference needs torch)"
             return {band.pool: unjudged for band in pools}
@@ -385,7 +385,7 @@ def named_cost(
             path,
             band.pool,
             costs[band.pool],
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
     return costs
 
@@ -431,7 +431,7 @@ def choose(
             "quantize: auto: the gate's verdicts on %s are kept from an earlier choice; "
             "racing the paths that passed for these pools",
             config.path,
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         tokenizer = Tokenizer(config.path, config.max_length)
         inputs = TASKS[config.task].gate_inputs(tokenizer, texts)
@@ -449,7 +449,7 @@ def choose(
             "model.quantize in the config, or --quantize with --model",
             config.path,
             len(paths),
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         builders = start_builders(config, isa)
         gate = reference_gate(config, isa, load, texts)
@@ -457,7 +457,7 @@ def choose(
             "quantize: auto: judging and timing each model path of %s on this CPU (once; kept), "
             "against torch fp32, in each band of lengths",
             config.path,
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         trials, passed, judged = judge(config, isa, load, gate, builders)
         inputs = gate.inputs
@@ -536,7 +536,7 @@ def race_pools(
 
 
 def _log_choice(pool: str, choice: PoolChoice) -> None:
-    say = partial(log.info, extra={"event": "prepare"})
+    say = partial(log.info, extra=PREPARE)
     say("quantize: auto: pool %s chose %s: %s", pool, choice.path, choice.why)
     if choice.batched:
         say("quantize: auto: pool %s runs its micro-batches of %s", pool, choice.batched.words())
@@ -602,7 +602,7 @@ class SpanRace:
             ", ".join(names),
             len(self.inputs),
             f"in micro-batches of {batch}" if batch > 1 else "one at a time",
-            extra={"event": "prepare"},
+            extra=PREPARE,
         )
         models = self.passed.models
         runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
