@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -235,7 +236,15 @@ def keygen(directory: str, name: str) -> None:
     help="Also write what was resolved for each model here, for the instances to load "
     "(a server's supervisor passes its runtime directory).",
 )
-def prepare(config_path: str, record_dir: str | None) -> None:
+@click.option(
+    "--for-cpu",
+    "for_cpu",
+    metavar="FILE|LIST",
+    help="Prepare for another CPU: a file `numaserve topology --json` wrote on it, or its ISA "
+    "extensions (avx2,avx512f,avx512_vnni,...). Judged and chosen for its extensions, with "
+    "this CPU's kernels capped to its; that CPU's starts find the choice kept.",
+)
+def prepare(config_path: str, record_dir: str | None, for_cpu: str | None) -> None:
     """Resolve each model once, ahead of time (image builds, systemd's ExecStartPre=): each
     pool's model path (`quantize: auto` chooses it) and its artifact, built or verified, so
     that a start never waits for it and a read-only cache serves."""
@@ -254,6 +263,8 @@ def prepare(config_path: str, record_dir: str | None) -> None:
         raise UserError(str(e)) from None
     setup_logging(config.logging.level, config.logging.format)
     isa = read_machine(None, None).isa
+    if for_cpu:
+        isa = _prepare_for(for_cpu, isa)
     batching = Batching(config.server.max_batch, config.server.max_batch_tokens)
     for i, served in enumerate(config.models):
         where = f"models[{i}]" if config.named else "model"
@@ -266,6 +277,27 @@ def prepare(config_path: str, record_dir: str | None) -> None:
             sys.exit(exitcodes.MODEL)  # the log says why
         if record_dir:
             record.write(record_path(record_dir, served))
+
+
+def _prepare_for(value: str, here: tuple[str, ...]) -> tuple[str, ...]:
+    """The target's ISA extensions, this process running the target's kernels: where its
+    environment does not cap them yet, it runs again with the caps (the runtimes read them as
+    they load, before any is imported here)."""
+    from numaserve.backends.target import TargetError, describe, kernels_for
+    from numaserve.host.isa import IsaError, read_isa
+
+    try:
+        target = read_isa(value)
+        kernels = kernels_for(target, here)
+    except (IsaError, TargetError) as e:
+        raise UserError(str(e)) from None
+    if any(os.environ.get(k) != v for k, v in kernels.items()):
+        env = {**os.environ, **kernels}
+        os.execve(sys.executable, [sys.executable, "-m", "numaserve.cli", *sys.argv[1:]], env)
+    logging.getLogger("numaserve.backends").info(
+        describe(target, kernels), extra={"event": "prepare"}
+    )
+    return target
 
 
 @main.command()

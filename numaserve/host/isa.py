@@ -8,6 +8,7 @@ prepare` and instance."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 INTERESTING_ISA = (
@@ -21,6 +22,10 @@ INTERESTING_ISA = (
     "amx_bf16",
 )
 CPUINFO = Path("/proc/cpuinfo")
+
+
+class IsaError(ValueError):
+    """Another CPU's extensions that cannot be read."""
 
 
 def detect_isa() -> tuple[str, ...]:
@@ -38,3 +43,30 @@ def isa_from_cpuinfo(text: str) -> tuple[str, ...]:
             flags = set(value.split())
             return tuple(f for f in INTERESTING_ISA if f in flags)
     return ()
+
+
+def read_isa(value: str) -> tuple[str, ...]:
+    """Another CPU's extensions (`numaserve prepare --for-cpu`), from a file `numaserve
+    topology --json` wrote on it or a comma list of their names (`avx2`: an AVX2-only CPU),
+    in INTERESTING_ISA's order."""
+    path = Path(value)
+    if path.is_file():
+        try:
+            names = json.loads(path.read_text())["isa"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise IsaError(
+                f"--for-cpu {value}: not what `numaserve topology --json` writes ({e!r})"
+            ) from None
+    else:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise IsaError(f"--for-cpu {value}: its isa is not a list of extension names")
+    unknown = [n for n in names if n not in INTERESTING_ISA]
+    if unknown or "avx2" not in names:
+        raise IsaError(
+            f"--for-cpu {value}: "
+            + (f"unknown extensions {', '.join(unknown)}; " if unknown else "no avx2; ")
+            + f"name those of {', '.join(INTERESTING_ISA)} the CPU has (avx2 at the least), "
+            "or give a file `numaserve topology --json` wrote on it"
+        )
+    return tuple(n for n in INTERESTING_ISA if n in names)
