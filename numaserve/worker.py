@@ -189,10 +189,11 @@ class Engine:
                         s.path.keep_fp32,
                         s.why,
                         _switch(s.batched),
+                        s.accuracy,
                     )
                     for s in (choice.shorter if choice else ())
                 ),
-                accuracy=self.model.accuracy or None,
+                accuracy=(choice and choice.accuracy) or self.model.accuracy or None,
                 batched=_switch(choice.batched if choice else None),
             ).to_wire(),
             "weights": [w.to_wire() for w in self.model.weights],
@@ -205,7 +206,14 @@ def _switch(batched) -> Switch | None:
     if batched is None:
         return None
     path = batched.path
-    return Switch(batched.from_batch, path.backend, path.quantize, path.keep_fp32, batched.why)
+    return Switch(
+        batched.from_batch,
+        path.backend,
+        path.quantize,
+        path.keep_fp32,
+        batched.why,
+        batched.accuracy,
+    )
 
 
 def _job_error(job, code: protocol.ErrorCode, message: str) -> dict:

@@ -7,6 +7,8 @@ change the answer): what is tested is the rule; the real paths race in test_choi
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from numaserve.backends.choice import Band, Batching, Passed, covered_without_fp32, race_pools
 from numaserve.backends.gate import Judgement, Span
 from numaserve.processes.prepared import ModelPath
@@ -35,7 +37,7 @@ class Timed:
 def choose(models: dict, batching: Batching):
     texts = [Text(tuple(range(n))) for n in range(1, 17) for _ in range(3)]
     judged = {
-        name: Judgement({Span(1, 8): Verdict(True, ""), Span(9, 16): Verdict(True, "")})
+        name: Judgement({span: Verdict(True, f"{name}'s") for span in (Span(1, 8), Span(9, 16))})
         for name in models
     }
     trials = [{"path": name} for name in models]
@@ -55,6 +57,13 @@ def test_a_band_keeps_a_throughput_path_from_the_batch_size_where_it_takes_the_l
     assert choice.shorter == ()  # both bands run the same paths: one run
     timed = {key for t in trials for key in t["pools"]}
     assert {"main 9-16 tokens", "main 9-16 tokens x8", "main 9-16 tokens x2"} <= timed
+
+
+def test_each_path_a_pool_holds_has_the_gates_figures_in_every_band_it_runs():
+    models = {"latency": Timed(2, 1), "throughput": Timed(4, 0.2)}
+    choice, _ = choose(models, Batching(max_batch=8, max_batch_tokens=128))
+    assert choice.accuracy == "1-8 tokens: latency's; 9-16 tokens: latency's"
+    assert choice.batched.accuracy == "1-8 tokens: throughput's; 9-16 tokens: throughput's"
 
 
 def test_a_path_no_faster_at_the_pools_micro_batches_is_not_held_beside_the_latency_path():
@@ -96,3 +105,28 @@ def test_fp32_is_judged_where_a_band_has_no_path_known_faster():
     # bf16 on AVX512_BF16 without AMX is not known to beat fp32: fp32 is judged and raced
     assert covered_without_fp32(judged(openvino_bf16=(True, True)), BANDS, ("avx512_bf16",)) is None
     assert covered_without_fp32(judged(ctranslate2_int8=(True, True)), BANDS, ()) is None
+
+
+class ByTokens(Timed):
+    """A path that takes `per_pass` ms a forward pass and `per_token` ms more a token in it,
+    as an encoder does."""
+
+    def run(self, batch, segments=None, whole=()):
+        time.sleep((self.per_pass + self.per_text * sum(map(len, batch))) / 1e3)
+        return [None] * len(batch)
+
+
+def test_every_race_says_how_long_the_races_have_left_and_the_estimate_holds(caplog):
+    caplog.set_level("INFO", logger="numaserve.backends")
+    models = {"latency": ByTokens(1.5, 0.1), "throughput": ByTokens(3, 0.02)}
+    choose(models, Batching(max_batch=8, max_batch_tokens=128))
+    end = time.time()
+    lines = [r for r in caplog.records if "timing" in r.getMessage()]
+    said = [
+        r.getMessage().partition("; about ")[2].partition(" s left for the races")[0] for r in lines
+    ]
+    assert said[0] == ""  # no pace yet: the stand-ins ran no gate
+    assert all(said[1:])  # every race after the first says it
+    # from the first race in micro-batches on, a pass's cost is fitted (a + b x its tokens)
+    for record, seconds in list(zip(lines, said, strict=True))[2:]:
+        assert float(seconds) == pytest.approx(end - record.created, abs=0.6, rel=0.25)

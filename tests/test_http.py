@@ -402,6 +402,15 @@ def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
         if b.get("batched")
     ]
     assert info["model_paths_batched"] == ({"main": batched} if batched else {})
+    # and every path held, with the gate's figures where it runs, as the instance says them
+    runs = []
+    for b in (*path["shorter"], path):
+        switch = b.get("batched")
+        for from_batch, p in [(1, b), *([(switch["from_batch"], switch)] if switch else [])]:
+            said = {"path": f"{p['backend']} {p['quantize']}", "accuracy": p["accuracy"]}
+            runs.append({"last_tokens": b.get("last"), "from_batch": from_batch} | said)
+    assert info["model_accuracy"] == {"main": runs}
+    assert all("tokens: " in r["accuracy"] for r in runs)
     bands = (path, *path["shorter"])
     held = (*bands, *(b["batched"] for b in bands if b.get("batched")))
     dtypes = {DTYPES[p["quantize"]] for p in held}

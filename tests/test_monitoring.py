@@ -330,6 +330,7 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
     )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
     labels = (
+        ("accuracy", ""),
         ("backend", "openvino"),
         ("chosen_by", "auto"),
         ("from_batch", "1"),
@@ -345,21 +346,29 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
     ]
 
 
-def test_every_path_an_instance_holds_has_its_series_and_its_passes_are_counted():
-    switch = Switch(4, "openvino", "bf16", (), "8 a batch: 1.47x")
-    shorter = Band(16, "ctranslate2", "int16", (), "one at a time", batched=switch)
-    path = RunningPath("ctranslate2", "int8", (), chosen_by="auto", shorter=(shorter,))
+def test_every_path_an_instance_holds_has_its_series_with_its_accuracy_and_passes():
+    switch = Switch(4, "openvino", "bf16", (), "8 a batch: 1.47x", accuracy="9-16: 100%")
+    shorter = Band(
+        16, "ctranslate2", "int16", (), "one at a time", batched=switch, accuracy="1-8: 99.9%"
+    )
+    path = RunningPath(
+        "ctranslate2", "int8", (), chosen_by="auto", shorter=(shorter,), accuracy="17-64: 99%"
+    )
     counted = {"ctranslate2 int16": 7, "openvino bf16": 3, "ctranslate2 int8": 5}
     status = replace(
         shard_status(), routing=(routing("main-0", 10, model_path=path, passes=counted),)
     )
     got = samples(snapshot(shards=(status,), ages=(0.1,)))
     paths = sorted(
-        (dict(k[1])["last_tokens"], dict(k[1])["from_batch"], dict(k[1])["quantize"])
+        tuple(dict(k[1])[label] for label in ("last_tokens", "from_batch", "quantize", "accuracy"))
         for k in got
         if k[0] == "numaserve_instance_model_path_info"
     )
-    assert paths == [("", "1", "int8"), ("16", "1", "int16"), ("16", "4", "bf16")]
+    assert paths == [
+        ("", "1", "int8", "17-64: 99%"),
+        ("16", "1", "int16", "1-8: 99.9%"),
+        ("16", "4", "bf16", "9-16: 100%"),
+    ]
     passes = {
         dict(k[1])["path"]: v
         for k, v in got.items()

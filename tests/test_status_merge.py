@@ -204,6 +204,50 @@ def test_the_status_says_which_path_runs_each_bands_micro_batches_and_the_passes
     assert lines[at + 2] == "  forward passes, every instance: ctranslate2 int16 7, openvino bf16 3"
 
 
+def test_the_status_shows_every_path_a_pool_holds_with_the_gates_figures_where_it_runs():
+    switch = {
+        "from_batch": 4,
+        "backend": "openvino",
+        "quantize": "bf16",
+        "keep_fp32": [],
+        "why": "8 a batch: 1.47x",
+        "accuracy": "9-16 tokens: 100% at cosine >= 0.99",
+    }
+    embed = {
+        "backend": "ctranslate2",
+        "quantize": "int8",
+        "keep_fp32": [],
+        "chosen_by": "auto",
+        "why": "the fastest",
+        "accuracy": "17-64 tokens: 99.6%; 65-512 tokens: 100%",
+        "shorter": [
+            {
+                "last": 16,
+                "backend": "ctranslate2",
+                "quantize": "int16",
+                "keep_fp32": [],
+                "why": "one at a time: the fastest",
+                "batched": switch,
+                "accuracy": "1-8 tokens: 99.8%; 9-16 tokens: 100%",
+            }
+        ],
+    }
+    slots = [slot("embed.main-0", shard=0, pid=10, model_name="embed", cpus=[0], nodes=[0])]
+    report = server_report(
+        slots, None, [shard(0, [routing_said("embed.main-0", 10, embed)], "embed")]
+    )
+    lines = format_status(report).splitlines()
+    at = lines.index("model path: ctranslate2 int8 (auto: the fastest)")
+    assert lines[at : at + 5] == [
+        "model path: ctranslate2 int8 (auto: the fastest)",
+        "  accuracy: 17-64 tokens: 99.6%; 65-512 tokens: 100%",
+        "  texts of up to 16 tokens: ctranslate2 int16 (auto: one at a time: the fastest)",
+        "    accuracy: 1-8 tokens: 99.8%; 9-16 tokens: 100%",
+        "    micro-batches of 4 texts or more: openvino bf16 (auto: 8 a batch: 1.47x)",
+    ]
+    assert lines[at + 5] == "      accuracy: 9-16 tokens: 100% at cosine >= 0.99"
+
+
 def test_the_status_says_what_binds_each_instances_memory():
     instances = [
         instance("main-0", {"membind": "cpuset"}),

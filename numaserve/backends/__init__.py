@@ -14,7 +14,8 @@ HTTP fronts import only `tokenizer` from here. Its modules:
 - what is built once and kept: `artifacts.py`, `onnx_build.py`, `openvino_build.py`,
   `ct2_build.py`; `node_weights.py`, one copy of the weights per NUMA node;
 - choosing a path: `choice.py` (`quantize: auto`), `gate.py` (the accuracy gate), `race.py`
-  (timing that holds against a busy neighbour), `precision.py` (`keep_fp32`);
+  (timing that holds against a busy neighbour), `precision.py` (`keep_fp32`), `target.py`
+  (judging for another CPU: its kernels capped to the target's extensions);
 - `loading.py`: an instance's model, as the prepared record names it;
 - `tokenizer.py` and `wordpiece_memo.py`: texts to token ids, the same everywhere.
 """
@@ -109,10 +110,12 @@ def prepare_model(
                 built[c.path],
                 c.why,
                 tuple(
-                    BandPath(s.last, s.path, built[s.path], s.why, _built(s.batched, built))
+                    BandPath(
+                        s.last, s.path, built[s.path], s.why, _built(s.batched, built), s.accuracy
+                    )
                     for s in c.shorter
                 ),
-                accuracy.get(pool),
+                accuracy.get(pool) or c.accuracy,
                 _built(c.batched, built),
             )
             for pool, c in chosen.items()

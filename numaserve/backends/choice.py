@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("numaserve.backends")
 PREPARE = {"event": "prepare"}  # what every line of the choice is logged with
-FORMAT = 5  # bump when the candidates or the gate change, so that old choices are made again
+FORMAT = 6  # bump when the candidates or the gate change, so that old choices are made again
 # The attention and feed-forward output projections, where BERT-like encoders' outlier
 # activations live: int8 there moves embeddings most (docs/accuracy.md#the-gate).
 PROJECTIONS = ("*.output.dense",)
@@ -138,6 +138,7 @@ class Shorter:
     path: ModelPath
     why: str
     batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
     def to_json(self) -> dict:
         return {
@@ -145,6 +146,7 @@ class Shorter:
             "path": dataclasses.asdict(self.path),
             "why": self.why,
             "batched": self.batched and dataclasses.asdict(self.batched),
+            "accuracy": self.accuracy,
         }
 
     @classmethod
@@ -154,6 +156,7 @@ class Shorter:
             ModelPath.from_json(data["path"]),
             data["why"],
             BatchedPath.from_json(data["batched"]),
+            data["accuracy"],
         )
 
 
@@ -163,6 +166,7 @@ class PoolChoice:
     why: str  # one line for the log and `numaserve status`
     shorter: tuple[Shorter, ...] = ()  # by length, shortest first
     batched: BatchedPath | None = None  # its own texts' micro-batches' path, where faster
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ class Choice:
                 "why": c.why,
                 "shorter": [s.to_json() for s in c.shorter],
                 "batched": c.batched and dataclasses.asdict(c.batched),
+                "accuracy": c.accuracy,
             }
             for name, c in self.pools.items()
         }
@@ -194,6 +199,7 @@ class Choice:
                 p["why"],
                 tuple(Shorter.from_json(x) for x in p["shorter"]),
                 BatchedPath.from_json(p["batched"]),
+                p["accuracy"],
             )
             for name, p in data["pools"].items()
         }
@@ -495,6 +501,7 @@ class Won:
     alone: str
     why: str
     batched: BatchedPath | None = None
+    through: str | None = None  # the throughput path's name, where it has one
 
     def runs_as(self, other: Won) -> bool:
         """Whether two neighbouring bands run the same paths, and so run as one."""
@@ -515,9 +522,9 @@ def race_pools(
     model an instance, where it is accurate); likewise a band's latency path runs ahead in
     its micro-batches' race, so that a band holds a second path only where it is clearly
     faster there."""
-    chosen = {}
+    clock = RaceClock(_gate_pace(trials, passed.models))
+    races: dict[str, list[tuple[SpanRace, list[str]]]] = {}  # by pool, its longest band first
     for band in pools:
-        won: list[Won] = []  # longest first
         for span in reversed(length_bands(band.span.first, band.span.last)):
             names = passed.where(span)
             if not names:
@@ -525,9 +532,15 @@ def race_pools(
                     f"quantize: auto: no model path passes the accuracy gate on texts of {span} "
                     f"(pool {band.pool}): {_figures(trials)}"
                 )
-            race = SpanRace(band, span, batching, inputs, passed, trials, paths)
+            race = SpanRace(band, span, batching, inputs, passed, trials, paths, clock)
+            race.plan(names)
+            races.setdefault(band.pool, []).append((race, names))
+    chosen = {}
+    for band in pools:
+        won: list[Won] = []  # longest first
+        for race, names in races[band.pool]:
             won.append(race.run(names, won[0] if won else None))
-        chosen[band.pool] = _pool_choice(band, won[::-1], paths)
+        chosen[band.pool] = _pool_choice(band, won[::-1], paths, passed.judged)
         _log_choice(band.pool, chosen[band.pool])
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
@@ -551,6 +564,55 @@ def _log_choice(pool: str, choice: PoolChoice) -> None:
         )
 
 
+class RaceClock:
+    """How long the races have left, said on each race's line: the forward passes and
+    tokens they have left to run, at a time a pass of a + b x its tokens fitted to the races
+    run so far (their lengths and batch sizes differ: a band of long texts costs 5 times a
+    short band's a text, a text costs less in a micro-batch than alone), or before any, at
+    the pace the paths ran the gate's texts (`first_pace`, s a token, one text a pass)."""
+
+    def __init__(self, first_pace: float | None) -> None:
+        self.first_pace = first_pace
+        self.passes = self.tokens = 0  # still to run
+        self.runs: list[tuple[int, int, float]] = []  # each race's passes, tokens, seconds
+
+    def plan(self, passes: int, tokens: int) -> None:
+        self.passes, self.tokens = self.passes + passes, self.tokens + tokens
+
+    def ran(self, passes: int, tokens: int, seconds: float) -> None:
+        self.plan(-passes, -tokens)
+        self.runs.append((passes, tokens, seconds))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(a, b): s a pass and s a token, by least squares over the races run, neither
+        below 0; with too few (or alike) races, all of it a token's."""
+        if not self.runs:
+            return None if self.first_pace is None else (0.0, self.first_pace)
+        pp = sum(p * p for p, _, _ in self.runs)
+        pt = sum(p * t for p, t, _ in self.runs)
+        tt = sum(t * t for _, t, _ in self.runs)
+        ps = sum(p * s for p, _, s in self.runs)
+        ts = sum(t * s for _, t, s in self.runs)
+        det = pp * tt - pt * pt
+        if det > 1e-9 * pp * tt:
+            a, b = (ps * tt - ts * pt) / det, (ts * pp - ps * pt) / det
+            if a >= 0 and b >= 0:
+                return a, b
+        return 0.0, sum(s for *_, s in self.runs) / sum(t for _, t, _ in self.runs)
+
+    def words(self) -> str:
+        if (cost := self.cost()) is None:
+            return ""
+        seconds = max(0.0, cost[0] * self.passes + cost[1] * self.tokens)
+        return f"; about {seconds:.0f} s left for the races"
+
+
+def _gate_pace(trials: list[dict], models: dict) -> float | None:
+    """The paths that race's median time a token through the gate (judge keeps it)."""
+    paces = [t["gate_s_a_token"] for t in trials if t["path"] in models and "gate_s_a_token" in t]
+    return statistics.median(paces) if paces else None
+
+
 LADDER = (2, 4, 8, 16, 32, 64, 128)  # the micro-batch sizes a crossover is looked for at
 BATCHES_A_ROUND = 8  # micro-batches each round of a race times, at the least
 
@@ -560,12 +622,37 @@ class SpanRace:
     one text at a time, the pool's micro-batches, and where their winners differ, the batch
     size from which the throughput path leads."""
 
-    def __init__(self, band: Band, span: Span, batching: Batching, inputs, passed, trials, paths):
+    def __init__(
+        self, band: Band, span: Span, batching: Batching, inputs, passed, trials, paths, clock
+    ):
         self.pool, self.span, self.passed, self.trials = band.pool, span, passed, trials
         self.paths = paths  # each name's ModelPath
+        self.clock: RaceClock = clock
         self.part = Band(band.pool, span.first - 1, span.last)
         self.inputs = band_inputs(inputs, self.part)
         self.batch = batching.size(statistics.median(len(e.ids) for e in self.inputs))
+
+    def plan(self, names: list[str], sign: int = 1) -> None:
+        """Its races' work on the clock: one at a time, the pool's micro-batches, and a
+        crossover's sizes (taken off again where none is looked for, or found early)."""
+        for batch in {1, self.batch}:
+            self.clock.plan(*self.work(len(names), batch, sign))
+        self.plan_crossover(self.ladder, sign)
+
+    def work(self, paths: int, batch: int, sign: int = 1) -> tuple[int, int]:
+        """The forward passes and tokens `paths` paths run in a race at `batch` texts a pass."""
+        inputs = self.enough(batch)
+        passes = paths * -(-len(inputs) // batch)
+        return sign * passes, sign * paths * sum(len(e.ids) for e in inputs)
+
+    @property
+    def ladder(self) -> list[int]:
+        """The sizes a crossover is looked for at."""
+        return [s for s in LADDER if s < self.batch]
+
+    def plan_crossover(self, sizes: list[int], sign: int = 1) -> None:
+        for size in sizes:
+            self.clock.plan(*self.work(2, size, sign))
 
     def run(self, names: list[str], longest: Won | None) -> Won:
         """The band's paths; `longest`: what the pool's longest band won, preferred."""
@@ -582,6 +669,7 @@ class SpanRace:
             self.batch, batched, fastest_batched, standings, figure=False
         )
         if batched.name == best.name:
+            self.plan_crossover(self.ladder, -1)  # none to look for
             return Won(self.span, best.name, why)
         start, crossing = self.crossover(best.name, batched.name)
         switch = BatchedPath(
@@ -591,24 +679,27 @@ class SpanRace:
             + self.why(self.batch, batched, fastest_batched, standings)
             + f"; ahead of {best.name} from {start} texts a batch ({crossing})",
         )
-        return Won(self.span, best.name, why, switch)
+        return Won(self.span, best.name, why, switch, batched.name)
 
     def timed(self, names: list[str], batch: int) -> list[Standing]:
         """The names' times per text at micro-batches of `batch`, kept in their trials."""
         log.info(  # a race takes seconds a band: say which, so that no start goes silent
-            "quantize: auto: pool %s, texts of %s: timing %s in turns on %d texts, %s",
+            "quantize: auto: pool %s, texts of %s: timing %s in turns on %d texts, %s%s",
             self.pool,
             self.span,
             ", ".join(names),
             len(self.inputs),
             f"in micro-batches of {batch}" if batch > 1 else "one at a time",
+            self.clock.words(),
             extra=PREPARE,
         )
         models = self.passed.models
         runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
         # OpenVINO compiles a kernel for each new shape: it meets every round's first
         shapes = {n for n in names if self.paths[n].backend == "openvino"}
+        started = time.monotonic()
         standings = race(runners, self.enough(batch), warm_every_shape=shapes)
+        self.clock.ran(*self.work(len(names), batch), time.monotonic() - started)
         key = f"{self.pool} {self.span}" + (f" x{batch}" if batch > 1 else "")
         for standing in standings:
             trial = next(t for t in self.trials if t["path"] == standing.name)
@@ -630,11 +721,13 @@ class SpanRace:
         latency path, looked for at the sizes below the pool's (the pool's own, where it
         leads at none), and each size's ratio, for the record."""
         seen = []
-        for size in (s for s in LADDER if s < self.batch):
+        sizes = self.ladder
+        for n, size in enumerate(sizes):
             a, b = self.timed([alone, batched], size)
             lead = statistics.median(ratios(b, a))
             seen.append(f"{size}: {lead:.2f}x")
             if lead > 1:
+                self.plan_crossover(sizes[n + 1 :], -1)
                 return size, ", ".join(seen)
         return self.batch, ", ".join(seen) or f"{self.batch}: measured above"
 
@@ -671,29 +764,42 @@ def _first(names: list[str], *preferred: str | None) -> list[str]:
     return [*ahead, *(n for n in names if n not in ahead)]
 
 
-def _pool_choice(band: Band, won: list[Won], paths: dict) -> PoolChoice:
+def _pool_choice(
+    band: Band, won: list[Won], paths: dict, judged: dict[str, Judgement]
+) -> PoolChoice:
     """A pool's bands' paths, shortest first, as its own (the longest band's) and the
-    shorter runs of bands that run others (neighbours that run the same run as one)."""
+    shorter runs of bands that run others (neighbours that run the same run as one), each
+    path with the gate's figures in every band of the lengths it runs."""
     runs: list[tuple[int, Won]] = []  # (first tokens, the run's longest band's Won)
     for w in won:
         if runs and runs[-1][1].runs_as(w):
             runs[-1] = (runs[-1][0], w)
         else:
             runs.append((w.span.first, w))
+
+    def figures(name: str, first: int, w: Won) -> str | None:
+        return judged[name].figure_within(Span(first, w.span.last)) or None
+
+    def batched(first: int, w: Won) -> BatchedPath | None:
+        return w.batched and dataclasses.replace(w.batched, accuracy=figures(w.through, first, w))
+
     *rest, (first, main) = runs
     shorter = tuple(
         Shorter(
             w.span.last,
             paths[w.alone],
             f"texts of {a}-{w.span.last} tokens (raced in each band; {w.why})",
-            w.batched,
+            batched(a, w),
+            figures(w.alone, a, w),
         )
         for a, w in rest
     )
     why = main.why
     if len(won) > 1:  # say which lengths the pool's own path serves, and that each band raced
         why = f"texts of {first}-{band.longest} tokens (raced in each band; {why})"
-    return PoolChoice(paths[main.alone], why, shorter, main.batched)
+    return PoolChoice(
+        paths[main.alone], why, shorter, batched(first, main), figures(main.alone, first, main)
+    )
 
 
 def reference_gate(config: ModelConfig, isa, load: Load, texts: list[str] | None = None):
@@ -778,12 +884,16 @@ def judge(
             trial["skipped"] = str(e)
             log.info("quantize: auto: %s skipped: %s", path, e, extra=PREPARE)
             continue
+        gate_started = time.monotonic()
         judgement = gate.judge(model)
+        judged_s = time.monotonic() - gate_started
         judging, count = judging + time.monotonic() - began, count + 1
         trial |= {
             "passed": judgement.passed,
             "figure": judgement.figure,
             "bands": judgement.to_json(),
+            # the races' first pace (RaceClock)
+            "gate_s_a_token": judged_s / sum(len(e.ids) for e in gate.inputs),
         }
         judged[str(path)] = judgement
         if judgement.passes_any:
@@ -841,7 +951,7 @@ def _time_left(spent: float, judged: int, left: int) -> str:
     far (one that could not be built, skipped at once, says nothing of the others' pace)."""
     if not judged:
         return ""
-    return f"; about {spent / judged * left:.0f} s left for the candidates"
+    return f"; about {spent / judged * left:.0f} s left for the candidates, then the races"
 
 
 def band_inputs(inputs: list, band: Band) -> list:

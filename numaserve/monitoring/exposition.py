@@ -238,7 +238,7 @@ def _model_paths(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric
         "numaserve_instance_model_path",
         "A backend and precision an instance runs, for which texts (last_tokens: up to that "
         "many tokens, '' every longer one; from_batch: micro-batches of at least that many), "
-        "and whether auto or the config chose it.",
+        "whether auto or the config chose it, and the accuracy gate's figures there.",
     )
     passes = CounterMetricFamily(
         "numaserve_instance_model_passes",
@@ -263,6 +263,7 @@ def _model_paths(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric
                         "chosen_by": path.chosen_by,
                         "last_tokens": last,
                         "from_batch": str(from_batch),
+                        "accuracy": p.accuracy or "",
                     }
                     info.add_metric([], labels)
             for name, count in sorted((instance.passes or {}).items()):

@@ -59,13 +59,18 @@ class BatchedPath:
     path: ModelPath
     why: str
     artifact: str | None = None
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
     @classmethod
     def from_json(cls, data: dict | None) -> BatchedPath | None:
         if data is None:
             return None
         return cls(
-            data["from_batch"], ModelPath.from_json(data["path"]), data["why"], data["artifact"]
+            data["from_batch"],
+            ModelPath.from_json(data["path"]),
+            data["why"],
+            data["artifact"],
+            data.get("accuracy"),
         )
 
     def words(self) -> str:
@@ -82,6 +87,7 @@ class BandPath:
     artifact: str | None
     why: str
     batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
     @classmethod
     def from_json(cls, data: dict) -> BandPath:
@@ -91,6 +97,7 @@ class BandPath:
             data["artifact"],
             data["why"],
             BatchedPath.from_json(data.get("batched")),
+            data.get("accuracy"),
         )
 
 
@@ -102,9 +109,23 @@ class PoolPath:
     artifact: str | None  # the ONNX file or CTranslate2 directory; None: torch, from the checkpoint
     why: str | None = None  # where `quantize: auto` chose it; None: the config named it
     shorter: tuple[BandPath, ...] = ()  # its shorter texts' paths, shortest first
-    # A precision the config names, judged by the accuracy gate: what it costs on this CPU.
+    # The accuracy gate's figures on this CPU, in each band of lengths the path runs: auto's
+    # and a named precision's alike (a named one's also says whether it passes).
     accuracy: str | None = None
     batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
+
+    @property
+    def runs(self) -> tuple[tuple[int | None, int, ModelPath, str | None], ...]:
+        """Each path the pool holds for the texts it runs: (the band's last tokens, None for
+        the pool's own; the micro-batches it runs from, 1 for every one; the path; the gate's
+        figures there), shortest band first."""
+        bands = [(b.last, b) for b in self.shorter] + [(None, self)]
+        found = []
+        for last, b in bands:
+            found.append((last, 1, b.path, b.accuracy))
+            if b.batched:
+                found.append((last, b.batched.from_batch, b.batched.path, b.batched.accuracy))
+        return tuple(found)
 
     @property
     def paths(self) -> tuple[tuple[ModelPath, str | None], ...]:

@@ -20,12 +20,12 @@ def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
             why = f"auto: {path.why}" if path.chosen_by == "auto" else "as configured"
             model = f" of {i.slot.model_name}" if several else ""
             lines = [f"model path{model}: {path.words()} ({why})"]
+            lines += _accuracy(path.accuracy, "  ")
             lines += _batched(path.batched, "  ")
             for s in path.shorter:
                 lines.append(f"  texts of up to {s.last} tokens: {s.words()} (auto: {s.why})")
+                lines += _accuracy(s.accuracy, "    ")
                 lines += _batched(s.batched, "    ")
-            if path.accuracy:
-                lines.append(f"  accuracy: {path.accuracy}")
             seen.setdefault((model, path.words()), lines)
             for name, count in (i.routing.passes or {}).items():
                 summed = passes.setdefault((model, path.words()), {})
@@ -42,8 +42,14 @@ def _batched(switch: Switch | None, indent: str) -> list[str]:
         return []
     return [
         f"{indent}micro-batches of {switch.from_batch} texts or more: {switch.words()} "
-        f"(auto: {switch.why})"
+        f"(auto: {switch.why})",
+        *_accuracy(switch.accuracy, indent + "  "),
     ]
+
+
+def _accuracy(figures: str | None, indent: str) -> list[str]:
+    """A path's accuracy gate figures in each band of lengths it runs, where judged."""
+    return [f"{indent}accuracy: {figures}"] if figures else []
 
 
 def memory_lines(instances: Iterable[Instance]) -> list[str]:

@@ -92,6 +92,7 @@ class Switch(_Spelled):
     quantize: str
     keep_fp32: tuple[str, ...]
     why: str
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -113,6 +114,7 @@ class Band(_Spelled):
     keep_fp32: tuple[str, ...]
     why: str
     batched: Switch | None = None
+    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -142,6 +144,8 @@ class RunningPath(_Spelled):
     chosen_by: str  # auto or config
     why: str | None = None  # auto's
     shorter: tuple[Band, ...] = ()
+    # The gate's figures on this CPU in each band of lengths it runs (auto's, or what a
+    # precision the config names costs here).
     accuracy: str | None = None
     batched: Switch | None = None  # its own texts' micro-batches' path, where another's
 

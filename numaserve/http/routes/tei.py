@@ -311,7 +311,17 @@ async def info(app: App, request: Request) -> Response:
                 for pool, p in pools.items()
                 if any(b.batched for b in (p, *p.shorter))
             },
-            "model_accuracy": {pool: p.accuracy for pool, p in pools.items() if p.accuracy},
+            # Each path a pool holds, for the texts it runs, with the accuracy gate's figures
+            # on this CPU in each band of lengths (auto's, or what a named precision costs).
+            "model_accuracy": {
+                pool: [
+                    {"last_tokens": last, "from_batch": batch, "path": _words(path), "accuracy": a}
+                    for last, batch, path, a in p.runs
+                    if a
+                ]
+                for pool, p in pools.items()
+                if any(a for *_, a in p.runs)
+            },
             "model_type": model_type(model),
             "served_model_name": model.name,
             "max_concurrent_requests": server.queue_size,
