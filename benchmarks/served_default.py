@@ -20,7 +20,7 @@ machine lacks a candidate (OpenVINO) or the time for auto's race.
 
 Run:  .venv/bin/python -m benchmarks.served_default [--rounds 2] [--requests 800]
           [--clients 8] [--batching one|server|32x512] [--traffic short,prose] [--model PATH]
-          [--against NAME] [--client-cpus 12-15] [--json FILE]
+          [--against NAME] [--baseline NAME] [--client-cpus 12-15] [--json FILE]
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def batching(name: str) -> str:
 
 SYSTEMS = {
     "default": "",
+    # what a pool holds at most: the paths its bands need to be accurate, and no throughput path
+    "default max_paths 2": ", max_paths: 2",
     "ctranslate2 int8": ", backend: ctranslate2, quantize: int8",
     "onnxruntime int8": ", backend: onnxruntime, quantize: int8",
 }
@@ -107,7 +109,8 @@ def main() -> None:
     parser.add_argument("--batching", default="one", help="one, server or TEXTSxTOKENS")
     parser.add_argument("--traffic", default="short,prose")
     parser.add_argument("--model", default="bundled:minilm")
-    parser.add_argument("--against", default="default", choices=[*SYSTEMS][:2])
+    parser.add_argument("--against", default="default", choices=[*SYSTEMS][:3])
+    parser.add_argument("--baseline", default=BASELINE, choices=[*SYSTEMS])
     parser.add_argument("--client-cpus", help="a CPU list for the load generator")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -119,16 +122,16 @@ def main() -> None:
             texts = corpus(kind)
             ratios = []
             for r in range(args.rounds):
-                order = [args.against, BASELINE]
+                order = [args.against, args.baseline]
                 for name in order if r % 2 == 0 else order[::-1]:  # ABBA
                     results.setdefault(kind, {}).setdefault(name, []).append(
                         serve_and_load(name, texts, args, Path(tmp))
                     )
                 pair = results[kind]
-                ratios.append(pair[args.against][-1] / pair[BASELINE][-1])
+                ratios.append(pair[args.against][-1] / pair[args.baseline][-1])
             results[kind]["ratios"] = ratios
             print(
-                f"{kind}: {args.against} / {BASELINE}: "
+                f"{kind}: {args.against} / {args.baseline}: "
                 + ", ".join(f"{x:.2f}" for x in ratios)
                 + f" (median {statistics.median(ratios):.2f})",
                 flush=True,

@@ -9,9 +9,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from numaserve.backends.choice import Band, Batching, Passed, covered_without_fp32, race_pools
+from numaserve.backends.choice import (
+    Band,
+    Batching,
+    Passed,
+    PoolChoice,
+    Shorter,
+    covered_without_fp32,
+    race_pools,
+    within,
+)
 from numaserve.backends.gate import Judgement, Span
-from numaserve.processes.prepared import ModelPath
+from numaserve.processes.prepared import BatchedPath, ModelPath
 from numaserve.tasks.agreement import Verdict
 
 PATHS = {"latency": ModelPath("ctranslate2", "int16"), "throughput": ModelPath("openvino", "bf16")}
@@ -34,7 +43,7 @@ class Timed:
         return [None] * len(batch)
 
 
-def choose(models: dict, batching: Batching):
+def choose(models: dict, batching: Batching, max_paths: int = 3):
     texts = [Text(tuple(range(n))) for n in range(1, 17) for _ in range(3)]
     judged = {
         name: Judgement({span: Verdict(True, f"{name}'s") for span in (Span(1, 8), Span(9, 16))})
@@ -42,7 +51,7 @@ def choose(models: dict, batching: Batching):
     }
     trials = [{"path": name} for name in models]
     pools = (Band("main", 0, 16),)
-    chosen = race_pools(pools, batching, texts, Passed(models, judged), trials, PATHS)
+    chosen = race_pools(pools, batching, texts, Passed(models, judged), trials, PATHS, max_paths)
     return chosen["main"], trials
 
 
@@ -64,6 +73,15 @@ def test_each_path_a_pool_holds_has_the_gates_figures_in_every_band_it_runs():
     choice, _ = choose(models, Batching(max_batch=8, max_batch_tokens=128))
     assert choice.accuracy == "1-8 tokens: latency's; 9-16 tokens: latency's"
     assert choice.batched.accuracy == "1-8 tokens: throughput's; 9-16 tokens: throughput's"
+
+
+def test_a_throughput_path_is_held_only_within_the_pools_max_paths(caplog):
+    models = {"latency": Timed(2, 1), "throughput": Timed(4, 0.2)}
+    caplog.set_level("INFO", logger="numaserve.backends")
+    choice, _ = choose(models, Batching(max_batch=8, max_batch_tokens=128), max_paths=1)
+    assert str(choice.path) == "ctranslate2 int16" and choice.batched is None
+    assert "does not hold openvino bf16 for its micro-batches" in caplog.text
+    assert "model.max_paths 1" in caplog.text
 
 
 def test_a_path_no_faster_at_the_pools_micro_batches_is_not_held_beside_the_latency_path():
@@ -130,3 +148,20 @@ def test_every_race_says_how_long_the_races_have_left_and_the_estimate_holds(cap
     # from the first race in micro-batches on, a pass's cost is fitted (a + b x its tokens)
     for record, seconds in list(zip(lines, said, strict=True))[2:]:
         assert float(seconds) == pytest.approx(end - record.created, abs=0.6, rel=0.25)
+
+
+def test_bands_that_run_alike_once_a_throughput_path_is_dropped_run_as_one():
+    # 1-8 tokens: latency alone; 9-16: latency, and throughput from 4 texts (max_paths 2)
+    latency, throughput = PATHS["latency"], PATHS["throughput"]
+    switch = BatchedPath(4, throughput, "8 a batch: 1.5x")
+    choice = PoolChoice(
+        ModelPath("ctranslate2", "int8"),
+        "17-64",
+        (Shorter(8, latency, "1-8", None, "a"), Shorter(16, latency, "9-16", switch, "b")),
+        None,
+        "c",
+    )
+    assert within(choice, 3, "main") == choice
+    (band,) = within(choice, 2, "main").shorter
+    assert (band.last, band.path, band.batched) == (16, latency, None)
+    assert (band.why, band.accuracy) == ("1-8; 9-16", "a; b")

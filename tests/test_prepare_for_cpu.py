@@ -69,7 +69,9 @@ def test_an_avx512_target_runs_onednn_capped_at_its_extensions():
 
 
 def test_a_target_with_an_extension_this_cpu_lacks_is_refused():
-    with pytest.raises(TargetError, match="has avx512_bf16, avx_vnni, amx_tile, amx_int8, amx_bf16, which"):
+    with pytest.raises(
+        TargetError, match="has avx512_bf16, avx_vnni, amx_tile, amx_int8, amx_bf16, which"
+    ):
         kernels_for(SAPPHIRE_RAPIDS, ("avx2", "avx512f", "avx512_vnni"))
 
 

@@ -43,7 +43,7 @@ from numaserve.backends.race import ROUNDS, Standing, race, ratios, winner
 from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.precisions import PRECISIONS
-from numaserve.config.schema import ModelConfig
+from numaserve.config.schema import MAX_PATHS, ModelConfig
 from numaserve.processes.prepared import BatchedPath, ModelPath, write_atomically
 
 if TYPE_CHECKING:
@@ -277,6 +277,7 @@ def choice_key(
     layout = {
         "pools": [[b.shortest, b.longest] for b in pools],
         "batching": dataclasses.asdict(batching),
+        "max_paths": config.max_paths,
     }
     return _key(verdicts_key(digest, config, isa), layout)
 
@@ -475,7 +476,9 @@ def choose(
             + _figures(trials)
         )
     trials = [dict(t) for t in trials]  # each race adds its times
-    chosen = race_pools(pools, batching, inputs, Passed(passed, judged), trials, paths)
+    chosen = race_pools(
+        pools, batching, inputs, Passed(passed, judged), trials, paths, config.max_paths
+    )
     return Choice(chosen, tuple(trials))
 
 
@@ -513,7 +516,13 @@ class Won:
 
 
 def race_pools(
-    pools, batching: Batching, inputs, passed: Passed, trials: list, paths: dict
+    pools,
+    batching: Batching,
+    inputs,
+    passed: Passed,
+    trials: list,
+    paths: dict,
+    max_paths: int = MAX_PATHS,
 ) -> dict[str, PoolChoice]:
     """Each pool's paths for each band of its lengths: the race among the paths that pass
     there (their times added to `trials`), one text at a time and, apart, at the pool's
@@ -540,12 +549,65 @@ def race_pools(
         won: list[Won] = []  # longest first
         for race, names in races[band.pool]:
             won.append(race.run(names, won[0] if won else None))
-        chosen[band.pool] = _pool_choice(band, won[::-1], paths, passed.judged)
+        choice = _pool_choice(band, won[::-1], paths, passed.judged)
+        chosen[band.pool] = within(choice, max_paths, band.pool)
         _log_choice(band.pool, chosen[band.pool])
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
         if times := [p["ms"] for p in trial.get("pools", {}).values()]:
             trial["ms"] = round(statistics.median(times), 3)
     return chosen
+
+
+def within(choice: PoolChoice, max_paths: int, pool: str) -> PoolChoice:
+    """The choice, its bands' throughput paths kept only while the pool's instances hold
+    at most `max_paths` paths (model.max_paths), the pool's own band's first: the paths each
+    band needs to be accurate are held whatever the cap (the log says where they exceed it)."""
+    held = list(dict.fromkeys(b.path for b in (choice, *choice.shorter)))
+    if len(held) > max_paths:
+        log.warning(
+            "quantize: auto: pool %s holds %d model paths (%s), more than model.max_paths %d: "
+            "each is the fastest accurate one for a band of its lengths",
+            pool,
+            len(held),
+            ", ".join(map(str, held)),
+            max_paths,
+            extra=PREPARE,
+        )
+
+    def kept(batched: BatchedPath | None) -> BatchedPath | None:
+        if batched is None or batched.path in held:
+            return batched
+        if len(held) < max_paths:
+            held.append(batched.path)
+            return batched
+        log.info(
+            "quantize: auto: pool %s does not hold %s for its micro-batches (%s): "
+            "model.max_paths %d",
+            pool,
+            batched.path,
+            batched.why,
+            max_paths,
+            extra=PREPARE,
+        )
+        return None
+
+    own = kept(choice.batched)
+    shorter: list[Shorter] = []
+    for s in (dataclasses.replace(s, batched=kept(s.batched)) for s in choice.shorter):
+        if shorter and (shorter[-1].path, shorter[-1].batched) == (s.path, s.batched):
+            s = _joined(shorter.pop(), s)  # neighbours that now run alike run as one
+        shorter.append(s)
+    choice = dataclasses.replace(choice, batched=own)
+    if shorter and (shorter[-1].path, shorter[-1].batched) == (choice.path, own):
+        last = _joined(shorter.pop(), Shorter(0, choice.path, choice.why, own, choice.accuracy))
+        choice = dataclasses.replace(choice, why=last.why, accuracy=last.accuracy)
+    return dataclasses.replace(choice, shorter=tuple(shorter))
+
+
+def _joined(first: Shorter, then: Shorter) -> Shorter:
+    """Two neighbouring bands that run the same paths, as one."""
+    figures = "; ".join(a for a in (first.accuracy, then.accuracy) if a) or None
+    return dataclasses.replace(then, why=f"{first.why}; {then.why}", accuracy=figures)
 
 
 def _log_choice(pool: str, choice: PoolChoice) -> None:

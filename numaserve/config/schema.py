@@ -31,6 +31,9 @@ DEFAULT_MODEL = "default"  # the name of the one model of a `model:` config
 NAME = r"[A-Za-z0-9_-]{1,32}"  # a model's or a pool's name
 MAX_LENGTH = 8192  # the most tokens model.max_length may be
 MAX_TEXTS = 100_000  # the most texts server.max_texts may be
+# model.max_paths' default: MiniLM's instance holds 72 MB PSS on one path, 155 on two, 307
+# on three (OpenVINO's runtime beside CTranslate2: docs/benchmarks.md#what-an-instance-holds).
+MAX_PATHS = 3
 
 
 class ConfigError(ValueError):
@@ -68,6 +71,10 @@ class ModelConfig:
     # windows, the query in each, and scores its best window's score; 1: it is cut instead.
     # A request may ask for another number (max_chunks_per_doc).
     max_chunks_per_doc: int = field(default=8, metadata=_bounds(1, MAX_WINDOWS))
+    # quantize: auto: the most model paths an instance of a pool holds. The paths each band
+    # of lengths needs to be accurate are held whatever this says; a band's throughput path
+    # (its micro-batches', where another is faster there) only within it.
+    max_paths: int = field(default=MAX_PATHS, metadata=_bounds(1, 8))
 
 
 @dataclass(frozen=True)
