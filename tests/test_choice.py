@@ -91,7 +91,8 @@ def test_auto_races_the_paths_that_pass_in_alternating_rounds(classifier_choice)
     trials = raced(classifier_choice)
     assert len(trials) >= 2 and all(len(t["rounds"]) == 5 for t in trials)
     assert all(t["ms"] == sorted(t["rounds"])[2] for t in trials)  # the median round
-    assert "round by round" in classifier_choice.for_pool().why
+    why = classifier_choice.for_pool().why  # in short: the lead, or that it ran alone
+    assert re.search(r"one at a time, (\d\.\d\dx .+'s speed|the only path|as fast as)", why)
 
 
 def test_each_pool_races_on_texts_of_its_own_lengths_and_gets_its_own_choice(classifier_dir):
@@ -101,8 +102,8 @@ def test_each_pool_races_on_texts_of_its_own_lengths_and_gets_its_own_choice(cla
     assert set(choice.pools) == {"short", "long"}
     batch = {}
     for pool, band in (("short", "17-24"), ("long", "65-256")):
-        assert f"texts of {band} tokens, one at a time" in choice.pools[pool].why
-        found = re.search(r"; (\d+) at a time: ", choice.pools[pool].why)
+        assert f"{band} tokens: one at a time, " in choice.pools[pool].why
+        found = re.search(r"; (\d+) at a time ", choice.pools[pool].why)
         batch[pool] = int(found.group(1)) if found else 1
     assert batch["short"] > batch["long"]  # 128 tokens of micro-batch hold more short texts
     # the short pool's micro-batches raced apart from its texts one at a time

@@ -4,6 +4,7 @@ path only where it is clearly ahead there, from the batch size where it takes th
 The paths are stand-ins whose time a pass is made up (sleeps, so a busy neighbour cannot
 change the answer): what is tested is the rule; the real paths race in test_choice.py."""
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -62,8 +63,13 @@ def test_a_band_keeps_a_throughput_path_from_the_batch_size_where_it_takes_the_l
     assert str(choice.path) == "ctranslate2 int16"
     assert choice.batched is not None and str(choice.batched.path) == "openvino bf16"
     assert choice.batched.from_batch == 4
-    assert "ahead of latency from 4 texts a batch (2: " in choice.batched.why
+    assert "x latency's speed 8 at a time, ahead from 4 texts a pass (2: " in choice.batched.why
     assert choice.shorter == ()  # both bands run the same paths: one run
+    assert re.fullmatch(  # why, in words a user reads once
+        r"texts of 1-16 tokens, each band raced; 9-16 tokens: one at a time, \d\.\d\dx "
+        r"throughput's speed; 8 at a time throughput is faster: its micro-batches' path",
+        choice.why,
+    )
     timed = {key for t in trials for key in t["pools"]}
     assert {"main 9-16 tokens", "main 9-16 tokens x8", "main 9-16 tokens x2"} <= timed
 

@@ -549,7 +549,7 @@ def race_pools(
         won: list[Won] = []  # longest first
         for race, names in races[band.pool]:
             won.append(race.run(names, won[0] if won else None))
-        choice = _pool_choice(band, won[::-1], paths, passed.judged)
+        choice = _pool_choice(won[::-1], paths, passed.judged)
         chosen[band.pool] = within(choice, max_paths, band.pool)
         _log_choice(band.pool, chosen[band.pool])
     for trial in trials:  # one figure a path, for `numaserve tune`'s ranking: the pools' median
@@ -721,25 +721,29 @@ class SpanRace:
         alone_first = longest.alone if longest else None
         standings = self.timed(_first(names, alone_first), 1)
         best, fastest = winner(standings)
-        why = self.why(1, best, fastest, standings)
+        self.log_detail(1, best, fastest, standings)
+        why = "one at a time, " + self.reason(best, fastest, standings)
         if self.batch == 1:
             return Won(self.span, best.name, why)
         preferred = [best.name, *([longest.batched.path] if longest and longest.batched else [])]
         standings = self.timed(_first(names, *map(str, preferred)), self.batch)
         batched, fastest_batched = winner(standings)
-        why += f"; {self.batch} at a time: " + self.why(
-            self.batch, batched, fastest_batched, standings, figure=False
-        )
+        self.log_detail(self.batch, batched, fastest_batched, standings)
         if batched.name == best.name:
+            why += f"; {self.batch} at a time too, " + self.reason(
+                batched, fastest_batched, standings
+            )
             self.plan_crossover(self.ladder, -1)  # none to look for
             return Won(self.span, best.name, why)
+        why += f"; {self.batch} at a time {batched.name} is faster: its micro-batches' path"
         start, crossing = self.crossover(best.name, batched.name)
+        latency = next(s for s in standings if s.name == best.name)
+        lead = statistics.median(ratios(batched, latency))
         switch = BatchedPath(
             start,
             self.paths[batched.name],
-            f"texts of {self.span}, {self.batch} at a time: "
-            + self.why(self.batch, batched, fastest_batched, standings)
-            + f"; ahead of {best.name} from {start} texts a batch ({crossing})",
+            f"texts of {self.span}: {lead:.2f}x {best.name}'s speed {self.batch} at a time, "
+            f"ahead from {start} texts a pass ({crossing})",
         )
         return Won(self.span, best.name, why, switch, batched.name)
 
@@ -793,11 +797,19 @@ class SpanRace:
                 return size, ", ".join(seen)
         return self.batch, ", ".join(seen) or f"{self.batch}: measured above"
 
-    def why(
-        self, batch: int, best: Standing, fastest: Standing, standings, figure: bool = True
-    ) -> str:
-        """One line: the path, its speed, its lead (or why a faster one lost), and its
-        accuracy in the gate's bands the band overlaps."""
+    def reason(self, best: Standing, fastest: Standing, standings) -> str:
+        """Why `best` won, in words a user reads once (the log has the detail)."""
+        rivals = [s for s in standings if s is not best]
+        if not rivals:
+            return "the only path that passes the gate"
+        if best is fastest:
+            second = min(rivals, key=lambda s: s.median)
+            return f"{statistics.median(ratios(best, second)):.2f}x {second.name}'s speed"
+        return f"as fast as {fastest.name} within the rounds' noise"
+
+    def log_detail(self, batch: int, best: Standing, fastest: Standing, standings) -> None:
+        """The race's result in full: the winner's speed, its lead round by round (or why a
+        faster one lost), and its accuracy in the gate's bands the band overlaps."""
         where = f"texts of {self.span}, " + ("one at a time" if batch == 1 else f"{batch} a batch")
         rivals = [s for s in standings if s is not best]
         if best is fastest:
@@ -815,9 +827,8 @@ class SpanRace:
                 f"lead on {where} is within the rounds' noise ({best.median:.2f} against "
                 f"{fastest.median:.2f} ms a text, {min(r):.2f}-{max(r):.2f}x round by round)"
             )
-        if not figure:
-            return line
-        return f"{line}; {self.passed.judged[best.name].figure_within(self.part.span)}"
+        figure = self.passed.judged[best.name].figure_within(self.part.span)
+        log.info("quantize: auto: pool %s won by %s; %s", self.pool, line, figure, extra=PREPARE)
 
 
 def _first(names: list[str], *preferred: str | None) -> list[str]:
@@ -826,9 +837,7 @@ def _first(names: list[str], *preferred: str | None) -> list[str]:
     return [*ahead, *(n for n in names if n not in ahead)]
 
 
-def _pool_choice(
-    band: Band, won: list[Won], paths: dict, judged: dict[str, Judgement]
-) -> PoolChoice:
+def _pool_choice(won: list[Won], paths: dict, judged: dict[str, Judgement]) -> PoolChoice:
     """A pool's bands' paths, shortest first, as its own (the longest band's) and the
     shorter runs of bands that run others (neighbours that run the same run as one), each
     path with the gate's figures in every band of the lengths it runs."""
@@ -845,22 +854,23 @@ def _pool_choice(
     def batched(first: int, w: Won) -> BatchedPath | None:
         return w.batched and dataclasses.replace(w.batched, accuracy=figures(w.through, first, w))
 
+    def why(first: int, w: Won) -> str:
+        """The lengths a run serves, and why its path won (its longest band's race)."""
+        if first == w.span.first:
+            return f"texts of {w.span}: {w.why}"
+        return f"texts of {first}-{w.span.last} tokens, each band raced; {w.span}: {w.why}"
+
     *rest, (first, main) = runs
     shorter = tuple(
-        Shorter(
-            w.span.last,
-            paths[w.alone],
-            f"texts of {a}-{w.span.last} tokens (raced in each band; {w.why})",
-            batched(a, w),
-            figures(w.alone, a, w),
-        )
+        Shorter(w.span.last, paths[w.alone], why(a, w), batched(a, w), figures(w.alone, a, w))
         for a, w in rest
     )
-    why = main.why
-    if len(won) > 1:  # say which lengths the pool's own path serves, and that each band raced
-        why = f"texts of {first}-{band.longest} tokens (raced in each band; {why})"
     return PoolChoice(
-        paths[main.alone], why, shorter, batched(first, main), figures(main.alone, first, main)
+        paths[main.alone],
+        why(first, main),
+        shorter,
+        batched(first, main),
+        figures(main.alone, first, main),
     )
 
 
