@@ -171,3 +171,13 @@ def test_bands_that_run_alike_once_a_throughput_path_is_dropped_run_as_one():
     (band,) = within(choice, 2, "main").shorter
     assert (band.last, band.path, band.batched) == (16, latency, None)
     assert (band.why, band.accuracy) == ("1-8; 9-16", "a; b")
+
+
+def test_a_pools_pass_runs_on_its_bands_path_and_from_the_crossover_on_its_throughput_path():
+    latency, throughput = PATHS["latency"], PATHS["throughput"]
+    own = ModelPath("ctranslate2", "int8")
+    switch = BatchedPath(4, throughput, "")
+    choice = PoolChoice(own, "", (Shorter(16, latency, "", switch),))
+    assert [choice.runs(12, texts) for texts in (1, 3, 4, 8)] == [latency] * 2 + [throughput] * 2
+    assert choice.runs(16, 1) == latency and choice.runs(17, 8) == own
+    assert choice.held == (own, latency, throughput)

@@ -230,10 +230,11 @@ def test_a_probe_begins_as_an_instance_does_under_numactl(tmp_path, classifier_d
 
 @pytest.mark.slow
 def test_a_short_real_run_writes_a_config_that_plans_and_serves(tmp_path, classifier_dir):
-    save_tiny_classifier(tmp_path / "model")
+    """Under quantize: auto: every path its choice holds is measured, and auto itself (its
+    paths composed by band and batch size) is what it ranks and writes."""
     done = tune(
         tmp_path,
-        f"model: {{path: {classifier_dir}, task: classify, quantize: none}}\n",
+        f"model: {{path: {classifier_dir}, task: classify}}\n",
         "--minutes",
         "2",
         "--p99-ms",
@@ -244,6 +245,7 @@ def test_a_short_real_run_writes_a_config_that_plans_and_serves(tmp_path, classi
     tuned = tmp_path / "tuned.yaml"
     text = tuned.read_text()
     assert text.startswith("# Written by `numaserve tune`.")
+    assert yaml.safe_load(text)["model"]["quantize"] == "auto"
     assert "measured/s" in text
     plan = subprocess.run(
         [NUMASERVE, "plan", "--config", str(tuned)], capture_output=True, text=True, check=False

@@ -136,3 +136,25 @@ def test_verifies_the_best_of_each_model_path_then_the_next_best():
     three = to_verify(ranked, 3, lambda c: True)
     assert three == sorted([*two, ranked[1]], key=ranked.index)
     assert to_verify(ranked, 2, lambda c: c.max_batch == 1)[0].candidate.max_batch == 1
+
+
+def test_auto_is_ranked_on_each_pass_timed_on_the_path_it_runs_on():
+    from numaserve.tune.curves import composed
+
+    latency = made_up(0.002, 1e-5, lambda k, n: k)  # a fixed cost a pass: fast alone
+    throughput = made_up(0.006, 2e-6, lambda k, n: k)  # wide products: fast in batches
+    curves = Curves(
+        [*(Cell("int16", *astuple(c)[1:]) for c in latency.cells)]
+        + [Cell("bf16", *astuple(c)[1:]) for c in throughput.cells]
+    )
+
+    def runs(length, batch):
+        return "bf16" if length <= 32 and batch >= 4 else "int16"
+
+    auto = composed(curves, "auto", runs)
+    assert auto.paths() == ("auto",)
+    for source in ("int16", "bf16"):
+        for cell in (
+            c for c in curves.cells if c.path == source and runs(c.length, c.batch) == source
+        ):
+            assert auto.seconds("auto", cell.cores, cell.length, cell.batch) == cell.seconds

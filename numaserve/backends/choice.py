@@ -168,6 +168,21 @@ class PoolChoice:
     batched: BatchedPath | None = None  # its own texts' micro-batches' path, where faster
     accuracy: str | None = None  # the gate's figures in each band of lengths it runs
 
+    def runs(self, tokens: int, texts: int) -> ModelPath:
+        """The path a pass of `texts` texts of `tokens` tokens runs on (as banded.py runs it)."""
+        band = next((s for s in self.shorter if tokens <= s.last), self)
+        if band.batched and texts >= band.batched.from_batch:
+            return band.batched.path
+        return band.path
+
+    @property
+    def held(self) -> tuple[ModelPath, ...]:
+        """Every path the pool's instances hold, each once."""
+        bands = (self, *self.shorter)
+        return tuple(
+            dict.fromkeys([b.path for b in bands] + [b.batched.path for b in bands if b.batched])
+        )
+
 
 @dataclass(frozen=True)
 class Choice:

@@ -71,3 +71,16 @@ class Curves:
     @classmethod
     def from_json(cls, data: list[dict]) -> Curves:
         return cls([Cell(**c) for c in data])
+
+
+def composed(curves: Curves, label: str, runs) -> Curves:
+    """`label`'s curve where each pass runs on the path `runs(length, batch)` names (its
+    measured cell, relabelled): a pool that holds a path per band of lengths and per
+    micro-batch size, as `quantize: auto` keeps them."""
+    return Curves(
+        [
+            dataclasses.replace(c, path=label)
+            for c in curves.cells
+            if c.path == runs(c.length, c.batch)
+        ]
+    )

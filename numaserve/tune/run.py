@@ -13,13 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from numaserve.backends.choice import candidates, ensure_choice, named
+from numaserve.backends.choice import Batching, PoolChoice, ensure_choice, named
 from numaserve.backends.race import in_turn
 from numaserve.config.schema import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
 from numaserve.processes.prepared import ModelPath
+from numaserve.tune.curves import Curves, composed
 from numaserve.tune.measure import Job, measure, rounds
 from numaserve.tune.report import comment, table, winner
 from numaserve.tune.search import Candidate, Pool, Prediction, Predictor, search, to_verify
@@ -30,7 +31,7 @@ from numaserve.tune.workload import Workload, read_workload
 LENGTHS = (16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32)
 MAX_CORES_PER_INSTANCE = 8
-MAX_PATHS = 2  # of `quantize: auto`'s passing paths, the fastest this many are measured
+AUTO = "auto"  # the label of quantize: auto's paths, composed by band and batch size
 VERIFIED = 2  # candidates verified beside the config as given (at least one a model path)
 MEASURE_SHARE = 0.4  # of the time budget
 LOAD_S = 20.0  # what a probe's model load and warm-up are allowed for, in the budget
@@ -58,7 +59,20 @@ class Tuning:
     ledger: Ledger | None
     workload: Workload
     cores: int  # for instances: free physical cores less the config's reserved ones
-    paths: dict[str, ModelPath]
+    paths: dict[str, ModelPath]  # what is measured
+    choice: PoolChoice | None = None  # quantize: auto's, whose paths are measured
+
+    @property
+    def served(self) -> dict[str, ModelPath]:
+        """What a tuned config may run, by label: each path measured, or under `quantize:
+        auto`, auto itself (AUTO): its paths by band and batch size, composed, as it serves."""
+        return {AUTO: ModelPath("auto", "auto")} if self.choice else self.paths
+
+    def searched(self, curves: Curves) -> Curves:
+        """The curves the search ranks: each path's, or auto's, composed from its paths'."""
+        if self.choice is None:
+            return curves
+        return composed(curves, AUTO, lambda n, b: str(self.choice.runs(n, b)))
 
 
 def setup(config_path: str, texts: list[str], topo: CPUTopology, say) -> Tuning:
@@ -79,7 +93,7 @@ def setup(config_path: str, texts: list[str], topo: CPUTopology, say) -> Tuning:
         )
     workload = read_workload(texts, config.model.path, config.model.max_length)
     say(f"workload: {workload.describe()}")
-    return Tuning(config, raw, topo, ledger, workload, cores, model_paths(config, topo, say))
+    return Tuning(config, raw, topo, ledger, workload, cores, *model_paths(config, topo, say))
 
 
 def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
@@ -88,27 +102,29 @@ def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
     return sum(1 for c in free.cores if free.allowed_cpus & set(c.cpus))
 
 
-def model_paths(config: Config, topo: CPUTopology, say) -> dict[str, ModelPath]:
+def model_paths(
+    config: Config, topo: CPUTopology, say
+) -> tuple[dict[str, ModelPath], PoolChoice | None]:
     """The model paths to measure, each prepared: the config's own, or with `quantize: auto`,
-    the fastest MAX_PATHS that pass the accuracy gate (the choice is made first, if need be)."""
+    every path its choice holds for one pool over every length at the config's batching
+    (the choice is made first, if need be), with that choice."""
     from numaserve.backends import load_model, prepare_model
 
-    model = config.model
+    model, choice = config.model, None
     if model.quantize != "auto":
         concrete_model = named(model)
         names = [ModelPath(concrete_model.backend, concrete_model.quantize, model.keep_fp32)]
     else:
-        choice = ensure_choice(model, topo.isa, load_model)
-        passed = sorted((t for t in choice.trials if t.get("passed")), key=lambda t: t["ms"])
-        offered = {str(p): p for p in candidates(model.backend)}
-        names = [offered[t["path"]] for t in passed[:MAX_PATHS] if t["path"] in offered]
+        batching = Batching(config.server.max_batch, config.server.max_batch_tokens)
+        choice = ensure_choice(model, topo.isa, load_model, batching=batching).for_pool()
+        names = list(choice.held)
     paths = {}
     for path in names:
         say(f"preparing {path}")
         if not prepare_model(path.applied_to(model), topo.isa):
             raise NoModelError(f"the model does not load as {path} (the log above says why)")
         paths[str(path)] = path
-    return paths
+    return paths, choice
 
 
 def measure_curves(t: Tuning, seconds: float, progress):
@@ -121,16 +137,18 @@ def measure_curves(t: Tuning, seconds: float, progress):
     return measure(jobs, t.topo, t.ledger, lengths, BATCHES, each, progress)
 
 
-def kept_shapes(paths: dict[str, ModelPath]) -> dict[str, int]:
-    """The input shapes each path's runtime keeps compiled: OpenVINO's cache; ONNX Runtime
-    and torch run any shape alike."""
+def kept_shapes(t: Tuning) -> dict[str, int]:
+    """The input shapes each label's runtime keeps compiled: OpenVINO's cache (auto's where
+    one of its paths is OpenVINO's); ONNX Runtime, CTranslate2 and torch run any shape alike."""
     from numaserve.backends.openvino import RUNTIME_CACHE_SHAPES
 
-    return {
-        label: RUNTIME_CACHE_SHAPES
-        for label, p in paths.items()
-        if p.backend == "openvino" and RUNTIME_CACHE_SHAPES is not None
-    }
+    def compiles(label: str) -> bool:
+        paths = t.paths.values() if label == AUTO else [t.served[label]]
+        return any(p.backend == "openvino" for p in paths)
+
+    if RUNTIME_CACHE_SHAPES is None:
+        return {}
+    return {label: RUNTIME_CACHE_SHAPES for label in t.served if compiles(label)}
 
 
 def measured_lengths(longest_text: int, max_length: int) -> tuple[int, ...]:
@@ -160,7 +178,7 @@ def as_given(t: Tuning, predictor: Predictor) -> tuple[int, Prediction | None]:
     """The config as given: its instance count, and what the curves predict for it. A
     PlacementError where it does not plan on the cores free here."""
     _, plan, _ = plan_around(t.ledger, t.topo, t.config.placement)
-    label = next(iter(t.paths))  # the config's own path, or auto's choice: the fastest passing
+    label = next(iter(t.served))  # the config's own path, or auto
     by_pool = {}
     for slot in plan.slots:
         by_pool.setdefault(slot.pool, []).append(slot)
@@ -189,7 +207,7 @@ def verify_all(t: Tuning, ranked: list[Prediction], predictor, p99_ms, deadline,
     except PlacementError as e:
         rows.append(("given", None, None, Verified("given", (), f"does not plan here: {e}")))
     for i, p in enumerate(chosen):
-        mapping = tuned_mapping(t.raw, t.config, p.candidate, t.paths[p.candidate.path])
+        mapping = tuned_mapping(t.raw, t.config, p.candidate, t.served[p.candidate.path])
         count = sum(q.instances for q in p.candidate.pools)
         runs.append((f"tuned{i + 1}", p.candidate, p, verification_text(mapping), count))
     # Each run: a server start and its ladder, then ROUNDS - 1 starts of one step each.
@@ -266,8 +284,8 @@ def tune(
     t = setup(config_path, texts, topo, say)
     say(f"{t.cores} core(s) for instances; model paths: {', '.join(t.paths)}")
     measure_s = (deadline - time.monotonic()) * MEASURE_SHARE
-    curves = measure_curves(t, measure_s, Progress(say))
-    predictor = Predictor(t.workload, curves, kept_shapes(t.paths))
+    curves = t.searched(measure_curves(t, measure_s, Progress(say)))
+    predictor = Predictor(t.workload, curves, kept_shapes(t))
     ranked = search(predictor, t.cores, p99_ms)
     say(
         f"searched {len(ranked)} configurations; the best predicted: "
@@ -288,7 +306,7 @@ def tune(
             else "the config as given: nothing tried met the p99 target"
         )
     else:
-        mapping = tuned_mapping(t.raw, t.config, candidate, t.paths[candidate.path])
+        mapping = tuned_mapping(t.raw, t.config, candidate, t.served[candidate.path])
         chosen = f"{label}, {candidate.describe()}"
     facts = [
         f"Machine: {t.cores} core(s) for instances; ISA {' '.join(topo.isa) or 'unknown'}.",
