@@ -352,7 +352,8 @@ def test_status_and_stop_commands_ask_the_supervisor_on_its_control_socket(serve
     planned = plan_placement(read_topology(), load_config(server.config).placement).slots
     assert len(rows) == len(planned) and all("(as planned)" in r and " ready " in r for r in rows)
     assert "cache:" in status.stdout and f"supervisor: pid {server.proc.pid}" in status.stdout
-    assert "(auto: " in status.stdout and "passes the gate" in status.stdout  # auto's why
+    assert "(auto: texts of " in status.stdout  # auto's why, by the lengths each path runs
+    assert "  accuracy: " in status.stdout and "(bar 99%)" in status.stdout  # and its figures
     counts = numaserve("status", "--json", "--endpoint", server.endpoint, env=server.env)
     assert json.loads(counts.stdout)["requests"]["replies_ok"] == 2  # fresh, not a second old
     stop = numaserve("stop", "--endpoint", server.endpoint, env=server.env)

@@ -245,7 +245,7 @@ def test_a_short_real_run_writes_a_config_that_plans_and_serves(tmp_path, classi
     tuned = tmp_path / "tuned.yaml"
     text = tuned.read_text()
     assert text.startswith("# Written by `numaserve tune`.")
-    assert yaml.safe_load(text)["model"]["quantize"] == "auto"
+    assert load_config(str(tuned)).model.quantize == "auto"  # tuned or as given: auto serves
     assert "measured/s" in text
     plan = subprocess.run(
         [NUMASERVE, "plan", "--config", str(tuned)], capture_output=True, text=True, check=False
