@@ -467,7 +467,7 @@ def choose(
         log.info(  # the first line, before the fp32 reference loads (seconds of silence)
             "quantize: auto: choosing the fastest accurate model path of %s for this CPU, "
             "once (kept for later starts): %d model paths built, judged against fp32 and timed, "
-            "about two minutes for a small model on 2 cores. To skip it, name a precision: "
+            "about a minute and a half for a small model on 2 cores. To skip it, name a precision: "
             "model.quantize in the config, or --quantize with --model",
             config.path,
             len(paths),
