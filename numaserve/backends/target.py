@@ -23,7 +23,7 @@ class TargetError(ValueError):
 
 
 def kernels_for(target: tuple[str, ...], here: tuple[str, ...]) -> dict[str, str]:
-    """The environment that runs the target's kernels on this CPU (CAPPED's variables; none
+    """The environment that runs the target's kernels on this CPU (the runtimes' caps; none
     where the two are alike). Refused where the target has an extension this CPU lacks."""
     missing = [n for n in target if n not in here]
     if missing:

@@ -115,7 +115,7 @@ class PoolPath:
     batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
 
     @property
-    def runs(self) -> tuple[tuple[int | None, int, ModelPath, str | None], ...]:
+    def by_band(self) -> tuple[tuple[int | None, int, ModelPath, str | None], ...]:
         """Each path the pool holds for the texts it runs: (the band's last tokens, None for
         the pool's own; the micro-batches it runs from, 1 for every one; the path; the gate's
         figures there), shortest band first."""

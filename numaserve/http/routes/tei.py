@@ -314,13 +314,15 @@ async def info(app: App, request: Request) -> Response:
             # Each path a pool holds, for the texts it runs, with the accuracy gate's figures
             # on this CPU in each band of lengths (auto's, or what a named precision costs).
             "model_accuracy": {
-                pool: [
-                    {"last_tokens": last, "from_batch": batch, "path": _words(path), "accuracy": a}
-                    for last, batch, path, a in p.runs
-                    if a
-                ]
+                pool: judged
                 for pool, p in pools.items()
-                if any(a for *_, a in p.runs)
+                if (
+                    judged := [
+                        {"last_tokens": n, "from_batch": b, "path": _words(path), "accuracy": a}
+                        for n, b, path, a in p.by_band
+                        if a
+                    ]
+                )
             },
             "model_type": model_type(model),
             "served_model_name": model.name,
