@@ -32,10 +32,15 @@ ALLOWED = {
     "backends": SHARED | {"processes", "backends"},
     "router": SHARED | {"host", "processes", "backends", "router"},
     "worker": SHARED | {"host", "processes", "backends"},
-    # An HTTP front shares a router-side process's context and send (router/process.py),
-    # counts as a shard does (router/metrics.py); it tokenizes only for /tokenize, /decode
-    # and token ids.
-    "http": SHARED | {"host", "processes", "backends", "router", "http"},
+    # The front's core, which knows no transport: it shares a router-side process's context
+    # and send (router/process.py), counts as a shard does (router/metrics.py), and tokenizes
+    # only for tokenizing, decoding and token ids.
+    "front": SHARED | {"processes", "backends", "router", "front"},
+    # The APIs on it, which know only the core of what runs them; and the process that
+    # serves them (fronts.py), which makes its ZeroMQ context as a router-side process does.
+    "http": SHARED | {"processes", "front", "http"},
+    "grpc_api": SHARED | {"processes", "front", "grpc_api"},
+    "fronts": SHARED | {"processes", "router", "front", "http", "grpc_api"},
     "monitoring": SHARED | {"host", "monitoring"},
     "supervisor": SHARED | {"host", "processes", "monitoring", "supervisor"},
     "client": SHARED | {"client"},
@@ -47,6 +52,7 @@ ALLOWED = {
     | {
         "cli",
         "host",
+        "front",
         "processes",
         "backends",
         "router",
@@ -57,10 +63,10 @@ ALLOWED = {
         "tune",
     },
 }
-# The router tokenizes; it never loads a model. The HTTP front, the same; and of the router,
-# it uses a router-side process's context and send, and what a shard counts.
+# The router tokenizes; it never loads a model. The front's core, the same; and of the
+# router, it uses a router-side process's context and send, and what a shard counts.
 ROUTER_MAY_USE_FROM_BACKENDS = {"numaserve.backends.tokenizer"}
-HTTP_MAY_USE_FROM_ROUTER = {"numaserve.router.process", "numaserve.router.metrics"}
+FRONT_MAY_USE_FROM_ROUTER = {"numaserve.router.process", "numaserve.router.metrics"}
 
 
 def module_name(path: Path) -> str:
@@ -144,10 +150,10 @@ def forbidden(g: dict[str, set[str]]) -> list[str]:
         source = part(module)
         for target in sorted(imported):
             allowed = part(target) in ALLOWED[source]
-            if source in ("router", "http") and part(target) == "backends":
+            if source in ("router", "front") and part(target) == "backends":
                 allowed = target in ROUTER_MAY_USE_FROM_BACKENDS
-            if source == "http" and part(target) == "router":
-                allowed = target in HTTP_MAY_USE_FROM_ROUTER
+            if source in ("front", "fronts") and part(target) == "router":
+                allowed = target in FRONT_MAY_USE_FROM_ROUTER
             if not allowed:
                 wrong.append(f"{module} imports {target} ({source} -> {part(target)})")
     return wrong

@@ -1,4 +1,4 @@
-"""`numaserve start --port/--zmq-port/--metrics-port`: ports moved over the file's, on its hosts,
+"""`numaserve start --port/--zmq-port/--metrics-port/--grpc-port`: ports moved over the file's, on its hosts,
 and the error a taken port gives, naming what the user wrote."""
 
 import socket
@@ -26,6 +26,13 @@ def test_a_port_given_for_an_address_the_config_has_off_turns_it_on_at_loopback(
     config = parse_config('server: {http: "", metrics: ""}')
     moved = Ports(http=18080, metrics=19464).apply(config).server
     assert (moved.http, moved.metrics) == ("127.0.0.1:18080", "127.0.0.1:19464")
+
+
+def test_a_grpc_port_turns_teis_grpc_api_on_at_loopback_or_moves_it():
+    assert parse_config("{}").server.grpc == ""  # off by default
+    assert Ports(grpc=18081).apply(parse_config("{}")).server.grpc == "127.0.0.1:18081"
+    config = parse_config('server: {grpc: "127.0.0.2:8081"}')
+    assert Ports(grpc=18081).apply(config).server.grpc == "127.0.0.2:18081"
 
 
 def test_nothing_moved_is_the_config_as_written():
@@ -61,3 +68,17 @@ def test_start_with_the_metrics_port_taken_names_the_command_and_the_flag_not_a_
     assert said in out.stderr
     assert "--metrics-port" in out.stderr
     assert "numaserve-model-" not in out.stderr  # the file it wrote for itself
+
+
+def test_start_with_the_grpc_port_taken_names_the_setting_and_the_flag():
+    ports = ["--port", free_port(), "--zmq-port", free_port(), "--metrics-port", free_port()]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = numaserve(
+            "start", "--model", "bundled:minilm", "--grpc-port", port, *ports, timeout=120
+        )
+    assert out.returncode == 2, out.stderr
+    assert f"server.grpc: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "--grpc-port" in out.stderr

@@ -5,6 +5,7 @@ workers (tests/harness/stand_in.py), and a real HTTP front process in front of i
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from numaserve.config.schema import ModelConfig
-from numaserve.processes.specs import HttpModel, HttpSpec
+from numaserve.processes.specs import FrontModel, FrontSpec
 from numaserve.testing.cluster import free_port
 from numaserve.wire import protocol
 from tests.harness.stand_in import InProcessRouter
@@ -39,8 +40,9 @@ def router(tmp_path):
 def front(router):
     """An HTTP front process, as the supervisor starts one, for the router's model."""
     address = f"127.0.0.1:{free_port()}"
-    model = HttpModel("default", ModelConfig(), (router.spec.local,))
-    spec = HttpSpec(address=address, models=(model,), named=False, server=router.spec.server)
+    model = FrontModel("default", ModelConfig(), (router.spec.local,))
+    server = dataclasses.replace(router.spec.server, http=address)
+    spec = FrontSpec(models=(model,), named=False, server=server)
     proc = subprocess.Popen(spec.argv())
     url = f"http://{address}"
     deadline = time.monotonic() + 60

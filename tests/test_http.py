@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from numaserve.client import Client, NumaserveError
-from numaserve.http.routes.tei import DTYPES
+from numaserve.front.facts import DTYPES
 from tests.harness import server as server_
 from tests.harness.checkpoints import (
     save_tiny_cross_encoder,
@@ -960,9 +960,9 @@ def test_numaserve_status_shows_the_http_front(embedder):
 
     (pid,) = embedder.http_pids()
     status = embedder.status()
-    (front,) = status["supervisor"]["http"]
-    assert front["name"] == "http-0" and front["state"] == "ready" and front["pid"] == pid
-    assert f"HTTP front http-0: ready, pid {pid}" in format_status(ServerReport.from_wire(status))
+    (front,) = status["supervisor"]["fronts"]
+    assert front["name"] == "front-0" and front["state"] == "ready" and front["pid"] == pid
+    assert f"front front-0: ready, pid {pid}" in format_status(ServerReport.from_wire(status))
 
 
 def test_a_request_marked_bulk_is_served_and_counted_as_bulk(embedder):

@@ -15,11 +15,11 @@ import pytest
 
 from numaserve.config.keys_file import KeysFileError, read_keys
 from numaserve.config.schema import ConfigError, parse_config
+from numaserve.front.errors import ApiError
+from numaserve.front.inputs import embeddings
+from numaserve.front.keys import ApiKeys
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Connection, Request, Response, sweep
-from numaserve.http.keys import ApiKeys
-from numaserve.http.routes.inputs import embeddings
 from numaserve.http.routes.tei import predict_inputs
 from tests.harness.console import numaserve
 

@@ -95,11 +95,11 @@ def test_importing_the_supervisor_loads_neither_the_router_nor_a_model_runtime()
 
 
 @pytest.mark.parametrize(
-    "module", ["numaserve.router.loop", "numaserve.worker", "numaserve.http.front"]
+    "module", ["numaserve.router.loop", "numaserve.worker", "numaserve.fronts"]
 )
-def test_the_router_worker_and_http_front_load_no_runtime_before_they_pin_themselves(module):
+def test_the_router_worker_and_front_load_no_runtime_before_they_pin_themselves(module):
     # A runtime's thread pool started before pinning keeps the old affinity (docs/worker.md);
-    # the router only tokenizes, so `tokenizers` is the one it may load; the HTTP front loads
+    # the router only tokenizes, so `tokenizers` is the one it may load; a front loads
     # a tokenizer (and numpy) only once a route needs it, long after it pinned itself.
     allowed = {"tokenizers"} if module == "numaserve.router.loop" else set()
     assert roots(loaded_by(module)) & set(RUNTIMES) == allowed
@@ -107,7 +107,7 @@ def test_the_router_worker_and_http_front_load_no_runtime_before_they_pin_themse
 
 @pytest.mark.parametrize(
     "module",
-    ["numaserve.router.loop", "numaserve.http.front", "numaserve.backends.loading"],
+    ["numaserve.router.loop", "numaserve.fronts", "numaserve.backends.loading"],
 )
 def test_no_serving_process_loads_the_code_that_chooses_a_model_path(module):
     # An instance loads what `numaserve prepare` resolved (backends/loading.py, what

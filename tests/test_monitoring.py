@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from numaserve.front.stats import Stats
 from numaserve.host.numastat import read_numastat
 from numaserve.monitoring import health
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
@@ -406,3 +407,18 @@ def test_each_nodes_shared_weights_show_their_bytes_and_the_ready_instances_mapp
     labels = (("file", "/c/node1/model.onnx.data"), DEFAULT, ("node", "1"))
     assert got[("numaserve_weights_bytes", labels)] == 474_000_000
     assert got[("numaserve_weights_instances", labels)] == 2
+
+
+def test_each_fronts_grpc_calls_are_counted_by_method_and_status_code():
+    stats = Stats(index=1)
+    stats.count_grpc("/tei.v1.Embed/Embed", "OK", 0.002)
+    stats.count_grpc("/tei.v1.Embed/Embed", "OK", 0.003)
+    stats.count_grpc("/tei.v1.Embed/Embed", "INVALID_ARGUMENT", 0.001)
+    got = samples(snapshot(), Readings(fronts=(stats.to_json(),)))
+    method = ("method", "/tei.v1.Embed/Embed")
+    assert got["numaserve_grpc_requests_total", (("code", "OK"), ("front", "1"), method)] == 2
+    assert (
+        got["numaserve_grpc_requests_total", (("code", "INVALID_ARGUMENT"), ("front", "1"), method)]
+        == 1
+    )
+    assert got["numaserve_grpc_request_duration_seconds_count", (("front", "1"), method)] == 3

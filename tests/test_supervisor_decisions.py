@@ -173,34 +173,37 @@ def test_a_replacement_not_ready_in_time_aborts_the_reload(rig):
 # -- a stop's order ------------------------------------------------------------------------------
 
 
-def test_a_stop_drains_the_http_fronts_then_the_shards_then_the_rest(tmp_path):
+def test_a_stop_drains_the_fronts_then_the_shards_then_the_rest(tmp_path):
     rig = Rig(tmp_path, http="127.0.0.1:18080")  # never listened on: a fake OS
     sup = rig.sup
     for pid, child in enumerate(sup.all_children(), start=10):
         started(child, pid, state=State.READY)
     stop = Stop()
-    assert stop.begin("SIGTERM", 30, sup.roster.http, 0.0) == [
-        Terminate(c) for c in sup.roster.http
+    assert stop.begin("SIGTERM", 30, sup.roster.fronts, 0.0) == [
+        Terminate(c) for c in sup.roster.fronts
     ]
-    for child in sup.roster.http:
+    for child in sup.roster.fronts:
         child.terminating(State.DRAINING, 0.0)
-    assert stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 1.0) == (
+    assert stop.next_steps(sup.roster.fronts, sup.roster.routers, sup.all_children(), 1.0) == (
         [],
         None,
     )
-    for child in sup.roster.http:
+    for child in sup.roster.fronts:
         child.exited(0)
-    actions, code = stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 2.0)
+    actions, code = stop.next_steps(sup.roster.fronts, sup.roster.routers, sup.all_children(), 2.0)
     assert (actions, code) == ([Terminate(c) for c in sup.roster.routers], None)
     for child in sup.roster.routers:
         child.terminating(State.DRAINING, 2.0)
         child.exited(0)
-    actions, code = stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 3.0)
+    actions, code = stop.next_steps(sup.roster.fronts, sup.roster.routers, sup.all_children(), 3.0)
     assert (actions, code) == ([Terminate(c) for c in sup.roster.workers.values()], None)
     for child in sup.roster.workers.values():
         child.terminating(State.DRAINING, 3.0)
         child.exited(0)
-    assert stop.next_steps(sup.roster.http, sup.roster.routers, sup.all_children(), 4.0) == ([], 0)
+    assert stop.next_steps(sup.roster.fronts, sup.roster.routers, sup.all_children(), 4.0) == (
+        [],
+        0,
+    )
     assert {c.state for c in sup.all_children()} == {State.STOPPED}
 
 

@@ -45,8 +45,11 @@ def receiver():
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory, receiver):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **FAST_EXPORT}
-    s = server_.Server(tmp_path_factory.mktemp("traced"), CONFIG, env=env)
+    grpc = f"127.0.0.1:{free_port()}"
+    config = CONFIG.replace("slow_request_ms: 1", f'slow_request_ms: 1, grpc: "{grpc}"')
+    s = server_.Server(tmp_path_factory.mktemp("traced"), config, env=env)
     s.wait_ready()
+    s.grpc = grpc
     yield s
     s.stop()
 
@@ -77,7 +80,7 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert shard.parent_id == front.span_id
     assert worker.parent_id == shard.span_id
     assert [s.resource["numaserve.process"] for s in (front, shard, worker)] == [
-        "http",
+        "front",
         "router",
         "worker",
     ]
@@ -101,6 +104,27 @@ def test_an_http_request_is_one_trace_across_front_shard_and_worker_in_its_calle
     assert "numaserve.cpus" in worker.resource and "numaserve.numa_nodes" in worker.resource
     # each child inside its parent's time
     assert front.start_ns <= shard.start_ns <= worker.start_ns <= worker.end_ns <= front.end_ns
+
+
+def test_a_grpc_call_joins_its_callers_trace_from_its_metadata(traced, receiver):
+    import grpc
+
+    from numaserve.grpc_api.proto import tei
+
+    pb, stubs = tei()
+    trace = "5bf92f3577b34da6a3ce929d0e0e4737"
+    with grpc.insecure_channel(traced.grpc) as channel:
+        reply = stubs.EmbedStub(channel).Embed(
+            pb.EmbedRequest(inputs="a text traced over gRPC"),  # not cached: it runs
+            metadata=(("traceparent", f"00-{trace}-{CALLER_SPAN}-01"),),
+        )
+    assert len(reply.embeddings) == 384
+    spans = spans_of(receiver, trace, {"tei.v1.Embed/Embed", "numaserve/embed", "forward pass"})
+    front, shard = spans["tei.v1.Embed/Embed"], spans["numaserve/embed"]
+    assert front.parent_id == CALLER_SPAN and shard.parent_id == front.span_id
+    assert front.kind == 2 and front.attributes["rpc.system"] == "grpc"
+    assert front.attributes["rpc.grpc.status_code"] == 0
+    assert front.resource["numaserve.process"] == "front"
 
 
 def test_an_http_reply_says_where_its_time_went_as_tei_does_and_the_log_leads_to_its_trace(

@@ -41,7 +41,7 @@ from numaserve.processes import exitcodes
 from numaserve.tasks import NAMES
 
 
-def _port_option(name: str, default: int, key: str):
+def _port_option(name: str, default: int | str, key: str):
     return click.option(
         name,
         type=click.IntRange(1, 65535),
@@ -91,6 +91,7 @@ def _port_option(name: str, default: int, key: str):
 @_port_option("--port", 8080, "server.http (the HTTP API)")
 @_port_option("--zmq-port", 5555, "server.endpoint (ZeroMQ)")
 @_port_option("--metrics-port", 9464, "server.metrics (/metrics, /healthz, /readyz)")
+@_port_option("--grpc-port", "off", "server.grpc (TEI's gRPC API)")
 def start(
     config_path: str | None,
     model_path: str | None,
@@ -101,17 +102,18 @@ def start(
     port: int | None,
     zmq_port: int | None,
     metrics_port: int | None,
+    grpc_port: int | None,
 ) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config):
     `--config FILE`, or `--model PATH [--task T] [--quantize Q] [--max-length N]
-    [--max-texts N]` with no file at all; `--port`, `--zmq-port` and `--metrics-port` move a
-    port of either."""
+    [--max-texts N]` with no file at all; `--port`, `--zmq-port`, `--metrics-port` and
+    `--grpc-port` move a port of either (`--grpc-port` turns TEI's gRPC API on)."""
     from numaserve.monitoring.endpoint import MonitoringError
     from numaserve.processes.logs import setup_logging
     from numaserve.supervisor.start import start as run
     from numaserve.wire.curve import CurveError
 
-    ports = Ports(port, zmq_port, metrics_port)
+    ports = Ports(port, zmq_port, metrics_port, grpc_port)
     settings = {"quantize": quantize, "max_length": max_length, "max_texts": max_texts}
     config_path, where = _config_to_run(config_path, model_path, task, settings, ports)
     try:
@@ -131,7 +133,9 @@ def start(
     except PlacementError as e:
         raise UserError(f"{where}: cannot place: {e}") from None
     except MonitoringError as e:
-        raise UserError(f"{where}: {e} (or move it: --port, --zmq-port, --metrics-port)") from None
+        raise UserError(
+            f"{where}: {e} (or move it: --port, --zmq-port, --metrics-port, --grpc-port)"
+        ) from None
     except CurveError as e:
         raise UserError(f"{where}: {e}") from None
     except ConfigError as e:

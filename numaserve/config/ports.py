@@ -1,6 +1,6 @@
 """Ports `numaserve start` moves from its command line (`--port`, `--zmq-port`,
-`--metrics-port`) over what the config says: kept by the supervisor and applied to every
-reading of the file, so a reload (SIGHUP) does not move them back."""
+`--metrics-port`, `--grpc-port`) over what the config says: kept by the supervisor and applied
+to every reading of the file, so a reload (SIGHUP) does not move them back."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Ports:
     http: int | None = None  # server.http's port; turns the HTTP API on where it is off
     zmq: int | None = None  # server.endpoint's, a tcp:// one
     metrics: int | None = None  # server.metrics'; turns the endpoint on where it is off
+    grpc: int | None = None  # server.grpc's; turns TEI's gRPC API on where it is off
 
     def apply(self, config: Config) -> Config:
         """`config` with these ports, each on the host the config names (127.0.0.1 where it
@@ -25,6 +26,8 @@ class Ports:
             moved["http"] = _with_port(server.http, self.http)
         if self.metrics is not None:
             moved["metrics"] = _with_port(server.metrics, self.metrics)
+        if self.grpc is not None:
+            moved["grpc"] = _with_port(server.grpc, self.grpc)
         if self.zmq is not None:
             if not server.endpoint.startswith("tcp://"):
                 raise ConfigError(

@@ -142,6 +142,9 @@ class ServerConfig:
     http_processes: int | Literal["auto"] = field(default=AUTO, metadata=_bounds(1, 64))
     http_max_body_bytes: int = field(default=8 << 20, metadata=_bounds(1024, 1 << 30))  # 413
     http_read_timeout_s: float = field(default=30.0, metadata=_bounds(0.1, 3600))  # 408
+    # TEI's gRPC API (docs/grpc.md), host:port; "" (the default) turns it off. It is served
+    # by the same front processes as the HTTP API, with the same API keys.
+    grpc: str = field(default="", metadata={"empty": True})
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry: off unless an endpoint is named
     # An HTTP request slower than this is logged by its front, with where its time went (0: none)
     slow_request_ms: int = field(default=0, metadata=_bounds(0, 3_600_000))
@@ -477,20 +480,32 @@ def _check_server(config: Config, source: str) -> None:
             "docs/deployment.md), or server.insecure: true where a firewall or a private "
             "network already keeps others out"
         )
-    for key, example in (("metrics", "127.0.0.1:9464"), ("http", "127.0.0.1:8080")):
+    addresses = (
+        ("metrics", "127.0.0.1:9464"),
+        ("http", "127.0.0.1:8080"),
+        ("grpc", "127.0.0.1:8081"),
+    )
+    for key, example in addresses:
         address = getattr(server, key)
         if address and (split_host_port(address) or ("", 0))[1] == 0:
             raise ConfigError(
                 f"{source}: server.{key}: expected host:port, like {example} or [::1]:"
                 f'{example.rpartition(":")[2]}, or "" to turn it off; got {address!r}'
             )
-    if server.http and not (
-        server.http_api_keys_file or server.insecure or is_local(f"tcp://{server.http}")
-    ):
+    for key in ("http", "grpc"):
+        address = getattr(server, key)
+        if address and not (
+            server.http_api_keys_file or server.insecure or is_local(f"tcp://{address}")
+        ):
+            raise ConfigError(
+                f"{source}: server.{key}: {address} can be reached from other hosts, by anyone; "
+                "set server.http_api_keys_file (docs/http.md#api-keys), or server.insecure: "
+                "true where a firewall, a private network or a proxy in front already keeps "
+                "others out"
+            )
+    if server.http and server.http == server.grpc:
         raise ConfigError(
-            f"{source}: server.http: {server.http} can be reached from other hosts, by anyone; "
-            "set server.http_api_keys_file (docs/http.md#api-keys), or server.insecure: true "
-            "where a firewall, a private network or a proxy in front already keeps others out"
+            f"{source}: server.http and server.grpc are both {server.http}: give each its own port"
         )
     if server.http and server.http_max_body_bytes > server.max_message_bytes:
         raise ConfigError(

@@ -1,13 +1,11 @@
-"""The HTTP front: TEI's routes, OpenAI's /v1/embeddings, a Cohere/Jina-style /v1/rerank and
-numaserve's own, served by processes of their own that hand each request to the router
-shards as a protocol request (docs/http.md). Its modules:
+"""The HTTP API: TEI's routes, OpenAI's /v1/embeddings, a Cohere/Jina-style /v1/rerank and
+numaserve's own (docs/http.md), an adapter on the front's core (front/), served by the front
+processes (fronts.py). Its modules:
 
-- `front.py`: the process (its socket, shared by SO_REUSEPORT; its uvloop loop; its stop);
+- `server.py`: its socket on server.http (shared by SO_REUSEPORT) and its connections;
 - `connection.py`: one client's HTTP/1.1 connection, over httptools;
-- `app.py`: which route answers, the key check, the model named, and the one way every route
-  runs a task; `routing.py`: what every route is made of; `routes/`: each API's routes;
-- `upstream.py`: the way to the shards, a DEALER per model;
-- `api_errors.py`: each API's shape of an error; `keys.py`: the API keys file;
-- `openapi.py`: /openapi.json; `stats.py`: its counts for /metrics; `traced.py`: its spans;
-- `__main__.py`: `python -m numaserve.http --spec JSON`, as the supervisor starts it.
+- `app.py`: which route answers, the headers read into the core's call, the model named;
+  `routing.py`: what every route is made of; `routes/`: each API's routes;
+- `api_errors.py`: each API's shape of an error;
+- `openapi.py`: /openapi.json; `traced.py`: its spans.
 """

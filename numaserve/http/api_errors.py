@@ -1,4 +1,4 @@
-"""HTTP errors, each API's shape of them, and what each protocol error code becomes.
+"""HTTP errors in each API's shape (front/errors.py: what each protocol error code becomes).
 
 TEI's routes answer its `ErrorResponse` (`error`, `error_type`); OpenAI's and the other `/v1/`
 routes OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK reads; Cohere's
@@ -11,40 +11,17 @@ from collections.abc import Callable
 
 import orjson
 
+from numaserve.front.errors import ApiError
 from numaserve.http.connection import Response
-from numaserve.wire.protocol import ErrorCode
 
 RETRY_AFTER_S = 1  # an overloaded server's Retry-After: the queues turn over well within it
 
 
-class ApiError(Exception):
-    """An answer other than 200: its status, TEI's `error_type` (one of TEI's own: a status
-    of numaserve's own, 401 or 404, is a Validation error), and why."""
-
-    def __init__(self, status: int, message: str, kind: str = "Validation"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-# A shard's error code -> the HTTP status and TEI's error_type.
-FROM_CODE = {
-    ErrorCode.BAD_REQUEST.value: (422, "Validation"),
-    ErrorCode.TOO_LONG.value: (422, "Validation"),
-    ErrorCode.OVERLOADED.value: (429, "Overloaded"),
-    ErrorCode.DEADLINE_EXCEEDED.value: (504, "Backend"),
-    ErrorCode.NO_INSTANCE.value: (503, "Unhealthy"),
-    ErrorCode.INTERNAL.value: (424, "Backend"),
-}
 OPENAI_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     429: "rate_limit_error",
 }
-
-
-def from_reply(error: dict) -> ApiError:
-    status, kind = FROM_CODE.get(error.get("code"), (500, "Backend"))
-    return ApiError(status, str(error.get("message", "")), kind)
 
 
 def headers_for(status: int) -> tuple[tuple[str, str], ...]:

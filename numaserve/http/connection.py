@@ -16,9 +16,10 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 
 import httptools
+
+from numaserve.front.core import Exchange
 
 log = logging.getLogger("numaserve.http")
 
@@ -50,7 +51,10 @@ REASONS = {
 
 
 @dataclass
-class Request:
+class Request(Exchange):
+    """An HTTP request: what the front's core reads of any call (an `Exchange`), and its
+    method, path, headers and body."""
+
     method: str
     path: str
     query: str
@@ -58,21 +62,16 @@ class Request:
     body: bytes = b""
     connection: Connection | None = field(default=None, repr=False)
     json: dict | None = field(default=None, repr=False)  # the body, once a route has read it
-    truncated: list[int] = field(default_factory=list, repr=False)  # inputs cut (App.run)
-    # Where traced (http/traced.py): its span, and that span's W3C context for the shards.
-    span: Any = field(default=None, repr=False)
-    trace: tuple[str, str] | None = field(default=None, repr=False)
-    # What the shards said of its texts (App.run): where the time went, their characters and
-    # tokens; for TEI's timing headers and the slow-request log line.
-    request_id: str = ""  # its X-Request-Id, or one made for it (App.handle)
-    timings: dict[str, float] = field(default_factory=dict, repr=False)
-    characters: int = field(default=0, repr=False)
-    tokens: int = field(default=0, repr=False)
 
     @property
     def gone(self) -> bool:
         """The client hung up: its answer has nowhere to go."""
         return self.connection is None or self.connection.closed
+
+    def waiting_on(self, future) -> None:
+        """A connection lost cancels what its route awaits (the shards drop it)."""
+        if self.connection is not None:
+            self.connection.waiting = future
 
 
 @dataclass

@@ -324,7 +324,7 @@ def document(app) -> dict:
                 operation["parameters"] = [PRIORITY]
                 operation["responses"]["200"]["headers"] = {"X-Truncated-Inputs": TRUNCATED}
         if not route.open:
-            operation["security"] = [{"bearer": []}] if app.keys.path else []
+            operation["security"] = [{"bearer": []}] if app.core.keys.path else []
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.0.3",
@@ -332,7 +332,7 @@ def document(app) -> dict:
             "title": "numaserve",
             "version": __version__,
             "description": "TEI's routes, OpenAI's embeddings, a Cohere/Jina-style rerank, "
-            "and numaserve's own; served models: " + ", ".join(app.models),
+            "and numaserve's own; served models: " + ", ".join(app.core.models),
         },
         "paths": paths,
         "components": {

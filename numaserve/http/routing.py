@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from numaserve.http.api_errors import ApiError
+from numaserve.front.errors import ApiError
 from numaserve.http.connection import Request, Response
 
 if TYPE_CHECKING:

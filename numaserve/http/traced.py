@@ -1,7 +1,7 @@
 """A request's span in the HTTP front, where tracing is on (processes/tracing.py): an HTTP
 server span as OpenTelemetry's semantic conventions name one (`POST /embed`), a child of the
 caller's trace where its `traceparent` header names one, and the parent of the shards' spans
-(`App.run` passes its context in the protocol's `traceparent`). The reply says which trace it
+(`Core.run` passes its context in the protocol's `traceparent`). The reply says which trace it
 was in: W3C's `traceresponse` header."""
 
 from __future__ import annotations

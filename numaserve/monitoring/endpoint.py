@@ -49,12 +49,15 @@ def read_os(snapshot: Snapshot) -> Readings:
         if cpus is not None:
             affinity[process.pid] = frozenset(cpus)
     return Readings(
-        rss=rss, affinity=affinity, numastat=read_numastat(), http=read_http(snapshot.http_stats)
+        rss=rss,
+        affinity=affinity,
+        numastat=read_numastat(),
+        fronts=read_fronts(snapshot.front_stats),
     )
 
 
-def read_http(paths: tuple[str, ...]) -> tuple[dict, ...]:
-    """The HTTP fronts' latest counts; a front not yet started (no file) has none."""
+def read_fronts(paths: tuple[str, ...]) -> tuple[dict, ...]:
+    """The fronts' latest counts; a front not yet started (no file) has none."""
     fronts = []
     for path in paths:
         try:

@@ -47,7 +47,7 @@ class Readings:
     rss: dict[int, int] = field(default_factory=dict)  # by pid
     affinity: dict[int, frozenset[int]] = field(default_factory=dict)  # live, by pid
     numastat: dict[int, dict[str, int]] = field(default_factory=dict)  # by node
-    http: tuple[dict, ...] = ()  # each HTTP front's counts, as its stats file holds them
+    fronts: tuple[dict, ...] = ()  # each front's counts, as its stats file holds them
 
 
 def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
@@ -67,7 +67,8 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
     yield from _memory_binding(shards)
     yield from _shared_weights(shards)
     yield from _passes(snapshot, shards)
-    yield from _http(readings.http)
+    yield from _http(readings.fronts)
+    yield from _grpc(readings.fronts)
     yield from _numastat(readings)
 
 
@@ -104,6 +105,27 @@ def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
     yield latency
     yield connections
     yield dropped
+
+
+def _grpc(fronts: tuple[dict, ...]) -> Iterator[Metric]:
+    calls = CounterMetricFamily(
+        "numaserve_grpc_requests",
+        "gRPC calls answered by the fronts (server.grpc), by method and status code.",
+        labels=["front", "method", "code"],
+    )
+    latency = HistogramMetricFamily(
+        "numaserve_grpc_request_duration_seconds",
+        "Time in a front from a gRPC call's start to its end (a stream's whole life).",
+        labels=["front", "method"],
+    )
+    for stats in fronts:
+        front = str(stats.get("front", 0))
+        for method, code, count in stats.get("grpc", ()):
+            calls.add_metric([front, str(method), str(code)], count)
+        for method, hist in sorted((stats.get("grpc_latency") or {}).items()):
+            latency.add_metric([front, method], *_buckets(hist))
+    yield calls
+    yield latency
 
 
 def _build(snapshot: Snapshot) -> Iterator[Metric]:

@@ -17,7 +17,7 @@ from numaserve.status.report import ShardReport
 class Process:
     """One process the supervisor runs, as /metrics and the probes see it."""
 
-    kind: str  # worker, router, frontend, http, prepare
+    kind: str  # worker, router, frontend, front, prepare
     name: str
     state: str
     pid: int | None
@@ -42,7 +42,7 @@ class Snapshot:
     shards: tuple[ShardReport | None, ...] = ()
     shard_age: tuple[float | None, ...] = ()
     supervisor_pid: int = 0
-    http_stats: tuple[str, ...] = ()  # the HTTP fronts' stats files (http/stats.py)
+    front_stats: tuple[str, ...] = ()  # the fronts' stats files (front/stats.py)
 
     def instances(self) -> list[Process]:
         return [p for p in self.processes if p.kind == "worker"]

@@ -109,8 +109,8 @@ class FrontendSpec(JSONSpec):
 
 
 @dataclass(frozen=True)
-class HttpModel:
-    """A model as the HTTP front serves it: its name, settings, and its shards' local sockets."""
+class FrontModel:
+    """A model as a front serves it: its name, settings, and its shards' local sockets."""
 
     name: str
     model: ModelConfig
@@ -120,14 +120,14 @@ class HttpModel:
 
 
 @dataclass(frozen=True)
-class HttpSpec(JSONSpec):
-    """One HTTP front process (numaserve/http): all of them listen on `address`
-    (SO_REUSEPORT), each hands its requests to the models' shards."""
+class FrontSpec(JSONSpec):
+    """One front process (numaserve/fronts.py): all of them serve the HTTP API on server.http
+    and the gRPC API on server.grpc (each port shared by SO_REUSEPORT), each handing its
+    requests to the models' shards."""
 
-    module = "numaserve.http"
+    module = "numaserve.fronts"
 
-    address: str  # server.http: host:port
-    models: tuple[HttpModel, ...]  # in config order: the first is the default
+    models: tuple[FrontModel, ...]  # in config order: the first is the default
     named: bool  # a `models:` server: requests name their model
     server: ServerConfig = field(default_factory=ServerConfig)
     index: int = 0
@@ -135,6 +135,11 @@ class HttpSpec(JSONSpec):
     cpus: tuple[int, ...] = ()  # the router shards' reserved CPUs of its node; empty: not pinned
     nodes: tuple[int, ...] = ()
     drain_timeout_s: float = 30.0
+
+    def where(self) -> str:
+        """Where its clients connect: http://HOST:PORT, grpc://HOST:PORT, or both."""
+        apis = (("http", self.server.http), ("grpc", self.server.grpc))
+        return " and ".join(f"{scheme}://{address}" for scheme, address in apis if address)
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,7 @@ class Deployment:
     routers: tuple[RouterSpec, ...]  # the shards
     frontend: FrontendSpec | None  # with more than one shard
     workers: tuple[WorkerSpec, ...]
-    http: tuple[HttpSpec, ...] = ()  # the HTTP fronts; none where server.http is ""
+    fronts: tuple[FrontSpec, ...] = ()  # none where server.http and server.grpc are ""
 
     def shard_numbers(self) -> dict[str, tuple[int, ...]]:
         """Each model's shard numbers: what a reload keeps for the models it keeps."""
@@ -302,17 +307,17 @@ def deployment(
         )
         for slot in plan.slots
     )
-    fronts = http_fronts(config, tuple(routers.values()), runtime_dir)
+    fronts = front_specs(config, tuple(routers.values()), runtime_dir)
     return Deployment(tuple(routers.values()), frontend, workers, fronts)
 
 
-def http_fronts(
+def front_specs(
     config: Config, routers: tuple[RouterSpec, ...], runtime_dir: Path
-) -> tuple[HttpSpec, ...]:
-    """The HTTP fronts: one per NUMA node with shards (server.http_processes: auto), each on
-    its node's shards' reserved CPUs (unpinned where none are reserved), each handing every
-    model's requests to that model's shards."""
-    if not config.server.http:
+) -> tuple[FrontSpec, ...]:
+    """The fronts (HTTP and gRPC): one per NUMA node with shards (server.http_processes:
+    auto), each on its node's shards' reserved CPUs (unpinned where none are reserved), each
+    handing every model's requests to that model's shards."""
+    if not (config.server.http or config.server.grpc):
         return ()
     homes: dict[tuple[int, ...], set[int]] = {}  # a node's shards' CPUs, by their nodes
     for spec in routers:
@@ -321,7 +326,7 @@ def http_fronts(
     wanted = config.server.http_processes
     count = len(places) if wanted == "auto" else wanted
     models = tuple(
-        HttpModel(
+        FrontModel(
             model.name,
             model.model,
             tuple(r.local for r in routers if r.model_name == model.name and r.local),
@@ -330,13 +335,12 @@ def http_fronts(
         for model in config.models
     )
     return tuple(
-        HttpSpec(
-            address=config.server.http,
+        FrontSpec(
             models=models,
             named=config.named,
             server=config.server,
             index=i,
-            stats_file=f"{runtime_dir}/http-{i}.json",
+            stats_file=f"{runtime_dir}/front-{i}.json",
             cpus=cpus,
             nodes=nodes if cpus else (),
             drain_timeout_s=config.supervisor.drain_timeout_s,

@@ -150,9 +150,9 @@ def format_status(report: ServerReport) -> str:
             + (", draining" if shard.draining else "")
         )
     supervisor = report.supervisor
-    for front in supervisor.http if supervisor else ():
+    for front in supervisor.fronts if supervisor else ():
         lines.append(
-            f"HTTP front {front.name}: {front.state}, pid {front.pid or '-'}"
+            f"front {front.name}: {front.state}, pid {front.pid or '-'}"
             f", CPUs {format_cpulist(front.cpus) or 'any'}"
         )
     if supervisor:

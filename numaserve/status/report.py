@@ -291,7 +291,7 @@ class Instance:
 
 @dataclass(frozen=True)
 class Front(_Plain):
-    """An HTTP front, as the supervisor's slot table lists it."""
+    """A front (HTTP and gRPC), as the supervisor's slot table lists it."""
 
     name: str
     state: str
@@ -302,19 +302,19 @@ class Front(_Plain):
 @dataclass(frozen=True)
 class SupervisorInfo:
     """What the supervisor's latest slot table says of itself: its pid and identity (so that
-    `numaserve stop` signals it and no other process), the server's state line, its HTTP
+    `numaserve stop` signals it and no other process), the server's state line, its
     fronts, and the table's sequence number."""
 
     pid: int | None = None
     boot_id: str | None = None
     started: int | None = None
     state: str | None = None
-    http: tuple[Front, ...] = ()
+    fronts: tuple[Front, ...] = ()
     seq: int | None = None
 
     def to_wire(self) -> dict:
-        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "http"}
-        body["http"] = [front.to_wire() for front in self.http]
+        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fronts"}
+        body["fronts"] = [front.to_wire() for front in self.fronts]
         return {k: v for k, v in body.items() if v is not None}
 
     @classmethod
@@ -322,8 +322,8 @@ class SupervisorInfo:
         """None for an empty one: a shard that has no slot table yet."""
         if not body:
             return None
-        fronts = tuple(Front.from_wire(f) for f in body.get("http") or ())
-        return _build(cls, body, http=fronts)
+        fronts = tuple(Front.from_wire(f) for f in body.get("fronts") or ())
+        return _build(cls, body, fronts=fronts)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ alone writes its own, and every other module decides and returns actions. Its mo
   progress read from what runs, by value;
 - `reload.py`: what a SIGHUP wants (the config read again, models added, removed and kept,
   the slots to renew);
-- `stop.py`: a stop's order (HTTP fronts, then shards, then the rest; a second SIGINT kills);
+- `stop.py`: a stop's order (the fronts, then shards, then the rest; a second SIGINT kills);
 - `reporting.py`: the server's one `Mood`, the line systemd shows and when it hears it, and
   the snapshot /metrics reads;
 - `start.py`: `numaserve start` around the loop (the plan, the ledger entry, the control

@@ -80,7 +80,7 @@ from numaserve.supervisor.rollout import (
     Leave,
     Renew,
     Renewed,
-    RenewHttp,
+    RenewFronts,
     Replace,
     Reroute,
     Reshaped,
@@ -144,7 +144,7 @@ class Supervisor:
         frontend = self.deployment.frontend
         for child in [
             *([Child.for_frontend(frontend)] if frontend else []),
-            *(Child.for_http(spec) for spec in self.deployment.http),
+            *(Child.for_front(spec) for spec in self.deployment.fronts),
             *(Child.for_worker(spec) for spec in self.deployment.workers),
         ]:
             self.roster.join(child)
@@ -298,7 +298,7 @@ class Supervisor:
             self.begin_stop("SIGINT (again for a fast stop)")
 
     def handle_sighup(self) -> None:
-        for front in self.roster.http:  # they read the API keys file again at once
+        for front in self.roster.fronts:  # they read the API keys file again at once
             self.signal(front, signal.SIGHUP)
         self.begin_reload()
 
@@ -492,8 +492,8 @@ class Supervisor:
                 boot_id=identity["boot_id"],
                 started=identity["started"],
                 state=self.summary(),
-                http=tuple(  # for `numaserve status` to show
-                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.roster.http
+                fronts=tuple(  # for `numaserve status` to show
+                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.roster.fronts
                 ),
                 seq=self.shards.sent,
             ),
@@ -512,18 +512,18 @@ class Supervisor:
         starting under its slot's name."""
         roster = self.roster
         current = [
-            *roster.fronts(),
+            *roster.routing(),
             *([self.prepare] if self.prepare else []),
             *roster.of("worker"),
         ]
-        stats = tuple(c.spec.stats_file for c in roster.http if c.spec.stats_file)
+        stats = tuple(c.spec.stats_file for c in roster.fronts if c.spec.stats_file)
         return reporting.snapshot(
             now, self.config, self.mood, current, self.shards, self.system.pid(), stats
         )
 
     def _notify(self, now: float) -> None:
         workers = self.roster.of("worker")
-        serving = all(c.state == State.READY for c in self.roster.fronts()) and any(
+        serving = all(c.state == State.READY for c in self.roster.routing()) and any(
             w.state == State.READY for w in workers
         )
         settled = all(w.state in (State.READY, State.FATAL) for w in workers)
@@ -543,14 +543,14 @@ class Supervisor:
     def tick(self, now: float) -> None:
         self.check_liveness(now)
         if not self.stopping:  # after any exit, and a spawn that failed
-            code = liveness.cannot_serve(self.roster.fronts(), self.roster.of("worker"))
+            code = liveness.cannot_serve(self.roster.routing(), self.roster.of("worker"))
             if code is not None:
                 self.begin_stop("no instance can serve", code)
         self.roll_out(now)
         if self.stop is not None:
             roster = self.roster
             actions, code = self.stop.next_steps(
-                roster.http, roster.routers, self.all_children(), now
+                roster.fronts, roster.routers, self.all_children(), now
             )
             self.carry_out(actions)
             if code is not None:
@@ -568,16 +568,16 @@ class Supervisor:
         server = self.config.server
         roster = self.roster
         fronts = [(front, server.endpoint) for front in roster.of("frontend")]
-        fronts += [(front, f"http://{server.http}") for front in roster.http]
+        fronts += [(front, front.spec.where()) for front in roster.fronts]
         self.carry_out(liveness.fronts_ready(roster.routers, fronts, routed, server.endpoint))
         instances = [*roster.of("worker"), *([self.replacement] if self.replacement else [])]
         steady = liveness.limits(self.config, draining=False)
         self.carry_out(liveness.instances_heard(instances, routed, now, steady, self.stopping))
-        # A router shard (a removed model's too) or an HTTP front finishes what it holds before
+        # A router shard (a removed model's too) or a front finishes what it holds before
         # its kill timeout.
         draining = liveness.limits(self.config, draining=True)
         for child in self.all_children():
-            drains = child.kind in ("router", "http")
+            drains = child.kind in ("router", "front")
             action = child.timers(now, draining if drains else steady, not self.stopping)
             if action is not None:
                 self.carry_out([action])
@@ -622,8 +622,8 @@ class Supervisor:
                 frontend = self.roster.frontend
                 frontend.respec(spec)  # a restart reads the new routes too
                 self.signal(frontend, signal.SIGHUP)
-            case RenewHttp(fronts):
-                self.renew_http(fronts)
+            case RenewFronts(fronts):
+                self.renew_fronts(fronts)
             case _:
                 self.progress(action)
 
@@ -655,10 +655,10 @@ class Supervisor:
         view.link.close()
         self.terminate(child)
 
-    def renew_http(self, fronts: tuple[Child, ...]) -> None:
-        """The HTTP fronts for the new models: each new one starts beside the old, on the same
+    def renew_fronts(self, fronts: tuple[Child, ...]) -> None:
+        """The fronts for the new models: each new one starts beside the old, on the same
         port (SO_REUSEPORT), and the old one drains; no connection is refused meanwhile."""
-        old = self.roster.http
+        old = self.roster.fronts
         for child in fronts:
             self.roster.join(child)
             self.spawn(child)
@@ -751,7 +751,7 @@ class Supervisor:
             self.roster.retire(prepare)
             self.terminate(prepare)
         drain_s = self.config.supervisor.drain_timeout_s
-        self.carry_out(stop.begin(why, drain_s, self.roster.http, self.system.now()))
+        self.carry_out(stop.begin(why, drain_s, self.roster.fronts, self.system.now()))
 
     def close(self) -> None:
         if self.control is not None:

@@ -20,7 +20,7 @@ from enum import Enum
 from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
 from numaserve.monitoring.snapshot import Process
 from numaserve.processes import exitcodes
-from numaserve.processes.specs import FrontendSpec, HttpSpec, RouterSpec, WorkerSpec
+from numaserve.processes.specs import FrontendSpec, FrontSpec, RouterSpec, WorkerSpec
 from numaserve.status.report import SlotEntry
 
 log = logging.getLogger("numaserve.supervisor")
@@ -103,7 +103,7 @@ class Limits:
 KINDS = {
     RouterSpec: "router",
     FrontendSpec: "frontend",
-    HttpSpec: "http",
+    FrontSpec: "front",
     WorkerSpec: "worker",
     type(None): "prepare",
 }
@@ -111,14 +111,14 @@ KINDS = {
 
 @dataclass(eq=False)
 class Child:
-    """One supervised process: a router shard, the frontend, an HTTP front, or one slot's
-    worker."""
+    """One supervised process: a router shard, the ZeroMQ frontend, a front (HTTP and gRPC),
+    or one slot's worker."""
 
     name: str
     argv: list[str]
     # What it runs from: a worker's spec (which holds the plan's own Slot), a shard's, the
     # frontend's; None for `numaserve prepare`. Where it runs is read from there, not copied.
-    spec: WorkerSpec | RouterSpec | FrontendSpec | HttpSpec | None = None
+    spec: WorkerSpec | RouterSpec | FrontendSpec | FrontSpec | None = None
     state: State = State.STOPPED
     pid: int | None = None
     started_at: float = 0.0
@@ -148,12 +148,12 @@ class Child:
         return cls("frontend", spec.argv(), spec)
 
     @classmethod
-    def for_http(cls, spec: HttpSpec) -> Child:
-        return cls(f"http-{spec.index}", spec.argv(), spec)
+    def for_front(cls, spec: FrontSpec) -> Child:
+        return cls(f"front-{spec.index}", spec.argv(), spec)
 
     @property
     def kind(self) -> str:
-        """What it is, read from what it runs: router, frontend, http, worker, or prepare."""
+        """What it is, read from what it runs: router, frontend, front, worker, or prepare."""
         return KINDS[type(self.spec)]
 
     @property

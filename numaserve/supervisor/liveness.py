@@ -18,7 +18,7 @@ Routed = Mapping[int, "set[int] | None"]  # per shard, the workers it hears (Non
 
 
 def limits(config: Config, draining: bool) -> Limits:
-    """The clock's rules from the config. `draining`: a router shard or an HTTP front, which
+    """The clock's rules from the config. `draining`: a router shard or a front, which
     gets drain_timeout_s to finish what it holds before its kill timeout starts."""
     s, server = config.supervisor, config.server
     silence = 2 * server.heartbeat_ms * server.heartbeat_liveness / 1000 + 1
@@ -29,7 +29,7 @@ def limits(config: Config, draining: bool) -> Limits:
 def fronts_ready(
     routers: list[Child], fronts: list[tuple[Child, str]], routed: Routed, endpoint: str
 ) -> list[Announce]:
-    """A shard is READY once it answers; the frontend and the HTTP fronts (`fronts`: each
+    """A shard is READY once it answers; the frontend and the fronts (`fronts`: each
     with where its clients connect) once any shard does: they have no socket of their own to
     the supervisor, and one that cannot listen exits first."""
     ready = [

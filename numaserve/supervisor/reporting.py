@@ -48,7 +48,7 @@ def snapshot(
     processes: list[Child],
     shards: ShardLinks,
     supervisor_pid: int,
-    http_stats: tuple[str, ...] = (),
+    front_stats: tuple[str, ...] = (),
 ) -> Snapshot:
     """The whole server as /metrics and the probes see it. `processes`: the current ones (not
     those a reload retired, nor a replacement still starting under its slot's name)."""
@@ -72,7 +72,7 @@ def snapshot(
         shards=tuple(v.status for v in shards),
         shard_age=tuple(now - v.heard_at if v.routed is not None else None for v in shards),
         supervisor_pid=supervisor_pid,
-        http_stats=http_stats,
+        front_stats=front_stats,
     )
 
 

@@ -88,8 +88,8 @@ class Reroute:
 
 
 @dataclass(frozen=True)
-class RenewHttp:
-    """New HTTP fronts start beside the old on the same port (SO_REUSEPORT); the old drain."""
+class RenewFronts:
+    """New fronts start beside the old on the same ports (SO_REUSEPORT); the old drain."""
 
     fronts: tuple[Child, ...]
 
@@ -133,7 +133,7 @@ Action = (
     | Renew
     | Replace
     | Reroute
-    | RenewHttp
+    | RenewFronts
     | Hold
     | Reshaped
     | Started
@@ -253,7 +253,7 @@ def _never_started(running: Running, joining: list[Child]) -> list[Spawn]:
         *roster.routers,
         *[c for c in joining if not c.pool],
         *roster.of("frontend"),
-        *roster.http,
+        *roster.fronts,
         *roster.of("worker"),
         *[c for c in joining if c.pool],
     ]
@@ -289,8 +289,8 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     ]
     actions += [Adopt(child) for child in joining]
     actions += _never_started(running, joining)
-    if new.http != old.http:
-        actions.append(RenewHttp(tuple(Child.for_http(spec) for spec in new.http)))
+    if new.fronts != old.fronts:
+        actions.append(RenewFronts(tuple(Child.for_front(spec) for spec in new.fronts)))
     if wanted.plan != running.plan:
         actions.append(Hold(wanted.plan))
     # What runs now: the kept shards as they were started (their settings apply at a
@@ -299,5 +299,5 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     routers = [s for s in old.routers if s.model_name not in changed]
     routers += [s for s in new.routers if s.model_name in wanted.added]
     routers.sort(key=lambda spec: spec.shard)
-    deployment = Deployment(tuple(routers), frontend, new.workers, new.http)
+    deployment = Deployment(tuple(routers), frontend, new.workers, new.fronts)
     return [*actions, Reshaped(wanted.plan, wanted.config, deployment, wanted.generation)]

@@ -1,7 +1,7 @@
 """Every child process of the server, once each: the one list that "all the fronts", "all the
 workers" and "every child" read, each by the kind its child knows (`Child.kind`).
 
-The running shape (the router shards, the ZeroMQ frontend, the HTTP fronts and one worker a
+The running shape (the router shards, the ZeroMQ frontend, the fronts and one worker a
 slot) changes only through `join`, `replace` and `retire`, which the arbiter calls as a
 rollout or a stop asks. A retired child (replaced, removed by a reload, or a prepare that was
 stopped) is out of the shape and still here until it is reaped. What only a phase has (the
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from numaserve.supervisor.children import Child
 
-# The order the fronts are read in: the shards first (a stop drains them after the HTTP fronts)
-FRONT_KINDS = ("router", "frontend", "http")
+# The order they are read in: the shards first (a stop drains them after the fronts)
+ROUTING_KINDS = ("router", "frontend", "front")
 
 
 class Roster:
@@ -36,17 +36,18 @@ class Roster:
         return next(iter(self.of("frontend")), None)
 
     @property
-    def http(self) -> list[Child]:
-        return self.of("http")
+    def fronts(self) -> list[Child]:
+        return self.of("front")
 
     @property
     def workers(self) -> dict[str, Child]:
         """Each slot's instance, by the slot's name."""
         return {c.name: c for c in self.of("worker")}
 
-    def fronts(self) -> list[Child]:
-        """The processes between the clients and the workers."""
-        return [c for kind in FRONT_KINDS for c in self.of(kind)]
+    def routing(self) -> list[Child]:
+        """The processes between the clients and the workers: the shards, the ZeroMQ
+        frontend, the fronts."""
+        return [c for kind in ROUTING_KINDS for c in self.of(kind)]
 
     def every(self, *phase_own: Child | None) -> list[Child]:
         """Every child there is: the running shape, the retired, and the phase's own."""

@@ -77,8 +77,7 @@ def start(config_path: str, config: Config, ports: Ports = AS_WRITTEN) -> int:
             )
         # After the plan: a server the ledger refuses says so (exit 75), not that its ports
         # are another's.
-        if config.server.http:
-            check_http_port(config.server.http)
+        check_front_ports(config)
         monitor = MonitoringEndpoint(config.server.metrics) if config.server.metrics else None
         if monitor is not None:
             cleanup.callback(monitor.close)
@@ -121,10 +120,16 @@ def open_control(ledger: Ledger) -> ControlSocket | None:
         return None
 
 
-def check_http_port(address: str) -> None:
-    """server.http must be free, and ours alone: the fronts share it by SO_REUSEPORT, which
-    would as gladly share it with another server's fronts run by the same user. A bind
-    without SO_REUSEPORT fails where any socket holds the port, theirs included."""
+def check_front_ports(config: Config) -> None:
+    """server.http and server.grpc must be free, and ours alone: the fronts share each by
+    SO_REUSEPORT, which would as gladly share it with another server's fronts run by the same
+    user. A bind without SO_REUSEPORT fails where any socket holds the port, theirs included."""
+    for key in ("http", "grpc"):
+        if address := getattr(config.server, key):
+            _check_port(key, address)
+
+
+def _check_port(key: str, address: str) -> None:
     host, port = split_host_port(address)
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -133,9 +138,12 @@ def check_http_port(address: str) -> None:
             probe.bind(family[4])
     except OSError as e:
         raise MonitoringError(
-            f"server.http: cannot listen on {address}: {e.strerror or e}; set server.http to "
-            'a free host:port, or to "" to turn the HTTP API off'
+            f"server.{key}: cannot listen on {address}: {e.strerror or e}; set server.{key} to "
+            f'a free host:port, or to "" to turn the {API_NAMES[key]} off'
         ) from None
+
+
+API_NAMES = {"http": "HTTP API", "grpc": "gRPC API"}
 
 
 def _remove(runtime_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""A stop (SIGTERM, SIGINT, or a server that can no longer serve): the HTTP fronts drain first
+"""A stop (SIGTERM, SIGINT, or a server that can no longer serve): the fronts drain first
 (they stop listening and answer what they hold, which the shards still serve); then the router
 shards, answering what they hold while the frontend carries their last replies; then every
 other process gets SIGTERM, and SIGKILL if it outlasts kill_timeout_s. A second SIGINT kills
@@ -29,8 +29,8 @@ class Stop:
     code: int = 0  # the exit code once every process is gone
     fast: bool = False  # killed rather than drained
 
-    def begin(self, why: str, drain_timeout_s: float, http: list[Child], now: float):
-        """The HTTP fronts drain first."""
+    def begin(self, why: str, drain_timeout_s: float, fronts: list[Child], now: float):
+        """The fronts drain first."""
         log.info(
             "drain: %s: the router shards finish requests in flight (%.0f s at most), then the "
             "workers stop",
@@ -38,14 +38,14 @@ class Stop:
             drain_timeout_s,
             extra={"event": "drain"},
         )
-        return _stop_all(http, now)
+        return _stop_all(fronts, now)
 
     def next_steps(
-        self, http: list[Child], routers: list[Child], everyone: list[Child], now: float
+        self, fronts: list[Child], routers: list[Child], everyone: list[Child], now: float
     ) -> tuple[list[Terminate], int | None]:
         """What to stop next, and the exit code once every process is gone (None before)."""
-        if any(front.pid is not None for front in http):
-            return [], None  # the HTTP fronts answer what they hold
+        if any(front.pid is not None for front in fronts):
+            return [], None  # the fronts answer what they hold
         actions = _stop_all(routers, now)
         if any(router.pid is not None for router in routers):
             return actions, None  # still draining; the frontend carries their last replies

@@ -185,11 +185,11 @@ class Server:
         return f"http://{self.http}"
 
     def http_pids(self) -> list[int]:
-        """The HTTP fronts' pids: the supervisor's children running numaserve.http."""
+        """The fronts' pids: the supervisor's children running numaserve.fronts."""
         pids = []
         for child in psutil.Process(self.proc.pid).children():
             try:
-                if child.status() != psutil.STATUS_ZOMBIE and "numaserve.http" in child.cmdline():
+                if child.status() != psutil.STATUS_ZOMBIE and "numaserve.fronts" in child.cmdline():
                     pids.append(child.pid)
             except psutil.Error:
                 continue  # exited meanwhile

@@ -53,15 +53,15 @@ def spec_of(argv: list[str]) -> dict:
 
 def process_name(argv: list[str]) -> str:
     """The slot a command line runs ("main-0"), its router ("router", or "router-N" of several
-    shards), "frontend", an HTTP front ("http-N") or "prepare": the names the supervisor gives
+    shards), "frontend", a front ("front-N") or "prepare": the names the supervisor gives
     them."""
     if "prepare" in argv:
         return "prepare"
     spec = spec_of(argv)
     if "routes" in spec:
         return "frontend"
-    if "address" in spec:
-        return f"http-{spec['index']}"
+    if "named" in spec:  # a FrontSpec
+        return f"front-{spec.get('index', 0)}"
     if "workers_endpoint" in spec:
         return f"router-{spec['shard']}" if spec.get("frontend") else "router"
     return spec["slot"]["name"]

@@ -1,6 +1,6 @@
 """Every HTTP route, by the API it copies: TEI's (`tei.py`), OpenAI's (`openai.py`), the
 Cohere/Jina rerank (`cohere.py`), our own (`own.py`), and the API page (`docs.py`, /docs);
-`inputs.py` what they share: inputs read into texts, embeddings cut and normalised."""
+what they share with the gRPC API is the front's (front/inputs.py)."""
 
 from numaserve.http.routes import cohere, docs, openai, own, tei
 

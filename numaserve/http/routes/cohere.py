@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.paths import resolve_model_path
+from numaserve.front import inputs
+from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.tasks.prompts import Prompts
 
@@ -31,7 +31,7 @@ async def ranked(app: App, request: Request, body: dict, documents: list[str]) -
     top_n = body.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise ApiError(422, "top_n must be an integer of at least 1")
-    results = await app.run(
+    results = await app.core.run(
         request,
         model,
         "rerank",
@@ -73,7 +73,7 @@ async def rerank_v2(app: App, request: Request) -> Response:
     if most is not None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 1:
             raise ApiError(422, "max_tokens_per_doc must be an integer of at least 1")
-        documents = [inputs.kept_tokens(app, _model(app, body), d, most) for d in documents]
+        documents = [inputs.kept_tokens(app.core, _model(app, body), d, most) for d in documents]
     results = await ranked(app, request, body, documents)
     return ok(
         {
@@ -122,7 +122,7 @@ async def embed_v2(app: App, request: Request) -> Response:
     if input_type is not None and input_type not in INPUT_PROMPTS:
         raise ApiError(422, f"input_type must be one of {', '.join(INPUT_PROMPTS)}")
     prompt = _prompt_for(model.model.path, input_type)
-    results = await app.run(
+    results = await app.core.run(
         request, model, "embed", texts, prompt_name=prompt, **TRUNCATE[truncate]
     )
     vectors = inputs.embeddings(results, inputs.dimensions_of(body, "output_dimension"), True)
@@ -139,7 +139,7 @@ async def embed_v2(app: App, request: Request) -> Response:
 
 def _model(app: App, body: dict):
     """The model a body names where the server serves several; else its only one."""
-    return app.model(body.get("model") if app.spec.named else None)
+    return app.core.model(body.get("model") if app.spec.named else None)
 
 
 def _meta(**billed) -> dict:

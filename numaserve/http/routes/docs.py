@@ -11,8 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
 from numaserve.http.routing import Route
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING
 
+from numaserve.front import inputs
+from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, json_body, ok
 
 if TYPE_CHECKING:
@@ -21,16 +21,16 @@ ENCODINGS = ("float", "base64")
 
 async def embeddings(app: App, request: Request) -> Response:
     body = json_body(request)
-    model = app.model(body.get("model") if app.spec.named else None)
+    model = app.core.model(body.get("model") if app.spec.named else None)
     if model.model.task != "embed":
         raise ApiError(422, f"model {model.name!r} serves {model.model.task}, not embeddings")
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
         raise ApiError(422, f"encoding_format must be one of {', '.join(ENCODINGS)}")
     dimensions = inputs.dimensions_of(body)
-    texts = inputs.texts(app, model, body.get("input"), "input")
+    texts = inputs.texts(app.core, model, body.get("input"), "input")
     texts, cutting = _last_prompt_tokens(app, model, texts, body.get("truncate_prompt_tokens"))
-    results = await app.run(request, model, "embed", texts, **cutting)
+    results = await app.core.run(request, model, "embed", texts, **cutting)
     vectors = inputs.embeddings(results, dimensions, normalize=dimensions is not None)
     if encoding == "base64":  # the little-endian float32 bytes, as the SDK decodes them
         vectors = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
@@ -53,7 +53,7 @@ def _last_prompt_tokens(app: App, model, texts: list[str], most: object) -> tupl
     if most is None:
         return texts, {}
     limit = model.model.max_length
-    special = app.tokenizer(model).num_special_tokens_to_add(False)
+    special = app.core.tokenizer(model).num_special_tokens_to_add(False)
     if (
         isinstance(most, bool)
         or not isinstance(most, int)
@@ -66,7 +66,9 @@ def _last_prompt_tokens(app: App, model, texts: list[str], most: object) -> tupl
             "tokens)",
         )
     if most != -1:
-        texts = [inputs.kept_tokens(app, model, text, most - special, left=True) for text in texts]
+        texts = [
+            inputs.kept_tokens(app.core, model, text, most - special, left=True) for text in texts
+        ]
     return texts, {"truncate": True, "truncation_direction": "left"}
 
 
@@ -75,8 +77,13 @@ async def models(app: App, request: Request) -> Response:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": app.started, "owned_by": "numaserve"}
-                for name in app.models
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": app.core.started,
+                    "owned_by": "numaserve",
+                }
+                for name in app.core.models
             ],
         }
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
 from numaserve.http.routes import tei
 from numaserve.http.routing import Route, json_body, ok
@@ -28,7 +28,7 @@ async def ner(app: App, request: Request) -> Response:
     if not isinstance(texts, list) or not texts:
         raise ApiError(422, "inputs must be a text or a non-empty list of texts", "Empty")
     aggregation = body.get("aggregation")
-    results = await app.run(
+    results = await app.core.run(
         request, model, "ner", texts, aggregation=aggregation, **tei.cutting(body)
     )
     found = [r["entities"] for r in results]

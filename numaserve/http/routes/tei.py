@@ -9,21 +9,14 @@ an embedding model's own prompts; `raw_scores` answers the model's logits as the
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from numaserve import __version__
-from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.checkpoint.files import read_json
-from numaserve.checkpoint.paths import resolve_model_path
+from numaserve.front import facts, inputs
+from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
-from numaserve.http.api_errors import ApiError
 from numaserve.http.connection import Request, Response
-from numaserve.http.routes import inputs
 from numaserve.http.routing import Route, flag, json_body, ok
-from numaserve.processes.prepared import ModelPath, Prepared
-from numaserve.processes.specs import HttpModel
+from numaserve.processes.specs import FrontModel
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.sparse import weights
 from numaserve.wire.protocol import TRUNCATION_DIRECTIONS
@@ -41,7 +34,7 @@ BY_TASK = {
 }
 
 
-def check_task(model: HttpModel, route: str) -> None:
+def check_task(model: FrontModel, route: str) -> None:
     if BY_TASK.get(model.model.task) != route:
         raise ApiError(
             422,
@@ -67,8 +60,8 @@ async def embed(app: App, request: Request) -> Response:
     model = app.model_of(request, body)
     check_task(model, "/embed")
     dimensions = inputs.dimensions_of(body)
-    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
-    results = await app.run(
+    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    results = await app.core.run(
         request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
     )
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
@@ -79,8 +72,8 @@ async def embed_all(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/embed")
-    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
-    results = await app.run(
+    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    results = await app.core.run(
         request,
         model,
         "embed",
@@ -97,8 +90,8 @@ async def embed_sparse(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/embed_sparse")
-    texts = inputs.texts(app, model, body.get("inputs"), "inputs")
-    results = await app.run(request, model, "sparse", texts, **cutting(body))
+    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    results = await app.core.run(request, model, "sparse", texts, **cutting(body))
     return ok([_sparse_values(*weights(r)) for r in results])
 
 
@@ -130,9 +123,9 @@ async def similarity(app: App, request: Request) -> Response:
         raise ApiError(422, "inputs.source_sentence must be a text")
     if not isinstance(sentences, list) or not sentences:
         raise ApiError(422, "inputs.sentences must be a non-empty list of texts", "Empty")
-    texts = inputs.texts(app, model, [source, *sentences], "inputs.sentences")
+    texts = inputs.texts(app.core, model, [source, *sentences], "inputs.sentences")
     prompt = parameters.get("prompt_name")
-    results = await app.run(
+    results = await app.core.run(
         request, model, "embed", texts, prompt_name=prompt, **cutting(parameters)
     )
     first, *others = inputs.embeddings(results, None, True)
@@ -145,8 +138,8 @@ async def predict(app: App, request: Request) -> Response:
     check_task(model, "/predict")
     texts, single = predict_inputs(body.get("inputs"))
     raw = body.get("raw_scores")
-    results = await app.run(request, model, "classify", texts, raw_scores=raw, **cutting(body))
-    names = labels(model.model.path)
+    results = await app.core.run(request, model, "classify", texts, raw_scores=raw, **cutting(body))
+    names = facts.labels(model.model.path)
     scores = "logits" if raw else "probs"
     ranked = [
         sorted(
@@ -187,7 +180,7 @@ async def rerank(app: App, request: Request) -> Response:
     model = app.model_of(request, body)
     check_task(model, "/rerank")
     documents, raw = body.get("texts"), body.get("raw_scores")
-    results = await app.run(
+    results = await app.core.run(
         request,
         model,
         "rerank",
@@ -219,32 +212,10 @@ async def tokenize(app: App, request: Request) -> Response:
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise ApiError(422, "inputs must be a string or a non-empty list of strings", "Empty")
-    app.check_count(texts)
+    app.core.check_count(texts)
     special = flag(body, "add_special_tokens", True)
-    tokenizer = app.tokenizer(model)
-    return ok([_tokens(tokenizer.encode(t, add_special_tokens=special), t) for t in texts])
-
-
-def _tokens(encoding, text: str) -> list[dict]:
-    tokens = []
-    for token_id, token, (start, stop), special in zip(
-        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
-    ):
-        if special:
-            tokens.append(
-                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
-            )
-        else:
-            tokens.append(
-                {
-                    "id": token_id,
-                    "text": text[start:stop],
-                    "special": False,
-                    "start": start,
-                    "stop": stop,
-                }
-            )
-    return tokens
+    tokenizer = app.core.tokenizer(model)
+    return ok([inputs.tokens(tokenizer.encode(t, add_special_tokens=special), t) for t in texts])
 
 
 async def decode(app: App, request: Request) -> Response:
@@ -255,106 +226,11 @@ async def decode(app: App, request: Request) -> Response:
         ids if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids) else [ids]
     )
     skip = flag(body, "skip_special_tokens", True)
-    return ok([inputs.decode(app, model, one, "ids", skip) for one in batch])
-
-
-# model.quantize in TEI's words; `auto` is decided per CPU at prepare (`numaserve status`).
-DTYPES = {"none": "float32", "bf16": "bfloat16", "int8": "int8", "int16": "int16", "auto": "auto"}
-
-
-def prepared(model: HttpModel) -> Prepared | None:
-    """What `numaserve prepare` resolved for the model (processes/prepared.py's record): None
-    where nothing was prepared or it cannot be read."""
-    try:
-        return Prepared.read(model.prepared) if model.prepared else None
-    except ModelLoadError:
-        return None
-
-
-def _words(path: ModelPath) -> str:
-    """A model path as /info names it: its backend and precision."""
-    return f"{path.backend} {path.quantize}"
+    return ok([inputs.decode(app.core, model, one, "ids", skip) for one in batch])
 
 
 async def info(app: App, request: Request) -> Response:
-    model = app.model_of(request, {})
-    settings, server = model.model, app.spec.server
-    record = prepared(model)
-    pools = record.pools if record else {}
-    every = [path for p in pools.values() for path, _ in p.paths]
-    dtypes = sorted({DTYPES[p.quantize] for p in every}) or [DTYPES[settings.quantize]]
-    return ok(
-        {
-            "model_id": settings.path,
-            "model_sha": record.digest if record else None,  # the checkpoint's files
-            "model_dtype": ",".join(dtypes),  # each path's, where they differ
-            "model_paths": {pool: _words(p.path) for pool, p in pools.items()},
-            # A pool's shorter texts on paths of their own (quantize: auto), and what a
-            # precision the config names costs on this CPU (the accuracy gate's verdicts).
-            "model_paths_shorter": {
-                pool: [{"last_tokens": b.last, "path": _words(b.path)} for b in p.shorter]
-                for pool, p in pools.items()
-                if p.shorter
-            },
-            # A band's micro-batches from `from_batch` texts on (`last_tokens`: the band's
-            # longest; null: the pool's own band), where another path is faster there.
-            "model_paths_batched": {
-                pool: [
-                    {
-                        "last_tokens": getattr(b, "last", None),
-                        "from_batch": b.batched.from_batch,
-                        "path": _words(b.batched.path),
-                    }
-                    for b in (*p.shorter, p)
-                    if b.batched
-                ]
-                for pool, p in pools.items()
-                if any(b.batched for b in (p, *p.shorter))
-            },
-            # Each path a pool holds, for the texts it runs, with the accuracy gate's figures
-            # on this CPU in each band of lengths (auto's, or what a named precision costs).
-            "model_accuracy": {
-                pool: judged
-                for pool, p in pools.items()
-                if (
-                    judged := [
-                        {"last_tokens": n, "from_batch": b, "path": _words(path), "accuracy": a}
-                        for n, b, path, a in p.by_band
-                        if a
-                    ]
-                )
-            },
-            "model_type": model_type(model),
-            "served_model_name": model.name,
-            "max_concurrent_requests": server.queue_size,
-            "max_input_length": settings.max_length,
-            "max_batch_tokens": server.max_batch_tokens,
-            "max_batch_requests": server.max_batch,
-            "max_client_batch_size": server.max_texts,
-            "auto_truncate": settings.truncate,
-            "tokenization_workers": len(model.shards),
-            "version": __version__,
-            "sha": None,
-            "docker_label": None,
-        }
-    )
-
-
-def model_type(model: HttpModel) -> dict:
-    task, path = model.model.task, model.model.path
-    if task == "embed":
-        from numaserve.tasks.pooling import Pooling
-
-        return {"embedding": {"pooling": "+".join(Pooling.read(resolve_model_path(path)).modes)}}
-    names = labels(path)
-    id2label = {str(i): name for i, name in enumerate(names)}
-    kinds = {"rerank": "reranker"}
-    return {
-        kinds.get(task, "classifier"): {
-            "id2label": id2label,
-            "label2id": {n: i for i, n in enumerate(names)},
-        }
-    }
+    return ok(facts.info(app.core, app.model_of(request, {})))
 
 
 async def health(app: App, request: Request) -> Response:
@@ -362,7 +238,7 @@ async def health(app: App, request: Request) -> Response:
     Asked by `ping`, which a shard answers from what it knows (its ready instances and its
     ready peers'), not by `status`, which builds the whole server's report."""
     try:
-        down = [m.name for m in app.models.values() if not await _serving(app, m)]
+        down = [m.name for m in app.core.models.values() if not await app.core.serving(m)]
     except ApiError as e:
         return api_errors.tei(ApiError(503, e.message, "Unhealthy"))
     if down:
@@ -370,25 +246,6 @@ async def health(app: App, request: Request) -> Response:
             ApiError(503, f"no instance ready for {', '.join(down)}", "Unhealthy")
         )
     return Response(200, b"", content_type="text/plain")
-
-
-async def _serving(app: App, model: HttpModel) -> bool:
-    reply = await app.upstream.call(model.name, {"op": "ping"})
-    if reply.get("status") != "ok":
-        raise api_errors.from_reply(reply.get("error") or {})
-    ready = reply.get("ready")
-    if not isinstance(ready, int):
-        raise ApiError(
-            503, f"a shard's ping without its ready instances: {ready!r:.40}", "Unhealthy"
-        )
-    return ready > 0
-
-
-@cache
-def labels(path: str) -> tuple[str, ...]:
-    """A classifier's label names, in its output order (config.json's id2label)."""
-    raw = read_json(Path(resolve_model_path(path)) / "config.json").get("id2label") or {}
-    return tuple(str(raw[k]) for k in sorted(raw, key=int))
 
 
 def _label(names: tuple[str, ...], i: int) -> str:

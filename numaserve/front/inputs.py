@@ -1,4 +1,4 @@
-"""What the routes of every API share: their inputs read into texts, and embeddings made into
+"""What every API's calls share: their inputs read into texts, and embeddings made into
 what a request asked for (cut to `dimensions`, normalised).
 
 numpy is imported where it is used: a front imports this before it pins itself, and numpy's
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from numaserve.http.api_errors import ApiError
-from numaserve.processes.specs import HttpModel
+from numaserve.front.errors import ApiError
+from numaserve.processes.specs import FrontModel
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from numaserve.http.app import App
+    from numaserve.front.core import Core
 
 
-def texts(app: App, model: HttpModel, value: object, key: str) -> list[str]:
+def texts(core: Core, model: FrontModel, value: object, key: str) -> list[str]:
     """A string, a list of strings, or token ids (a list of ints, or a list of them): ids are
     decoded to their text by the model's tokenizer, which the shard tokenizes again."""
     if isinstance(value, str):
@@ -29,9 +29,9 @@ def texts(app: App, model: HttpModel, value: object, key: str) -> list[str]:
     if all(isinstance(v, str) for v in value):
         return value
     if all(_is_ids(v) for v in value):
-        return [decode(app, model, ids, key) for ids in value]
+        return [decode(core, model, ids, key) for ids in value]
     if _is_ids(value):
-        return [decode(app, model, value, key)]
+        return [decode(core, model, value, key)]
     raise ApiError(422, f"{key} must be a string, a list of strings, or token ids")
 
 
@@ -43,9 +43,9 @@ def _is_ids(value: object) -> bool:
     )
 
 
-def decode(app: App, model: HttpModel, ids: object, key: str, skip_special: bool = True) -> str:
+def decode(core: Core, model: FrontModel, ids: object, key: str, skip_special: bool = True) -> str:
     """Token ids back to text by the model's tokenizer; ids that are not its are a 422."""
-    tokenizer = app.tokenizer(model)
+    tokenizer = core.tokenizer(model)
     size = tokenizer.get_vocab_size()
     if not isinstance(ids, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in ids
@@ -57,10 +57,10 @@ def decode(app: App, model: HttpModel, ids: object, key: str, skip_special: bool
     return tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
-def kept_tokens(app: App, model: HttpModel, text: str, most: int, left: bool = False) -> str:
+def kept_tokens(core: Core, model: FrontModel, text: str, most: int, left: bool = False) -> str:
     """`text` cut to its first `most` tokens (with `left`, its last), as the model's
     tokenizer splits it."""
-    encoding = app.tokenizer(model).encode(text, add_special_tokens=False)
+    encoding = core.tokenizer(model).encode(text, add_special_tokens=False)
     if len(encoding.ids) <= most:
         return text
     if left:
@@ -130,3 +130,27 @@ def chunks(result: dict) -> dict:
     if result.get("chunks", 1) == 1:
         return {}
     return {"chunks": result["chunks"], "chunks_cut": result["truncated"]}
+
+
+def tokens(encoding, text: str) -> list[dict]:
+    """TEI's SimpleToken of each token of `text` (a tokenizer's encoding of it): a special
+    token has no span; another, its text and span in `text`."""
+    tokens = []
+    for token_id, token, (start, stop), special in zip(
+        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
+    ):
+        if special:
+            tokens.append(
+                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
+            )
+        else:
+            tokens.append(
+                {
+                    "id": token_id,
+                    "text": text[start:stop],
+                    "special": False,
+                    "start": start,
+                    "stop": stop,
+                }
+            )
+    return tokens

@@ -15,9 +15,9 @@ import os
 import time
 
 from numaserve.config.keys_file import MIN_KEY_CHARS, KeysFileError, read_keys
-from numaserve.http.api_errors import ApiError
+from numaserve.front.errors import ApiError
 
-log = logging.getLogger("numaserve.http")
+log = logging.getLogger("numaserve.front")
 RECHECK_S = 1.0
 
 

@@ -25,7 +25,7 @@ from numaserve.router.process import NOBLOCK, send
 from numaserve.wire import protocol
 from numaserve.wire.protocol import ErrorCode
 
-log = logging.getLogger("numaserve.http")
+log = logging.getLogger("numaserve.front")
 SWEEP_S = 0.25  # how often requests past their time are looked for
 
 
