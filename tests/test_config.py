@@ -70,6 +70,16 @@ def test_unknown_key_is_named_with_its_path_and_the_known_keys():
     assert "task" in msg
 
 
+def test_every_mistake_of_a_config_is_named_at_once_a_line_each():
+    lines = error("model: {taks: embed, max_length: long}\nserver: {max_batch: 0}").splitlines()
+    assert lines[0] == "my.yaml: 3 mistakes:"
+    assert [line.split(": ")[:2] for line in lines[1:]] == [
+        ["my.yaml", "model.taks"],
+        ["my.yaml", "model.max_length"],
+        ["my.yaml", "server.max_batch"],
+    ]
+
+
 def test_unknown_section_is_named():
     assert error("modle: {}").startswith("my.yaml: modle: unknown key")
 

@@ -751,13 +751,31 @@ def raw(server, data: bytes, read_for: float = 5.0) -> bytes:
     return answer
 
 
-def test_a_body_over_the_limit_is_413_before_it_is_sent(embedder):
+def test_a_body_over_the_limit_is_413_before_it_is_sent_naming_the_setting(embedder):
     head = (
         b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
         + KEY.encode()
         + b"\r\nContent-Length: 1000000000\r\n\r\n"
     )
-    assert raw(embedder, head).startswith(b"HTTP/1.1 413 ")
+    answer = raw(embedder, head)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"server.http_max_body_bytes" in answer
+
+
+def test_an_unknown_key_beside_no_inputs_is_named_and_a_wrong_type_is_no_empty(embedder):
+    with authed(embedder) as http:
+        misspelt = http.post("/embed", json={"input": "hello"})
+        typed = http.post("/embed", json={"inputs": 42})
+    assert misspelt.status_code == 422
+    assert misspelt.json()["error_type"] == "Validation"
+    assert "`input`" in misspelt.json()["error"] and "`inputs`" in misspelt.json()["error"]
+    assert typed.status_code == 422 and typed.json()["error_type"] == "Validation"
+
+
+def test_docs_with_a_slash_is_sent_to_docs(embedder):
+    with httpx.Client(base_url=embedder.url, timeout=30) as http:
+        answer = http.get("/docs/")
+    assert answer.status_code in (301, 308) and answer.headers["location"] == "/docs"
 
 
 def test_malformed_json_is_400_and_a_non_object_422(embedder):

@@ -10,6 +10,7 @@ import pytest
 
 from numaserve.client import BadRequest, Client, NumaserveError
 from tests.harness import server as server_
+from tests.harness.console import numaserve
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +95,14 @@ def test_a_request_that_names_no_model_is_told_the_models_served(two):
     with Client(two.endpoint, timeout=30) as client, pytest.raises(BadRequest) as caught:
         client.embed("which model?")
     assert "this server serves several models (embed, toxicity)" in str(caught.value)
+
+
+def test_the_cli_tells_a_command_that_names_no_model_to_name_one_with_its_flag(two):
+    out = numaserve("embed", "which model?", "--endpoint", two.endpoint)
+    assert out.returncode == 1
+    assert "this server serves several models (embed, toxicity): name one with --model" in (
+        out.stderr
+    )
 
 
 def test_status_shows_every_models_instances_and_pools(two):

@@ -489,6 +489,17 @@ def test_the_cli_prints_the_logits_with_raw_scores(rerank_server, pair_server):
     assert len(result["logits"]) == len(result["probs"])
 
 
+def test_the_cli_names_each_probability_by_the_models_label(pair_server):
+    server, path = pair_server
+    names = json.loads((path / "config.json").read_text())["id2label"]
+    labels = [names[str(i)] for i in range(len(names))]
+    out = numaserve("classify", "a fox", "--raw-scores", "--endpoint", server.endpoint)
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)["results"]
+    assert list(result["probs"]) == labels and list(result["logits"]) == labels
+    assert result["label"] == max(result["probs"], key=result["probs"].get)
+
+
 def bench(endpoint: str, *options: str) -> dict:
     command = ("bench", *options, "--clients", "2", "--requests", "5", "--json")
     out = numaserve(*command, "--endpoint", endpoint)

@@ -10,6 +10,7 @@ import pytest
 
 from numaserve.processes import exitcodes
 from numaserve.supervisor.children import Announce, Child, Limits, Signal, Spawn, State, Terminate
+from numaserve.supervisor.reporting import Mood, summary
 from numaserve.supervisor.rollout import (
     Abort,
     Renew,
@@ -217,3 +218,13 @@ def test_a_fast_stop_kills_every_process_once_and_exits_as_sigint_does(rig):
     for child in children:
         child.exited(-signal.SIGKILL)
     assert stop.next_steps([], [], children, 1.0)[1] == 128 + signal.SIGINT
+
+
+def test_the_state_line_counts_the_shards_by_state_not_one_word_each():
+    workers = [Child(f"main-{i}", [], state=State.READY) for i in range(2)]
+    one = [Child("router", [], state=State.READY)]
+    two = [Child(f"router-{i}", [], state=State.READY) for i in range(2)]
+    mixed = [*two[:1], Child("router-1", [], state=State.STARTING)]
+    assert summary(Mood.SERVING, workers, one) == "2 ready; router ready"
+    assert summary(Mood.SERVING, workers, two) == "2 ready; routers ready"
+    assert summary(Mood.SERVING, workers, mixed) == "2 ready; routers: 1 ready, 1 starting"

@@ -3,6 +3,7 @@ no process is started and the clock moves only when a test moves it. The same su
 runs real processes in tests/test_supervisor.py (slow)."""
 
 import json
+import logging
 import signal
 from pathlib import Path
 
@@ -768,3 +769,21 @@ def test_the_slot_table_carries_each_instances_live_affinity_so_no_shard_reads_p
     rig.step()
     slots = {s["name"]: s for s in rig.router.tables[-1]["slots"]}
     assert slots["main-0"]["live_cpus"] is None  # gone: nothing to read
+
+
+CONFIG_WITH_TRACING = """
+model: {path: bundled:minilm, backend: torch, quantize: none}
+server: {http: "", tracing: {endpoint: "http://collector:4318"}}
+placement: {pools: [{name: main, max_tokens: 512, instances: 1}]}
+"""
+
+
+def test_the_start_says_in_one_line_where_traces_go(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="numaserve.supervisor")
+    rig = Rig(tmp_path, config_text=CONFIG_WITH_TRACING)
+    rig.start()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("traces:")]
+    assert line == (
+        "traces: exported over OTLP (http/protobuf) to http://collector:4318, "
+        "sampler parentbased_always_on"
+    )

@@ -232,4 +232,6 @@ def call_server(endpoints, timeout: float, method: str, *args, **kwargs):
             "or point --endpoint (or NUMASERVE_ENDPOINT) at the one that runs"
         ) from None
     except NumaserveError as e:
-        raise MachineError(f"{e.code}: {e.message}") from None
+        # The server names the request's key; a person at the command line has the flag.
+        message = e.message.replace("name one in `model`", "name one with --model")
+        raise MachineError(f"{e.code}: {message}") from None

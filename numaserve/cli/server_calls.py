@@ -124,7 +124,28 @@ def classify(
         raise click.UsageError(f"--pairs needs an even number of texts; got {len(texts)}")
     batch = list(zip(texts[::2], texts[1::2], strict=True)) if pairs else list(texts)
     results = call_server(endpoints, timeout, "classify", batch, raw_scores=raw_scores)
-    print_results([_result_json(r) for r in results])
+    labels = _label_names(endpoints, timeout)
+    print_results([_named(_result_json(r), labels) for r in results])
+
+
+def _label_names(endpoints, timeout: float) -> list[str] | None:
+    """The classifier's label names, in its output's order, as its instances said them."""
+    report = ServerReport.from_wire(call_server(endpoints, timeout, "status"))
+    model = asked_model()
+    for instance in report.instances:
+        routing = instance.routing
+        if routing and routing.labels and model in (None, instance.slot.model_name):
+            return routing.labels
+    return None
+
+
+def _named(fields: dict, labels: list[str] | None) -> dict:
+    """A classification's probabilities (and logits) by label name, where the names are
+    known and one a value."""
+    for key in ("probs", "logits"):
+        if labels and key in fields and len(fields[key]) == len(labels):
+            fields[key] = dict(zip(labels, fields[key], strict=True))
+    return fields
 
 
 @main.command()

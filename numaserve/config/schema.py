@@ -145,6 +145,9 @@ class ServerConfig:
     # TEI's gRPC API (docs/grpc.md), host:port; "" (the default) turns it off. It is served
     # by the same front processes as the HTTP API, with the same API keys.
     grpc: str = field(default="", metadata={"empty": True})
+    # With `models:`: the model a call that names none gets, on the APIs whose requests have
+    # no model field (TEI's routes, its gRPC API); "": such a call must name one.
+    default_model: str = field(default="", metadata={"empty": True})
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry: off unless an endpoint is named
     # An HTTP request slower than this is logged by its front, with where its time went (0: none)
     slow_request_ms: int = field(default=0, metadata=_bounds(0, 3_600_000))
@@ -283,6 +286,7 @@ def parse_config(text: str, source: str = "<string>", base: Path | None = None) 
     elif "max_length" not in (data.get("model") or {}):
         config = dataclasses.replace(config, unset_max_length=(0,))
     _check_server(config, source)
+    _check_default_model(config, source)
     for i, served in enumerate(config.models):
         where, pools_key = _model_keys(config, i)
         _check_model(served, served.pools, where, pools_key, source)
@@ -385,21 +389,38 @@ def from_mapping(cls: type, data: object, source: str, where: str = ""):
         )
     hints = typing.get_type_hints(cls)
     public = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    for key in data:
-        if key not in public:
-            known = ", ".join(public)
-            raise ConfigError(
-                f"{source}: {_join(where, str(key))}: unknown key (known keys: {known})"
-            )
+    mistakes = [
+        f"{source}: {_join(where, str(key))}: unknown key (known keys: {', '.join(public)})"
+        for key in data
+        if key not in public
+    ]
     values = {}
     for name, f in public.items():
         key = _join(where, name)
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{source}: {key}: required key is missing")
+                mistakes.append(f"{source}: {key}: required key is missing")
             continue
-        values[name] = _convert(hints[name], data[name], source, key, f.metadata)
+        try:
+            values[name] = _convert(hints[name], data[name], source, key, f.metadata)
+        except ConfigError as e:  # every mistake is named at once, not one a run
+            mistakes.extend(_mistakes(e))
+    if mistakes:
+        raise ConfigError(_said(mistakes, source) if not where else "\n".join(mistakes))
     return cls(**values)
+
+
+def _mistakes(error: ConfigError) -> list[str]:
+    """The mistakes one ConfigError names, a line each (its heading left out)."""
+    lines = str(error).splitlines()
+    return lines[1:] if len(lines) > 1 and lines[0].endswith(" mistakes:") else lines
+
+
+def _said(mistakes: list[str], source: str) -> str:
+    """One mistake as it is; several under a heading that counts them, a line each."""
+    if len(mistakes) == 1:
+        return mistakes[0]
+    return "\n".join((f"{source}: {len(mistakes)} mistakes:", *mistakes))
 
 
 def _convert(hint, value, source: str, key: str, meta):
@@ -513,6 +534,21 @@ def _check_server(config: Config, source: str) -> None:
             f"server.max_message_bytes ({server.max_message_bytes:,}): the HTTP front sends "
             "each body on to a router shard as one message of about its size; raise "
             "max_message_bytes or lower the body limit"
+        )
+
+
+def _check_default_model(config: Config, source: str) -> None:
+    default = config.server.default_model
+    names = [m.name for m in config.models]
+    if default and not config.named:
+        raise ConfigError(
+            f"{source}: server.default_model is for a `models:` config; a `model:` config "
+            "serves one model, which every call gets"
+        )
+    if default and default not in names:
+        raise ConfigError(
+            f"{source}: server.default_model: {default} is not one of the models "
+            f"({', '.join(names)})"
         )
 
 

@@ -61,10 +61,13 @@ class Core:
         """The model a call names (`where` says where it is named), or the only one."""
         served = ", ".join(self.models)
         if name is None:
-            if len(self.models) == 1:
-                return next(iter(self.models.values()))
+            default = self.spec.server.default_model
+            if len(self.models) == 1 or default:
+                return self.models[default] if default else next(iter(self.models.values()))
             raise ApiError(
-                400, f"this server serves several models ({served}): name one in {where}"
+                400,
+                f"this server serves several models ({served}): name one in {where}, or set "
+                "server.default_model",
             )
         model = self.models.get(name) if isinstance(name, str) else None
         if model is None:

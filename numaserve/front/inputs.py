@@ -17,15 +17,25 @@ if TYPE_CHECKING:
     from numaserve.front.core import Core
 
 
+def given(body: dict, key: str) -> object:
+    """`body[key]`; where it is missing, a 422 that names the keys the body has instead (a
+    misspelt `input` is a common first mistake)."""
+    if key in body:
+        return body[key]
+    others = ", ".join(f"`{k}`" for k in body if k != "model")
+    instead = f"; it has {others}, which this route does not read" if others else ""
+    raise ApiError(422, f"the body has no `{key}`{instead}")
+
+
 def texts(core: Core, model: FrontModel, value: object, key: str) -> list[str]:
     """A string, a list of strings, or token ids (a list of ints, or a list of them): ids are
     decoded to their text by the model's tokenizer, which the shard tokenizes again."""
     if isinstance(value, str):
         return [value]
-    if not isinstance(value, list) or not value:
-        raise ApiError(
-            422, f"{key} must be a string, a non-empty list of strings, or token ids", "Empty"
-        )
+    if isinstance(value, list) and not value:
+        raise ApiError(422, f"{key} is an empty list: give at least one text", "Empty")
+    if not isinstance(value, list):
+        raise ApiError(422, f"{key} must be a string, a non-empty list of strings, or token ids")
     if all(isinstance(v, str) for v in value):
         return value
     if all(_is_ids(v) for v in value):

@@ -33,6 +33,7 @@ REASONS = {
     100: "Continue",
     200: "OK",
     204: "No Content",
+    308: "Permanent Redirect",
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
@@ -195,7 +196,9 @@ class Connection(asyncio.Protocol):
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             raise _Refused(
-                413, f"the body is {length} bytes; this server takes at most {self.max_body}"
+                413,
+                f"the body is {length} bytes; this server takes at most {self.max_body} "
+                "(server.http_max_body_bytes)",
             )
         if request.headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -203,7 +206,11 @@ class Connection(asyncio.Protocol):
     def on_body(self, chunk: bytes) -> None:
         self.body_bytes += len(chunk)
         if self.body_bytes > self.max_body:  # chunked: no length to refuse it by up front
-            raise _Refused(413, f"the body is over this server's {self.max_body} bytes")
+            raise _Refused(
+                413,
+                f"the body is over this server's {self.max_body} bytes "
+                "(server.http_max_body_bytes)",
+            )
         self.body.append(chunk)
 
     def on_message_complete(self) -> None:

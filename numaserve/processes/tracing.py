@@ -1,11 +1,12 @@
-"""OpenTelemetry traces from every numaserve process (the HTTP fronts, the router shards, the
+"""OpenTelemetry traces from every numaserve process (the fronts, the router shards, the
 workers), joined into one trace per request by W3C Trace Context: a front reads a request's
-`traceparent` header and passes its own span on in the protocol's `traceparent` key, a shard
+`traceparent` header (or gRPC metadata) and passes its own span on in the protocol's `traceparent` key, a shard
 passes its span to the instance that runs the texts, and the instance's forward pass is a span
 of that trace (linked to every other request its batch served).
 
 Off unless an OTLP endpoint is named (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
-`OTEL_EXPORTER_OTLP_ENDPOINT`, which `server.tracing` may set for every process); then each
+`OTEL_EXPORTER_OTLP_ENDPOINT`, which `server.tracing` may set for every process) or
+`OTEL_TRACES_EXPORTER` names `console`; then each
 process builds OpenTelemetry's own SDK from the `OTEL_*` variables, as every service
 configured by them does: the exporter (`OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: `http/protobuf`,
 the default, or `grpc`; `..._HEADERS`, `..._TIMEOUT`, `..._COMPRESSION`), the sampler
@@ -57,13 +58,51 @@ def environment(config: TracingConfig) -> dict[str, str]:
     return {VARIABLES[key]: value for key, value in given.items() if value is not None}
 
 
-def wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process traces: an OTLP endpoint is named, and the SDK is not disabled."""
+def exporters(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The exporters this process sends spans to, as OpenTelemetry's SDK reads
+    OTEL_TRACES_EXPORTER (a list: `otlp`, the default; `console`; `none`): `otlp` only where
+    an endpoint is named, so that no process reaches for a collector nobody named."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
-        return False
-    return any(environ.get(name, "").strip() for name in ENDPOINTS)
+        return []
+    named = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
+    endpoint = any(environ.get(name, "").strip() for name in ENDPOINTS)
+    return [
+        e
+        for e in dict.fromkeys(n.strip() for n in named)
+        if e == "console" or (e == "otlp" and endpoint)
+    ]
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process traces: an exporter it can send to, the SDK not disabled."""
+    return bool(exporters(environ))
+
+
+def described(environ: Mapping[str, str] = os.environ) -> str:
+    """One line for the start's log: whether traces go anywhere, where, and how sampled."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "traces: off (OTEL_SDK_DISABLED=true)"
+    chosen = exporters(environ)
+    if not chosen:
+        if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+            return "traces: off (OTEL_TRACES_EXPORTER=none)"
+        return (
+            "traces: off (name an OTLP endpoint in server.tracing.endpoint or "
+            "OTEL_EXPORTER_OTLP_ENDPOINT, or set OTEL_TRACES_EXPORTER=console)"
+        )
+    where = []
+    if "otlp" in chosen:
+        endpoint = next(environ[n].strip() for n in ENDPOINTS if environ.get(n, "").strip())
+        where.append(f"exported over OTLP ({_protocol(environ)}) to {endpoint}")
+    if "console" in chosen:
+        where.append("printed on standard output (OTEL_TRACES_EXPORTER=console)")
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on"
+    argument = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    return f"traces: {' and '.join(where)}, sampler {sampler}{' ' + argument if argument else ''}"
+
+
+def _protocol(environ: Mapping[str, str]) -> str:
+    return next((environ[n].strip() for n in PROTOCOLS if environ.get(n)), "http/protobuf")
 
 
 def start(
@@ -89,7 +128,7 @@ def start(
     )
     if not named:
         attributes["service.name"] = SERVICE
-    counted = CountedExporter(_exporter(environ))
+    counted = CountedExporter(_exporter(environ, exporters(environ)))
     provider = TracerProvider(resource=Resource.create(attributes))
     # The processor reports what it drops only where the SDK's own metrics are on (read once,
     # as it is made); the provider, made before, keeps its per-span metrics off.
@@ -114,15 +153,43 @@ def _variable(name: str, value: str):
             os.environ[name] = before
 
 
-def _exporter(environ: Mapping[str, str]):
-    """OTLP's exporter for the configured protocol; it reads its endpoint, headers, timeout
-    and compression from the same variables itself."""
-    protocol = next((environ[n] for n in PROTOCOLS if environ.get(n)), "http/protobuf")
-    if protocol.strip() == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter()
+def _exporter(environ: Mapping[str, str], chosen: list[str]):
+    """The exporter of each chosen name, as one: OTLP's for the configured protocol (it reads
+    its endpoint, headers, timeout and compression from the same variables itself), and the
+    SDK's console exporter (a span a line of JSON on standard output)."""
+    made = []
+    if "otlp" in chosen:
+        if _protocol(environ) == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        made.append(OTLPSpanExporter())
+    if "console" in chosen:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        made.append(ConsoleSpanExporter())
+    return made[0] if len(made) == 1 else Fanout(made)
+
+
+class Fanout:
+    """Several exporters as one: each batch goes to every one; a failure of any is one."""
+
+    def __init__(self, exporters: list) -> None:
+        self.exporters = exporters
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        results = [e.export(spans) for e in self.exporters]
+        ok = all(r == SpanExportResult.SUCCESS for r in results)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self, *args, **kwargs):
+        for exporter in self.exporters:
+            exporter.shutdown(*args, **kwargs)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(e.force_flush(timeout_millis) for e in self.exporters)
 
 
 class CountedExporter:

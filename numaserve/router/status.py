@@ -91,6 +91,7 @@ def routing(dispatch: Dispatcher) -> tuple[Routing, ...]:
                 busy=w.jobs,
                 served=w.served,
                 passes=w.passes,
+                labels=w.info.get("labels"),
             )
         )
     return tuple(entries)

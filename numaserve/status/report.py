@@ -237,6 +237,7 @@ class Routing:
     served: int = 0
     # The forward passes each of its model paths ran, by path, where it holds more than one.
     passes: dict[str, int] | None = None
+    labels: list[str] | None = None  # a classifier's label names, in its output's order
 
     def to_wire(self) -> dict:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -259,6 +260,7 @@ ROUTED = {
     "busy": 0,
     "served": 0,
     "passes": None,
+    "labels": None,
 }
 
 

@@ -38,6 +38,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
+from numaserve.processes.tracing import described as tracing_described
 from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_report
 from numaserve.status.report import Front, SlotTable, SupervisorInfo
@@ -256,6 +257,7 @@ class Supervisor:
             self.site.config_path,
             extra={"event": "start"},
         )
+        log.info("%s", tracing_described(self.child_env), extra={"event": "start"})
         wanted = Wanted.start(self.config, self.plan, self.deployment)
         if any(needs_prepare(m.backend, m.quantize) for m in self.config.models):
             prepare = self.prepare_child()

@@ -32,13 +32,25 @@ PREFIX = {
 
 
 def summary(mood: Mood, workers: Iterable[Child], routers: list[Child]) -> str:
-    """'2 ready, 1 backoff; router ready': the instances by state, then the shards."""
+    """'2 ready, 1 backoff; router ready': the instances by state, then the shards ('routers
+    ready' where all are, 'routers: 1 ready, 1 starting' where they differ)."""
+    parts = _by_state(workers)
+    if not routers:  # none started yet
+        return f"{PREFIX.get(mood, '')}{parts}"
+    shards = "router" if len(routers) == 1 else "routers"
+    states = {r.state for r in routers}
+    said = (
+        f"{shards} {states.pop().value}" if len(states) == 1 else f"{shards}: {_by_state(routers)}"
+    )
+    return f"{PREFIX.get(mood, '')}{parts}; {said}"
+
+
+def _by_state(children: Iterable[Child]) -> str:
+    """'2 ready, 1 backoff'."""
     counts: dict[str, int] = {}
-    for child in workers:
+    for child in children:
         counts[child.state.value] = counts.get(child.state.value, 0) + 1
-    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    states = ", ".join(r.state.value for r in routers)
-    return f"{PREFIX.get(mood, '')}{parts}; router{'s' if len(routers) > 1 else ''} {states}"
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
 def snapshot(

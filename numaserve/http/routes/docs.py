@@ -81,6 +81,11 @@ async def page(app: App, request: Request) -> Response:
     return served(PAGE, "text/html; charset=utf-8")
 
 
+async def slash(app: App, request: Request) -> Response:
+    """/docs/ is /docs: the page's own files are named from /docs."""
+    return Response(308, b"", headers=(("location", "/docs"),))
+
+
 async def start(app: App, request: Request) -> Response:
     return served(START, "text/javascript; charset=utf-8")
 
@@ -96,6 +101,7 @@ def _route(path: str, handler, summary: str) -> Route:
 
 ROUTES = (
     _route("/docs", page, "This API as a page to browse and try (Swagger UI)"),
+    _route("/docs/", slash, "The page, at /docs"),
     _route("/docs/start.js", start, "The page's script"),
     *(_route(path, asset, "Swagger UI's own file") for path in ASSETS),
 )

@@ -28,7 +28,7 @@ async def embeddings(app: App, request: Request) -> Response:
     if encoding not in ENCODINGS:
         raise ApiError(422, f"encoding_format must be one of {', '.join(ENCODINGS)}")
     dimensions = inputs.dimensions_of(body)
-    texts = inputs.texts(app.core, model, body.get("input"), "input")
+    texts = inputs.texts(app.core, model, inputs.given(body, "input"), "input")
     texts, cutting = _last_prompt_tokens(app, model, texts, body.get("truncate_prompt_tokens"))
     results = await app.core.run(request, model, "embed", texts, **cutting)
     vectors = inputs.embeddings(results, dimensions, normalize=dimensions is not None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from numaserve.front.errors import ApiError
+from numaserve.front.inputs import given
 from numaserve.http import api_errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.routes import tei
@@ -22,11 +23,13 @@ async def ner(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     tei.check_task(model, "/ner")
-    value = body.get("inputs")
+    value = given(body, "inputs")
     single = isinstance(value, str)
     texts = [value] if single else value
-    if not isinstance(texts, list) or not texts:
-        raise ApiError(422, "inputs must be a text or a non-empty list of texts", "Empty")
+    if isinstance(texts, list) and not texts:
+        raise ApiError(422, "inputs is an empty list: give at least one text", "Empty")
+    if not isinstance(texts, list):
+        raise ApiError(422, "inputs must be a text or a non-empty list of texts")
     aggregation = body.get("aggregation")
     results = await app.core.run(
         request, model, "ner", texts, aggregation=aggregation, **tei.cutting(body)

@@ -60,7 +60,7 @@ async def embed(app: App, request: Request) -> Response:
     model = app.model_of(request, body)
     check_task(model, "/embed")
     dimensions = inputs.dimensions_of(body)
-    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
     results = await app.core.run(
         request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
     )
@@ -72,7 +72,7 @@ async def embed_all(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/embed")
-    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
     results = await app.core.run(
         request,
         model,
@@ -90,7 +90,7 @@ async def embed_sparse(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/embed_sparse")
-    texts = inputs.texts(app.core, model, body.get("inputs"), "inputs")
+    texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
     results = await app.core.run(request, model, "sparse", texts, **cutting(body))
     return ok([_sparse_values(*weights(r)) for r in results])
 
@@ -136,7 +136,7 @@ async def predict(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     check_task(model, "/predict")
-    texts, single = predict_inputs(body.get("inputs"))
+    texts, single = predict_inputs(inputs.given(body, "inputs"))
     raw = body.get("raw_scores")
     results = await app.core.run(request, model, "classify", texts, raw_scores=raw, **cutting(body))
     names = facts.labels(model.model.path)
@@ -208,10 +208,12 @@ async def rerank(app: App, request: Request) -> Response:
 async def tokenize(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
-    value = body.get("inputs")
+    value = inputs.given(body, "inputs")
     texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ApiError(422, "inputs must be a string or a non-empty list of strings", "Empty")
+    if isinstance(texts, list) and not texts:
+        raise ApiError(422, "inputs is an empty list: give at least one text", "Empty")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ApiError(422, "inputs must be a string or a non-empty list of strings")
     app.core.check_count(texts)
     special = flag(body, "add_special_tokens", True)
     tokenizer = app.core.tokenizer(model)
