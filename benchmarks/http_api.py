@@ -133,7 +133,7 @@ def wrk(server: Server, text: str, connections: int, seconds: float, tmp: Path) 
 
 
 def by_role(result: dict, role: str) -> float:
-    """CPU microseconds a request of the processes running `role` (numaserve.http: the fronts)."""
+    """CPU microseconds a request of the processes running `role` (numaserve.fronts: the fronts)."""
     per = result["cpu_ms_per_request_by_process"]
     return 1000 * sum(ms for name, ms in per.items() if name.split(" ")[0] == role)
 
@@ -144,7 +144,7 @@ def line(row: dict) -> str:
         f"zeromq {z['throughput_rps']:.0f} req/s p99 {z['latency_ms']['p99']:.2f} ms, "
         f"http {h['throughput_rps']:.0f} req/s p99 {h['latency_ms']['p99']:.2f} ms "
         f"({h['throughput_rps'] / z['throughput_rps']:.2f}x); HTTP front "
-        f"{by_role(h, 'numaserve.http'):.1f} us CPU a request, router "
+        f"{by_role(h, 'numaserve.fronts'):.1f} us CPU a request, router "
         f"{by_role(h, 'numaserve.router'):.1f} us (over ZeroMQ {by_role(z, 'numaserve.router'):.1f})"
     )
 
@@ -152,7 +152,7 @@ def line(row: dict) -> str:
 def report(results: dict) -> None:
     rows = results["rounds"]
     ratios = [r["http"]["throughput_rps"] / r["zeromq"]["throughput_rps"] for r in rows]
-    front = [by_role(r["http"], "numaserve.http") for r in rows]
+    front = [by_role(r["http"], "numaserve.fronts") for r in rows]
     print(
         f"\ncache hits, {results['settings']['clients']} clients: HTTP/ZeroMQ throughput "
         f"median {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)});"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import signal
 import subprocess
 import sys
 import time
@@ -223,6 +224,23 @@ def test_a_client_that_leaves_mid_stream_leaves_nothing_running(tmp_path, tei):
         slow.close()
 
 
+def test_sigterm_answers_the_calls_a_front_holds_then_it_exits(tmp_path, tei):
+    pb, stubs = tei
+    slow = InProcessRouter(tmp_path, delay=1.0, local=f"ipc://{tmp_path}/local.sock")
+    proc, address = start_front(slow, tmp_path)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            future = stubs.EmbedStub(channel).Embed.future(pb.EmbedRequest(inputs="held"))
+            time.sleep(0.3)  # at the instance now
+            proc.send_signal(signal.SIGTERM)
+            assert len(future.result(timeout=30).embeddings) == 4
+            assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        slow.close()
+
+
 # -- the parts, alone ----------------------------------------------------------------------
 
 
@@ -308,3 +326,26 @@ def test_a_grpc_address_that_is_not_host_port_is_refused_naming_an_example():
 def test_grpc_on_the_http_apis_own_address_is_refused():
     with pytest.raises(ConfigError, match=r"server.http and server.grpc are both 127.0.0.1:8080"):
         parse_config('server: {grpc: "127.0.0.1:8080"}')
+
+
+def test_a_truncation_direction_tei_has_not_is_invalid_argument(router, channel, tei):
+    pb, stubs = tei
+    router.add_worker("main-0")
+    request = pb.EmbedRequest(inputs="hello", truncation_direction=7)  # an enum from elsewhere
+    with pytest.raises(grpc.RpcError) as refused:
+        stubs.EmbedStub(channel).Embed(request)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "truncation_direction 7" in refused.value.details()
+
+
+def test_a_message_that_is_not_teis_is_refused_and_the_front_serves_on(router, channel, tei):
+    pb, stubs = tei
+    router.add_worker("main-0")
+    garbage = channel.unary_unary(
+        "/tei.v1.Embed/Embed", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        garbage(b"\xff\xff\xff\xff not a protobuf")
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("not a tei.v1.EmbedRequest")
+    assert len(stubs.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="after")).embeddings) == 4

@@ -42,6 +42,34 @@ STREAM_WINDOW = 64  # a stream's messages running at once; reading waits past th
 Answer = Callable[[Exchange, object], Awaitable[object]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Corrupt:
+    """A message that is not its method's (grpcio would answer UNKNOWN for the exception a
+    parser raises): what the parser said, for an INVALID_ARGUMENT."""
+
+    why: str
+
+
+def parser(message_type) -> Callable[[bytes], object]:
+    """`message_type`'s parser for a method's messages, a Corrupt for bytes that are not one."""
+    from google.protobuf.message import DecodeError
+
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError as e:
+            return Corrupt(f"not a {message_type.DESCRIPTOR.full_name}: {e}")
+
+    return parse
+
+
+def checked(request):
+    """A request as it was parsed, or the ApiError of one that could not be."""
+    if isinstance(request, Corrupt):
+        raise ApiError(422, request.why)
+    return request
+
+
 def status_of(error: ApiError) -> grpc.StatusCode:
     return BY_STATUS.get(error.status) or BY_KIND.get(error.kind, grpc.StatusCode.INTERNAL)
 
@@ -79,7 +107,7 @@ class Calls:
         span = self._span(method, call)
         try:
             self.core.check_key(call)
-            reply = await answer(call, request)
+            reply = await answer(call, checked(request))
         except ApiError as e:
             await self._fail(method, call, span, context, e, started)
         took = time.perf_counter() - started
@@ -103,7 +131,7 @@ class Calls:
         span = self._span(method, call)
         try:
             self.core.check_key(call)
-            async for reply in in_order(requests, lambda r: answer(_one(call), r)):
+            async for reply in in_order(requests, lambda r: answer(_one(call), checked(r))):
                 yield reply
         except ApiError as e:
             await self._fail(method, call, span, context, e, started)

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from numaserve.front.core import Core
 from numaserve.front.errors import ApiError
 from numaserve.front.stats import Stats
-from numaserve.grpc_api.calls import Calls
+from numaserve.grpc_api.calls import Calls, parser
 from numaserve.grpc_api.proto import PACKAGE, SERVICES, full_names, tei
 from numaserve.grpc_api.services import Methods
 from numaserve.processes.tracing import Tracing
@@ -108,7 +108,7 @@ class GrpcServer:
             }[kinds]
             handlers[method.name] = make(
                 self._behaviour(name, answer, streams=all(kinds)),
-                request_deserializer=getattr(pb, method.input_type.name).FromString,
+                request_deserializer=parser(getattr(pb, method.input_type.name)),
                 response_serializer=getattr(pb, method.output_type.name).SerializeToString,
             )
         return grpc.method_handlers_generic_handler(f"{PACKAGE}.{service}", handlers)

@@ -14,7 +14,7 @@ from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.front import facts, inputs
 from numaserve.front.core import Core
 from numaserve.front.errors import ApiError
-from numaserve.grpc_api.calls import Calls, GrpcExchange
+from numaserve.grpc_api.calls import Calls, GrpcExchange, checked
 from numaserve.grpc_api.proto import tei
 from numaserve.processes.specs import FrontModel
 from numaserve.tasks.embed import EMBED
@@ -48,16 +48,20 @@ class Methods:
         for text in texts:
             if not (text if isinstance(text, str) else all(text)):
                 raise ApiError(422, "`inputs` cannot be empty", "Empty")
-        results = await self.core.run(
+        direction = request.truncation_direction
+        if not 0 <= direction < len(DIRECTIONS):
+            raise ApiError(
+                422, f"truncation_direction {direction} is neither RIGHT (0) nor LEFT (1)"
+            )
+        return await self.core.run(
             call,
             model,
             op,
             texts,
             truncate=request.truncate,
-            truncation_direction=DIRECTIONS[request.truncation_direction],
+            truncation_direction=DIRECTIONS[direction],
             **options,
         )
-        return results
 
     def metadata(self, call) -> object:
         ms, ns = call.timings, 1_000_000
@@ -177,7 +181,7 @@ class Methods:
         first message's raw_scores and return_text hold for all. Each query's texts run as
         one request."""
         model = self.model(call, "rerank", "RerankStream")
-        pairs = [r async for r in requests]
+        pairs = [checked(r) async for r in requests]
         if not pairs:
             raise ApiError(422, "the stream held no message", "Empty")
         first = pairs[0]
