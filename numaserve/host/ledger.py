@@ -25,6 +25,7 @@ from pathlib import Path
 from numaserve.config.addresses import reaches
 from numaserve.config.schema import PlacementConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.placement import PlacementError, Plan, plan_placement
 from numaserve.host.topology import CPUTopology
 
@@ -102,8 +103,8 @@ def _made(path: Path) -> bool:
 def held_cpus(plan: Plan, topo: CPUTopology) -> tuple[int, ...]:
     """What a plan holds: every thread of every physical core it uses (an instance's core,
     or a reserved one), so that no other server gets an idle SMT sibling of our cores."""
-    used = {*plan.reserved_cpus, *(cpu for slot in plan.slots for cpu in slot.cpus)}
-    return tuple(sorted(cpu for c in topo.cores if used & set(c.cpus) for cpu in c.cpus))
+    used = CPUSet.of((*plan.reserved_cpus, *(cpu for slot in plan.slots for cpu in slot.cpus)))
+    return used.whole_cores(topo).sorted()
 
 
 def without(topo: CPUTopology, holders: list[Holder]) -> CPUTopology:

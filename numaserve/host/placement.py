@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from numaserve.config.schema import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.topology import Core, CPUTopology
 
 
@@ -262,12 +263,8 @@ def replan(
     names = {m.name for m in models}
     kept = [s for s in current.slots if s.model in names]
     added = tuple(m for m in models if m.name not in {s.model for s in kept})
-    busy = {*current.reserved_cpus, *(cpu for s in kept for cpu in s.cpus)}
-    free = dataclasses.replace(
-        topo,
-        allowed_cpus=topo.allowed_cpus
-        - {cpu for c in topo.cores if busy & set(c.cpus) for cpu in c.cpus},
-    )
+    busy = CPUSet.of((*current.reserved_cpus, *(cpu for s in kept for cpu in s.cpus)))
+    free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo).cpus)
     new: tuple[Slot, ...] = ()
     if added:
         try:

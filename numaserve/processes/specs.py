@@ -28,6 +28,7 @@ from numaserve.config.schema import (
     ServerConfig,
     from_mapping,
 )
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
@@ -243,7 +244,6 @@ def deployment(
     private to this server. Shards are numbered across all models; only those of one model
     hand requests to each other. `numbers`: the running server's shard numbers, by model,
     for a reload (host/shards.plan_model_shards)."""
-    node_of = {cpu: core.node for core in topo.cores for cpu in core.cpus}
     served = {m.name: m for m in config.models}
     named = config.named  # requests name their model: a frontend routes by it
     shards = [
@@ -266,7 +266,7 @@ def deployment(
             max_message_bytes=config.server.max_message_bytes,
             curve=config.server.curve,
             cpus=plan.reserved_cpus,
-            nodes=tuple(sorted({node_of[c] for c in plan.reserved_cpus})),
+            nodes=CPUSet.of(plan.reserved_cpus).nodes(topo),
         )
     route = {r.model: r.shards for r in frontend.routes} if frontend else {}
     routers = {}
@@ -283,7 +283,7 @@ def deployment(
             model_name=model.name,
             server=config.server,
             cpus=shard.cpus,
-            nodes=tuple(sorted({node_of[c] for c in shard.cpus})),
+            nodes=CPUSet.of(shard.cpus).nodes(topo),
             drain_timeout_s=config.supervisor.drain_timeout_s,
             shard=shard.index,
             frontend=route.get(model.name),

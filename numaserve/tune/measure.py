@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass
 
 from numaserve.config.schema import ModelConfig, PlacementConfig, PoolConfig
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import Ledger, plan_around
 from numaserve.host.placement import PlacementError, Slot
 from numaserve.host.topology import CPUTopology
@@ -152,9 +153,8 @@ def measure(
     for placed in rounds(jobs, topo, ledger):
         probes = Probes()
         if ledger is not None:
-            used = {cpu for _, slot in placed for cpu in slot.cpus}
-            whole = sorted(cpu for c in topo.cores if used & set(c.cpus) for cpu in c.cpus)
-            ledger.register("numaserve tune (measuring)", tuple(whole))
+            used = CPUSet.of(cpu for _, slot in placed for cpu in slot.cpus)
+            ledger.register("numaserve tune (measuring)", used.whole_cores(topo).sorted())
         try:
             for job, slot in placed:
                 spec = ProbeSpec(
