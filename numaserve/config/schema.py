@@ -47,6 +47,10 @@ def _bounds(lo: int | float | None = None, hi: int | float | None = None) -> dic
     return {"min": lo, "max": hi}
 
 
+Backend = Literal["auto", "torch", "onnxruntime", "openvino", "ctranslate2"]  # model.backend
+Quantize = Literal["auto", "int8", "int16", "bf16", "none"]  # model.quantize
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     # A directory (relative: to the config file's), `bundled:minilm`, or a hub id (its cache).
@@ -57,8 +61,8 @@ class ModelConfig:
     # auto (both): each pool's fastest path that passes the accuracy gate (backends/choice.py).
     # onnxruntime: an ONNX artifact (backends/onnx_build.py); openvino: that artifact compiled
     # by OpenVINO; ctranslate2: the encoder converted by CTranslate2 (backends/ct2_build.py).
-    backend: Literal["auto", "torch", "onnxruntime", "openvino", "ctranslate2"] = "auto"
-    quantize: Literal["auto", "int8", "int16", "bf16", "none"] = "auto"  # config/precisions.py
+    backend: Backend = "auto"
+    quantize: Quantize = "auto"  # config/precisions.py
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.

@@ -28,5 +28,5 @@ FROM_CODE = {
 
 
 def from_reply(error: dict) -> ApiError:
-    status, kind = FROM_CODE.get(error.get("code"), (500, "Backend"))
+    status, kind = FROM_CODE.get(str(error.get("code")), (500, "Backend"))
     return ApiError(status, str(error.get("message", "")), kind)

@@ -61,14 +61,14 @@ def info(core: Core, model: FrontModel) -> dict:
             pool: [
                 {
                     "last_tokens": getattr(b, "last", None),
-                    "from_batch": b.batched.from_batch,
-                    "path": _words(b.batched.path),
+                    "from_batch": batched.from_batch,
+                    "path": _words(batched.path),
                 }
-                for b in (*p.shorter, p)
-                if b.batched
+                for b in p.bands
+                if (batched := b.batched)
             ]
             for pool, p in pools.items()
-            if any(b.batched for b in (p, *p.shorter))
+            if any(b.batched for b in p.bands)
         },
         # Each path a pool holds, for the texts it runs, with the accuracy gate's figures
         # on this CPU in each band of lengths (auto's, or what a named precision costs).

@@ -66,14 +66,20 @@ class Upstream:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         for sock in self.sockets.values():
-            loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+            loop.add_reader(_fd(sock), self._drain)
         loop.call_later(SWEEP_S, self._sweep)
 
     def close(self) -> None:
         for sock in self.sockets.values():
             if self.loop is not None:
-                self.loop.remove_reader(sock.getsockopt(zmq.FD))
+                self.loop.remove_reader(_fd(sock))
             sock.close(linger=0)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop `start` was given: nothing is called or read before it."""
+        if self.loop is None:
+            raise RuntimeError("Upstream used before start(loop)")
+        return self.loop
 
     @property
     def in_flight(self) -> int:
@@ -81,13 +87,13 @@ class Upstream:
 
     def call(self, model: str, body: dict) -> asyncio.Future:
         """The shard's reply (a dict) to `body`, a request without its id, for `model`."""
-        future = self.loop.create_future()
+        future = self._loop().create_future()
         request_id = next(self.ids)
         body["id"] = request_id
         call = Call(model, body, future, time.monotonic() + self.retry_after_s)
         if self._send(call):
             self.calls[request_id] = call
-            future.add_done_callback(lambda f: f.cancelled() and self._cancel(request_id))
+            future.add_done_callback(lambda f: self._cancel(request_id) if f.cancelled() else None)
         return future
 
     def _cancel(self, request_id: int) -> None:
@@ -112,7 +118,7 @@ class Upstream:
         # raise none, so the socket is read once more after every burst of sends.
         if not self.drain_soon:
             self.drain_soon = True
-            self.loop.call_soon(self._drain)
+            self._loop().call_soon(self._drain)
         return True
 
     def _drain(self) -> None:
@@ -131,7 +137,7 @@ class Upstream:
         except protocol.ProtocolError as e:
             log.error("a shard's reply that is not the protocol's: %s", e)
             return
-        call = self.calls.pop(body.get("id"), None)
+        call = self.calls.pop(body.get("id", 0), None)
         if call is not None:  # else answered already (a retry's twin), or given up
             _answer(call.future, body)
 
@@ -152,7 +158,7 @@ class Upstream:
                 else:
                     message = "no router shard answered; the server logged why"
                     _answer(call.future, _error(call, ErrorCode.NO_INSTANCE, message))
-        self.loop.call_later(SWEEP_S, self._sweep)
+        self._loop().call_later(SWEEP_S, self._sweep)
 
 
 def _error(call: Call, code: ErrorCode, message: str) -> dict:
@@ -162,3 +168,8 @@ def _error(call: Call, code: ErrorCode, message: str) -> dict:
 def _answer(future: asyncio.Future, body: dict) -> None:
     if not future.done():
         future.set_result(body)
+
+
+def _fd(sock: zmq.Socket) -> int:
+    """The socket's descriptor, which signals (edge-triggered) that it may be read."""
+    return int(sock.getsockopt(zmq.FD))

@@ -73,12 +73,11 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (*full_names(), health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
+        why = "the address is taken or not this host's"
         try:
             port = self.server.add_insecure_port(address)
         except RuntimeError as e:
-            port, why = 0, e
-        else:
-            why = "the address is taken or not this host's"
+            port, why = 0, str(e)
         if not port:
             raise GrpcListenError(f"cannot listen on {address} (server.grpc): {why}")
         await self.server.start()

@@ -135,7 +135,8 @@ def plan_around(
         plan_placement(topo, placement, models, named)  # raises, with what it could ever hold
         who = "; ".join(h.describe() for h in holders)
         raise CoresHeldError(
-            f"{e}. Other numaserve servers on this host hold CPUs (ledger {ledger.directory}): "
+            f"{e}. Other numaserve servers on this host hold CPUs (ledger "
+            f"{ledger.directory if ledger else '-'}): "
             f"{who}. Stop one of them, or ask for fewer instances here"
         ) from None
 
@@ -215,7 +216,10 @@ class Ledger:
     def update(self, cpus: tuple[int, ...]) -> None:
         """Our entry, now holding `cpus` (a reload added or removed models): replaced whole,
         so a reader sees the old entry or the new, never neither. Under `locked`."""
-        self.register(self._mine.config, cpus, self._mine.endpoint, self._mine.control)
+        mine = self._mine
+        if mine is None:
+            raise RuntimeError("Ledger.update before register: there is no entry of ours")
+        self.register(mine.config, cpus, mine.endpoint, mine.control)
 
     def release(self) -> None:
         if self._entry is not None:

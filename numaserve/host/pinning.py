@@ -261,7 +261,9 @@ class NumaMaps:
 
 def read_numa_maps(pid: int | str = "self", file: str | None = None) -> NumaMaps:
     """`file`: of that file's mappings alone (a shared weights file's pages, say)."""
-    policies, pages, anon = set(), {}, {}
+    policies: set[str] = set()
+    pages: dict[int, int] = {}
+    anon: dict[int, int] = {}
     for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
         fields = line.split()
         if len(fields) < 2 or (file is not None and f"file={file}" not in fields[2:]):

@@ -204,9 +204,11 @@ def _place_fixed(
     """Pools with a number of instances, the largest instances first: less fragmentation."""
     for d in sorted(fixed, key=lambda d: -d.pool.cores_per_instance):
         pool = d.pool
+        count = pool.instances
+        assert isinstance(count, int), "a fixed pool's instances are a number"
         room = sum(free.total(kind) for kind in kinds[d])
         placed[d] = []
-        for _ in range(pool.instances):
+        for _ in range(count):
             cores = free.take(pool.cores_per_instance, kinds[d])
             if cores is None:
                 raise PlacementError(

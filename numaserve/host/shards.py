@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from numaserve.config.schema import AUTO
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.placement import PlacementError, Plan, Slot
 from numaserve.host.topology import CPUTopology
@@ -48,7 +47,7 @@ def shard_count(plan: Plan, routers: int | str) -> int:
     pool has instances (each shard needs one of every pool)."""
     per_pool = Counter(slot.pool for slot in plan.slots)
     most = min(per_pool.values())
-    if routers == AUTO:
+    if isinstance(routers, str):  # auto
         nodes = {_home(slot) for slot in plan.slots}
         return max(1, min(len(nodes), most))
     if routers > most:

@@ -491,8 +491,8 @@ def format_topology(topo: CPUTopology) -> str:
     if len(topo.core_types) > 1:  # a hybrid CPU: which cores are which
         lines.append("")
         for kind in topo.core_types:
-            cores = [c for c in topo.cores if c.type == kind]
-            cpus = format_cpulist(cpu for c in cores for cpu in c.cpus)
-            lines.append(f"{kind} cores: {len(cores)}  cpus {cpus}")
+            of_kind = [c for c in topo.cores if c.type == kind]
+            cpus = format_cpulist(cpu for c in of_kind for cpu in c.cpus)
+            lines.append(f"{kind} cores: {len(of_kind)}  cpus {cpus}")
     lines += [f"warning: {w}" for w in topo.warnings]
     return "\n".join(lines)

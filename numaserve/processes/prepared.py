@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.schema import ModelConfig
+from numaserve.config.schema import Backend, ModelConfig, Quantize
 
 
 @dataclass(frozen=True)
 class ModelPath:
-    backend: str
-    quantize: str
+    backend: Backend
+    quantize: Quantize
     keep_fp32: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -115,11 +115,16 @@ class PoolPath:
     batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
 
     @property
+    def bands(self) -> tuple[BandPath | PoolPath, ...]:
+        """Its shorter texts' paths, shortest first, then its own."""
+        return (*self.shorter, self)
+
+    @property
     def by_band(self) -> tuple[tuple[int | None, int, ModelPath, str | None], ...]:
         """Each path the pool holds for the texts it runs: (the band's last tokens, None for
         the pool's own; the micro-batches it runs from, 1 for every one; the path; the gate's
         figures there), shortest band first."""
-        bands = [(b.last, b) for b in self.shorter] + [(None, self)]
+        bands = [(b.last if isinstance(b, BandPath) else None, b) for b in self.bands]
         found = []
         for last, b in bands:
             found.append((last, 1, b.path, b.accuracy))
@@ -130,7 +135,7 @@ class PoolPath:
     @property
     def paths(self) -> tuple[tuple[ModelPath, str | None], ...]:
         """Every path the pool's instances hold, with its artifact, each once."""
-        bands = (self, *self.shorter)
+        bands: tuple[PoolPath | BandPath, ...] = (self, *self.shorter)
         found = [(b.path, b.artifact) for b in bands]
         found += [(b.batched.path, b.batched.artifact) for b in bands if b.batched]
         return tuple(dict.fromkeys(found))

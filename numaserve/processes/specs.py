@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from numaserve.config.precisions import needs_prepare
 from numaserve.config.schema import (
@@ -39,6 +39,7 @@ class JSONSpec:
     """A frozen dataclass handed to a child process as JSON on its command line."""
 
     module: ClassVar[str]  # the child's `python -m` module
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # each subclass is a dataclass
 
     @classmethod
     def from_json(cls, text: str):

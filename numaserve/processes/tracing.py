@@ -31,9 +31,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from numaserve.config.schema import TracingConfig
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -133,7 +136,9 @@ def start(
     # The processor reports what it drops only where the SDK's own metrics are on (read once,
     # as it is made); the provider, made before, keeps its per-span metrics off.
     with _variable("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true"):
-        processor = BatchSpanProcessor(counted, meter_provider=counted.meters())
+        # CountedExporter is an exporter by its methods: the SDK is imported only where traced.
+        exporter = cast("SpanExporter", counted)
+        processor = BatchSpanProcessor(exporter, meter_provider=counted.meters())
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     return Tracing(provider.get_tracer("numaserve", __version__), provider, counted)
@@ -157,13 +162,13 @@ def _exporter(environ: Mapping[str, str], chosen: list[str]):
     """The exporter of each chosen name, as one: OTLP's for the configured protocol (it reads
     its endpoint, headers, timeout and compression from the same variables itself), and the
     SDK's console exporter (a span a line of JSON on standard output)."""
-    made = []
+    made: list[Any] = []
     if "otlp" in chosen:
         if _protocol(environ) == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as otlp
         else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        made.append(OTLPSpanExporter())
+            from opentelemetry.exporter.otlp.proto.http import trace_exporter as otlp  # type: ignore[no-redef]
+        made.append(otlp.OTLPSpanExporter())
     if "console" in chosen:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
