@@ -13,6 +13,7 @@ from numaserve.supervisor.phase import (
     Starting,
     Stopping,
     check_next,
+    expect,
 )
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.stop import Stop
@@ -46,3 +47,10 @@ def test_every_phase_but_the_end_leads_on_and_every_one_can_be_reached():
 def test_each_phase_says_the_mood_status_and_metrics_show():
     assert Starting.mood is Mood.STARTING and Serving.mood is Mood.SERVING
     assert Reloading.mood is Mood.RELOADING and Stopping.mood is Mood.STOPPING
+
+
+def test_what_only_one_phase_holds_is_read_through_it_or_the_arbiter_stops_on_the_bug():
+    reload = Reloading(wanted=None, final_table=3)  # type: ignore[arg-type]
+    assert expect(reload, Reloading) is reload
+    with pytest.raises(PhaseError, match="the server is Serving, not Reloading"):
+        expect(Serving(), Reloading)

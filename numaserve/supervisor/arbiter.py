@@ -38,6 +38,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
+from numaserve.processes.specs import FrontSpec, RouterSpec
 from numaserve.processes.tracing import described as tracing_described
 from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_report
@@ -57,12 +58,14 @@ from numaserve.supervisor.phase import (
     Created,
     Ended,
     Phase,
+    PhaseError,
     Preparing,
     Reloading,
     Serving,
     Starting,
     Stopping,
     check_next,
+    expect,
 )
 from numaserve.supervisor.processes import System
 from numaserve.supervisor.reload import (
@@ -166,7 +169,8 @@ class Supervisor:
     def add_shard(self, child: Child) -> None:
         """A router shard joins the running shape, with its link."""
         self.roster.join(child)
-        self.shards.views.append(ShardView(child, self.connect(child.spec.workers_endpoint)))
+        endpoint = child.spec_as(RouterSpec).workers_endpoint
+        self.shards.views.append(ShardView(child, self.connect(endpoint)))
 
     # -- the phase, and what it holds ----------------------------------------------------------
 
@@ -421,7 +425,7 @@ class Supervisor:
             )
             self.enter(Ended(exitcodes.MODEL))  # nothing starts
         else:
-            wanted = self.with_records(phase.wanted)
+            wanted = self.with_records(expect(phase, Preparing).wanted)
             self.deployment = wanted.deployment
             for child in self.roster.of("worker"):  # none has started yet
                 child.respec(wanted.spec(child.name))
@@ -438,6 +442,8 @@ class Supervisor:
 
     def answer_control(self, now: float) -> None:
         """A stop begins at once; a status is asked (`ask_status`)."""
+        if self.control is None:
+            return
         for request in self.control.requests(now):
             if request.op == "stop":
                 self.begin_stop(f"numaserve stop ({request.who()})")
@@ -518,7 +524,8 @@ class Supervisor:
             *([self.prepare] if self.prepare else []),
             *roster.of("worker"),
         ]
-        stats = tuple(c.spec.stats_file for c in roster.fronts if c.spec.stats_file)
+        files = (c.spec_as(FrontSpec).stats_file for c in roster.fronts)
+        stats = tuple(f for f in files if f)
         return reporting.snapshot(
             now, self.config, self.mood, current, self.shards, self.system.pid(), stats
         )
@@ -570,7 +577,7 @@ class Supervisor:
         server = self.config.server
         roster = self.roster
         fronts = [(front, server.endpoint) for front in roster.of("frontend")]
-        fronts += [(front, front.spec.where()) for front in roster.fronts]
+        fronts += [(front, front.spec_as(FrontSpec).where()) for front in roster.fronts]
         self.carry_out(liveness.fronts_ready(roster.routers, fronts, routed, server.endpoint))
         instances = [*roster.of("worker"), *([self.replacement] if self.replacement else [])]
         steady = liveness.limits(self.config, draining=False)
@@ -612,16 +619,18 @@ class Supervisor:
             case Leave(child, drain):
                 self.leave(child, drain)
             case Renew(new):
-                self.enter(dataclasses.replace(self.phase, replacement=new))
+                self.enter(dataclasses.replace(expect(self.phase, Reloading), replacement=new))
                 self.spawn(new)
             case Replace(new):
-                self.enter(dataclasses.replace(self.phase, replacement=None))
+                self.enter(dataclasses.replace(expect(self.phase, Reloading), replacement=None))
                 old = self.roster.workers[new.name]
                 self.roster.replace(old, new)
                 self.terminate(old)
             case Reroute(spec):
-                self.system.write_file(spec.routes_file, spec.to_json())
                 frontend = self.roster.frontend
+                if frontend is None or spec.routes_file is None:
+                    raise PhaseError("a reroute without a frontend that routes by a file")
+                self.system.write_file(spec.routes_file, spec.to_json())
                 frontend.respec(spec)  # a restart reads the new routes too
                 self.signal(frontend, signal.SIGHUP)
             case RenewFronts(fronts):
@@ -653,8 +662,9 @@ class Supervisor:
         if not drain:
             return
         view = self.shards.of(child)
-        self.shards.views.remove(view)
-        view.link.close()
+        if view is not None:
+            self.shards.views.remove(view)
+            view.link.close()
         self.terminate(child)
 
     def renew_fronts(self, fronts: tuple[Child, ...]) -> None:
@@ -710,18 +720,20 @@ class Supervisor:
         """Every slot renewed: done once every serving shard has answered the slot table that
         shows it, so that `numaserve status` asked after `reload: done` shows the new
         instances."""
-        if self.phase.final_table is None:
+        reload = expect(self.phase, Reloading)
+        if reload.final_table is None:
             self.send_slots()
-            self.enter(dataclasses.replace(self.phase, final_table=self.shards.sent))
-        if not self.shards.serving_acked(self.phase.final_table):
+            reload = dataclasses.replace(reload, final_table=self.shards.sent)
+            self.enter(reload)
+        if reload.final_table is None or not self.shards.serving_acked(reload.final_table):
             return
-        self.config = self.phase.wanted.config
+        self.config = reload.wanted.config
         log.info("reload: done", extra={"event": "reload"})
         self.enter(Starting())  # READY=1 again for systemd, once it serves
 
     def abort_reload(self, why: str) -> None:
         """Back to what runs: the replacement starting and the model being prepared stop."""
-        reload = self.phase
+        reload = expect(self.phase, Reloading)
         wanted, prepare, replacement = reload.wanted, reload.prepare, reload.replacement
         self.enter(Serving() if wanted.resume is Mood.SERVING else Starting())
         if not wanted.reshaped(self.running()) and wanted.plan != self.plan:

@@ -16,6 +16,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
 from numaserve.monitoring.snapshot import Process
@@ -99,6 +100,8 @@ class Limits:
     kill_after_s: float
 
 
+S = TypeVar("S", WorkerSpec, RouterSpec, FrontendSpec, FrontSpec)
+
 # A child's kind, by the type of its spec (None: `numaserve prepare`, which has none).
 KINDS = {
     RouterSpec: "router",
@@ -150,6 +153,14 @@ class Child:
     @classmethod
     def for_front(cls, spec: FrontSpec) -> Child:
         return cls(f"front-{spec.index}", spec.argv(), spec)
+
+    def spec_as(self, kind: type[S]) -> S:
+        """Its spec, which must be a `kind` (a shard's RouterSpec, a front's FrontSpec)."""
+        if not isinstance(self.spec, kind):
+            raise TypeError(
+                f"{self.name} runs from a {type(self.spec).__name__}, not a {kind.__name__}"
+            )
+        return self.spec
 
     @property
     def kind(self) -> str:

@@ -14,7 +14,7 @@ class here, its arrows in NEXT, and what the arbiter does in it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from numaserve.supervisor.children import Child
 from numaserve.supervisor.reporting import Mood
@@ -85,6 +85,7 @@ class Ended:
 
 
 Phase = Created | Preparing | Starting | Serving | Reloading | Stopping | Ended
+P = TypeVar("P", Created, Preparing, Starting, Serving, Reloading, Stopping, Ended)
 
 # Which phase may follow which; a phase may also follow itself, with what it holds changed.
 NEXT: dict[type, tuple[type, ...]] = {
@@ -101,6 +102,14 @@ NEXT: dict[type, tuple[type, ...]] = {
 
 class PhaseError(AssertionError):
     """A change of phase its table does not allow: a bug in the arbiter, not a condition."""
+
+
+def expect(phase: Phase, kind: type[P]) -> P:
+    """`phase`, which must be a `kind` (supervisord's _assertInState): what only that phase
+    holds is read through it."""
+    if not isinstance(phase, kind):
+        raise PhaseError(f"the server is {type(phase).__name__}, not {kind.__name__}")
+    return phase
 
 
 def check_next(old: Phase, new: Phase) -> Phase:

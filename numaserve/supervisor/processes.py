@@ -60,7 +60,7 @@ class System:
         poller.register(self.wake_r, zmq.POLLIN)
         for sock in sockets:
             poller.register(sock, zmq.POLLIN)
-        poller.poll(timeout * 1000)
+        poller.poll(int(timeout * 1000))
         with contextlib.suppress(BlockingIOError):
             while os.read(self.wake_r, 4096):
                 pass
@@ -83,7 +83,7 @@ class System:
     def reap() -> list[tuple[int, int]]:
         """(pid, exit code) of each child that has exited: waitpid(-1, WNOHANG) until nothing
         is left. A code is negative for a signal, as os.waitstatus_to_exitcode gives it."""
-        exited = []
+        exited: list[tuple[int, int]] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

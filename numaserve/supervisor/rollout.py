@@ -234,7 +234,8 @@ def _reshape(wanted: Wanted, running: Running) -> list[Action]:
     shards = [r for r in roster.routers if r.model_name in removed]
     instances = [w for w in roster.of("worker") if w.model_name in removed]
     if shards or instances:  # the shards are only now told
-        return [Leave(c, drain=True) for c in shards] + [Leave(c, drain=False) for c in instances]
+        leave: list[Action] = [Leave(c, drain=True) for c in shards]
+        return leave + [Leave(c, drain=False) for c in instances]
     leaving = [
         c for c in roster.retired if c.kind in ("router", "worker") and c.model_name in removed
     ]

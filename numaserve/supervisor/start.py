@@ -130,7 +130,7 @@ def check_front_ports(config: Config) -> None:
 
 
 def _check_port(key: str, address: str) -> None:
-    host, port = split_host_port(address)
+    host, port = split_host_port(address) or ("", 0)  # the config checked its form
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family[0], socket.SOCK_STREAM) as probe:
