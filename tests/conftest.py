@@ -55,3 +55,14 @@ def classifier_dir(tmp_path_factory):
     from tests.harness.checkpoints import save_tiny_classifier
 
     return save_tiny_classifier(tmp_path_factory.mktemp("classifier"))
+
+
+@pytest.fixture
+def front_router(tmp_path):
+    """A real router shard in a thread with stand-in workers, none started yet, with the
+    private socket a front connects to (tests/harness/stand_in.py)."""
+    from tests.harness.stand_in import InProcessRouter
+
+    made = InProcessRouter(tmp_path, start_workers=False, local=f"ipc://{tmp_path}/local.sock")
+    yield made
+    made.close()

@@ -52,33 +52,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_start_with_the_metrics_port_taken_names_the_command_and_the_flag_not_a_temp_file():
-    ports = ["--port", str(free_port()), "--zmq-port", str(free_port())]
+@pytest.mark.parametrize(("flag", "key"), [("--metrics-port", "metrics"), ("--grpc-port", "grpc")])
+def test_start_with_a_port_taken_names_the_command_and_the_flag_not_a_temp_file(flag, key):
+    others = {"--port", "--zmq-port", "--metrics-port"} - {flag}
+    ports = [arg for other in sorted(others) for arg in (other, free_port())]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = numaserve(
-            "start", "--model", "bundled:minilm", "--metrics-port", port, *ports, timeout=120
-        )
+        out = numaserve("start", "--model", "bundled:minilm", flag, port, *ports, timeout=120)
     assert out.returncode == 2, out.stderr
     said = (
-        f"numaserve start --model bundled:minilm: server.metrics: cannot listen on 127.0.0.1:{port}"
+        f"numaserve start --model bundled:minilm: server.{key}: cannot listen on 127.0.0.1:{port}"
     )
     assert said in out.stderr
-    assert "--metrics-port" in out.stderr
+    assert flag in out.stderr
     assert "numaserve-model-" not in out.stderr  # the file it wrote for itself
-
-
-def test_start_with_the_grpc_port_taken_names_the_setting_and_the_flag():
-    ports = ["--port", free_port(), "--zmq-port", free_port(), "--metrics-port", free_port()]
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        out = numaserve(
-            "start", "--model", "bundled:minilm", "--grpc-port", port, *ports, timeout=120
-        )
-    assert out.returncode == 2, out.stderr
-    assert f"server.grpc: cannot listen on 127.0.0.1:{port}" in out.stderr
-    assert "--grpc-port" in out.stderr

@@ -63,10 +63,8 @@ def start_front(router: InProcessRouter, tmp_path, **server) -> tuple[subprocess
 
 
 @pytest.fixture
-def router(tmp_path):
-    made = InProcessRouter(tmp_path, start_workers=False, local=f"ipc://{tmp_path}/local.sock")
-    yield made
-    made.close()
+def router(front_router):
+    return front_router
 
 
 @pytest.fixture

@@ -30,10 +30,8 @@ def ping(router: InProcessRouter) -> dict:
 
 
 @pytest.fixture
-def router(tmp_path):
-    made = InProcessRouter(tmp_path, start_workers=False, local=f"ipc://{tmp_path}/local.sock")
-    yield made
-    made.close()
+def router(front_router):
+    return front_router
 
 
 @pytest.fixture

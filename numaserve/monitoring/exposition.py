@@ -73,15 +73,15 @@ def families(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
 
 
 def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
-    requests = CounterMetricFamily(
-        "numaserve_http_requests",
-        "HTTP requests answered by the HTTP fronts, by route and status code.",
-        labels=["front", "route", "code"],
-    )
-    latency = HistogramMetricFamily(
-        "numaserve_http_request_duration_seconds",
-        "Time in an HTTP front from a request read whole to its answer.",
-        labels=["front", "route"],
+    yield from _answered(
+        fronts,
+        "http",
+        "route",
+        ("requests", "latency"),
+        (
+            "HTTP requests answered by the HTTP fronts, by route and status code.",
+            "Time in an HTTP front from a request read whole to its answer.",
+        ),
     )
     connections = GaugeMetricFamily(
         "numaserve_http_connections",
@@ -96,35 +96,43 @@ def _http(fronts: tuple[dict, ...]) -> Iterator[Metric]:
     for stats in fronts:
         front = str(stats.get("front", 0))
         dropped.add_metric([front], stats.get("spans_dropped", 0))
-        for route, code, count in stats.get("requests", ()):
-            requests.add_metric([front, str(route), str(code)], count)
-        for route, hist in sorted((stats.get("latency") or {}).items()):
-            latency.add_metric([front, route], *_buckets(hist))
         connections.add_metric([front], stats.get("connections", 0))
-    yield requests
-    yield latency
     yield connections
     yield dropped
 
 
 def _grpc(fronts: tuple[dict, ...]) -> Iterator[Metric]:
-    calls = CounterMetricFamily(
-        "numaserve_grpc_requests",
-        "gRPC calls answered by the fronts (server.grpc), by method and status code.",
-        labels=["front", "method", "code"],
+    yield from _answered(
+        fronts,
+        "grpc",
+        "method",
+        ("grpc", "grpc_latency"),
+        (
+            "gRPC calls answered by the fronts (server.grpc), by method and status code.",
+            "Time in a front from a gRPC call's start to its end (a stream's whole life).",
+        ),
+    )
+
+
+def _answered(
+    fronts: tuple[dict, ...], api: str, what: str, keys: tuple[str, str], helps: tuple[str, str]
+) -> Iterator[Metric]:
+    """One API's calls by `what` (a route, a method) and status code, and their latency, as
+    each front's stats file holds them under `keys`."""
+    counts, latencies = keys
+    answered = CounterMetricFamily(
+        f"numaserve_{api}_requests", helps[0], labels=["front", what, "code"]
     )
     latency = HistogramMetricFamily(
-        "numaserve_grpc_request_duration_seconds",
-        "Time in a front from a gRPC call's start to its end (a stream's whole life).",
-        labels=["front", "method"],
+        f"numaserve_{api}_request_duration_seconds", helps[1], labels=["front", what]
     )
     for stats in fronts:
         front = str(stats.get("front", 0))
-        for method, code, count in stats.get("grpc", ()):
-            calls.add_metric([front, str(method), str(code)], count)
-        for method, hist in sorted((stats.get("grpc_latency") or {}).items()):
-            latency.add_metric([front, method], *_buckets(hist))
-    yield calls
+        for name, code, count in stats.get(counts, ()):
+            answered.add_metric([front, str(name), str(code)], count)
+        for name, hist in sorted((stats.get(latencies) or {}).items()):
+            latency.add_metric([front, name], *_buckets(hist))
+    yield answered
     yield latency
 
 
