@@ -25,7 +25,6 @@ from numaserve.front.core import Core
 from numaserve.front.keys import ApiKeys
 from numaserve.front.stats import Stats
 from numaserve.front.upstream import Upstream
-from numaserve.grpc_api.server import GrpcListenError, GrpcServer
 from numaserve.http.server import HttpServer, listen
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin, import_numpy
@@ -57,7 +56,11 @@ class Front:
             if spec.server.http
             else None
         )
-        self.grpc = GrpcServer(self.core, self.stats, self.tracing) if spec.server.grpc else None
+        self.grpc = None
+        if spec.server.grpc:  # grpcio is loaded only where the gRPC API is on
+            from numaserve.grpc_api.server import GrpcServer
+
+            self.grpc = GrpcServer(self.core, self.stats, self.tracing)
         self.stopped: asyncio.Future | None = None
 
     async def serve(self, sock: socket.socket | None) -> int:
@@ -65,6 +68,8 @@ class Front:
         self.stopped = loop.create_future()
         self.upstream.start(loop)
         if self.grpc is not None:
+            from numaserve.grpc_api.server import GrpcListenError
+
             try:
                 await self.grpc.start(self.spec.server.grpc)
             except GrpcListenError as e:

@@ -347,3 +347,17 @@ def test_a_message_that_is_not_teis_is_refused_and_the_front_serves_on(router, c
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith("not a tei.v1.EmbedRequest")
     assert len(stubs.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="after")).embeddings) == 4
+
+
+def test_start_refuses_the_grpc_api_where_grpcio_is_not_installed(monkeypatch):
+    from numaserve.monitoring.endpoint import MonitoringError
+    from numaserve.supervisor import start
+
+    # The installation faked: one of the modules the check looks for made absent.
+    monkeypatch.setattr(start, "GRPC_MODULES", ("grpc", "grpc_missing_here"))
+    config = parse_config(f'server: {{grpc: "127.0.0.1:{free_port()}"}}')
+    with pytest.raises(
+        MonitoringError, match=r"server.grpc: TEI's gRPC API needs grpc_missing_here"
+    ):
+        start.check_front_ports(config)
+    start.check_front_ports(parse_config('server: {grpc: "", http: ""}'))  # off: none needed

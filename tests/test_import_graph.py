@@ -105,6 +105,11 @@ def test_the_router_worker_and_front_load_no_runtime_before_they_pin_themselves(
     assert roots(loaded_by(module)) & set(RUNTIMES) == allowed
 
 
+def test_a_front_loads_grpcio_only_where_the_grpc_api_is_on():
+    # The image leaves grpcio out (deploy/container/runtime.txt): its fronts serve HTTP.
+    assert not {m for m in loaded_by("numaserve.fronts") if m == "grpc" or m.startswith("grpc.")}
+
+
 @pytest.mark.parametrize(
     "module",
     ["numaserve.router.loop", "numaserve.fronts", "numaserve.backends.loading"],

@@ -5,6 +5,7 @@ private runtime directory; all undone in reverse when the loop ends."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -123,7 +124,15 @@ def open_control(ledger: Ledger) -> ControlSocket | None:
 def check_front_ports(config: Config) -> None:
     """server.http and server.grpc must be free, and ours alone: the fronts share each by
     SO_REUSEPORT, which would as gladly share it with another server's fronts run by the same
-    user. A bind without SO_REUSEPORT fails where any socket holds the port, theirs included."""
+    user. A bind without SO_REUSEPORT fails where any socket holds the port, theirs included.
+    The gRPC API needs grpcio's packages, which an installation may leave out (the image)."""
+    missing = [m for m in GRPC_MODULES if importlib.util.find_spec(m) is None]
+    if config.server.grpc and missing:
+        raise MonitoringError(
+            f"server.grpc: TEI's gRPC API needs {', '.join(missing)}, which this installation "
+            "lacks (the container image leaves grpcio out: docs/container.md); install them, or "
+            'set server.grpc to ""'
+        )
     for key in ("http", "grpc"):
         if address := getattr(config.server, key):
             _check_port(key, address)
@@ -144,6 +153,8 @@ def _check_port(key: str, address: str) -> None:
 
 
 API_NAMES = {"http": "HTTP API", "grpc": "gRPC API"}
+# What the gRPC API imports (grpcio, grpcio-tools, grpcio-health-checking, grpcio-reflection).
+GRPC_MODULES = ("grpc", "grpc_tools", "grpc_health", "grpc_reflection")
 
 
 def _remove(runtime_dir: Path) -> None:
