@@ -115,6 +115,14 @@ def model_type(model: FrontModel) -> dict:
     }
 
 
+def predictions(path: str, scores) -> list[tuple[str, float]]:
+    """A classifier's scores of one text as TEI lists them: (label, score), best first; a
+    label its config.json does not name is LABEL_i."""
+    names = labels(path)
+    named = [(names[i] if i < len(names) else f"LABEL_{i}", s) for i, s in enumerate(scores)]
+    return sorted(named, key=lambda p: -p[1])
+
+
 @cache
 def labels(path: str) -> tuple[str, ...]:
     """A classifier's label names, in its output order (config.json's id2label)."""

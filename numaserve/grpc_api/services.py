@@ -147,15 +147,11 @@ class Methods:
         (result,) = await self.run(
             call, model, "classify", [text], request, raw_scores=request.raw_scores
         )
-        names = facts.labels(model.model.path)
         scores = result["logits" if request.raw_scores else "probs"]
-        predictions = sorted(
-            (
-                self.pb.Prediction(score=p, label=names[i] if i < len(names) else f"LABEL_{i}")
-                for i, p in enumerate(scores)
-            ),
-            key=lambda p: -p.score,
-        )
+        predictions = [
+            self.pb.Prediction(label=label, score=p)
+            for label, p in facts.predictions(model.model.path, scores)
+        ]
         return self.pb.PredictResponse(predictions=predictions, metadata=self.metadata(call))
 
     # -- Rerank ----------------------------------------------------------------------------

@@ -139,13 +139,12 @@ async def predict(app: App, request: Request) -> Response:
     texts, single = predict_inputs(inputs.given(body, "inputs"))
     raw = body.get("raw_scores")
     results = await app.core.run(request, model, "classify", texts, raw_scores=raw, **cutting(body))
-    names = facts.labels(model.model.path)
     scores = "logits" if raw else "probs"
     ranked = [
-        sorted(
-            ({"label": _label(names, i), "score": p} for i, p in enumerate(r[scores])),
-            key=lambda p: -p["score"],
-        )
+        [
+            {"label": label, "score": p}
+            for label, p in facts.predictions(model.model.path, r[scores])
+        ]
         for r in results
     ]
     return ok(ranked[0] if single else ranked)
@@ -248,10 +247,6 @@ async def health(app: App, request: Request) -> Response:
             ApiError(503, f"no instance ready for {', '.join(down)}", "Unhealthy")
         )
     return Response(200, b"", content_type="text/plain")
-
-
-def _label(names: tuple[str, ...], i: int) -> str:
-    return names[i] if i < len(names) else f"LABEL_{i}"
 
 
 def _post(path: str, handler, summary: str) -> Route:
