@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from numaserve.host.topology import read_topology
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -28,7 +28,7 @@ import zmq
 
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.processes.specs import FrontendSpec, Route
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 
 MODELS = ("toxicity", "embed")

@@ -31,7 +31,7 @@ from numaserve.corpus import short_texts
 from numaserve.grpc_api.proto import tei
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import Failed, closed_loop, http_target, numaserve_target
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.testing.server import ENDPOINT, Server
 
 WAYS = ("zeromq", "http", "grpc")

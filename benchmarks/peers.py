@@ -56,7 +56,7 @@ from numaserve.config.schema import ModelConfig, load_config
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, http_target, numaserve_target
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.testing.server import ENDPOINT, Server
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -52,7 +52,7 @@ from numaserve.config.schema import CurveConfig, ModelConfig, PoolConfig, Server
 from numaserve.corpus import stdlib_sentences
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.processes.specs import FrontendSpec, RouterSpec
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys, keygen, read_key_pair
 

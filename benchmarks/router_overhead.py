@@ -34,7 +34,8 @@ from pathlib import Path
 import zmq
 
 from numaserve.corpus import stdlib_sentences
-from numaserve.testing.cluster import Cluster, free_port  # the router and one worker, no supervisor
+from numaserve.testing.cluster import Cluster  # the router and one worker, no supervisor
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 
 CONFIG = """

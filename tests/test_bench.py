@@ -3,7 +3,6 @@ test_router.py)."""
 
 import json
 import random
-import socket
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +18,7 @@ from numaserve.loadgen.bench import (
     load_corpus,
     with_words_shuffled,
 )
+from numaserve.testing.ports import free_port
 from tests.harness.stand_in import InProcessRouter
 
 
@@ -182,9 +182,7 @@ def test_shuffled_texts_keep_their_words_and_their_requests_shape():
 
 
 def test_an_http_server_that_is_not_there_counts_connection_errors():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it
     result = closed_loop(http_target(f"http://127.0.0.1:{port}/"), ["text"], 1, 2)
     assert result.errors == {"connection": 2}
 

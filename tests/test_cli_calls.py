@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness.console import numaserve
 from tests.harness.stand_in import InProcessRouter
 

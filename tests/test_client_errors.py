@@ -19,7 +19,7 @@ from numaserve.client import (
     TooLarge,
     Unreachable,
 )
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness.stand_in import InProcessRouter
 
 

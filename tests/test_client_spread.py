@@ -13,7 +13,7 @@ import pytest
 
 from numaserve.client import AsyncClient, Client
 from numaserve.client.endpoints import ASIDE_S, Endpoints, resolve, tcp_host
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness.stand_in import InProcessRouter
 
 A, B, C = "tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"

@@ -7,6 +7,7 @@ import pytest
 
 from numaserve.config.ports import Ports
 from numaserve.config.schema import ConfigError, parse_config
+from numaserve.testing.ports import free_port
 from tests.harness.console import numaserve
 
 
@@ -44,12 +45,6 @@ def test_a_zmq_port_for_an_ipc_endpoint_is_refused():
     config = parse_config('server: {endpoint: "ipc:///run/numaserve.sock"}')
     with pytest.raises(ConfigError, match=r"--zmq-port: server\.endpoint is ipc://"):
         Ports(zmq=6000).apply(config)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(("flag", "key"), [("--metrics-port", "metrics"), ("--grpc-port", "grpc")])

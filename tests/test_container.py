@@ -19,7 +19,7 @@ import pytest
 
 from numaserve.client import Client, ClientKeys
 from numaserve.host.cpulist import parse_cpulist
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness.console import numaserve
 
 ROOT = Path(__file__).resolve().parent.parent

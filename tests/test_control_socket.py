@@ -26,7 +26,7 @@ from numaserve.config.addresses import reaches
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.supervisor.control import REQUEST_S, ControlSocket
 from numaserve.supervisor.start import open_control
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire.control import ControlConnection, ControlError
 from tests.harness.console import numaserve
 from tests.harness.fake_system import Rig

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from numaserve.processes.specs import FrontendSpec, Route
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 
 

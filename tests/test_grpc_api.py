@@ -23,7 +23,7 @@ from numaserve.front.errors import FROM_CODE, ApiError
 from numaserve.grpc_api.calls import in_order, status_of
 from numaserve.grpc_api.proto import HERE
 from numaserve.processes.specs import FrontModel, FrontSpec
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire.protocol import ErrorCode
 from tests.harness.stand_in import InProcessRouter
 from tests.harness.waiting import eventually

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from numaserve.grpc_api.proto import tei
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness import server as server_
 from tests.harness.checkpoints import (
     save_tiny_cross_encoder,

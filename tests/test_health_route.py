@@ -14,7 +14,7 @@ import pytest
 
 from numaserve.config.schema import ModelConfig
 from numaserve.processes.specs import FrontModel, FrontSpec
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 from tests.harness.stand_in import InProcessRouter
 

@@ -7,7 +7,7 @@ import sys
 from numaserve.config.schema import PoolConfig, ServerConfig
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.specs import RouterSpec
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 
 
 def test_a_router_whose_supervisor_is_already_gone_exits_instead_of_serving(tmp_path):

@@ -18,7 +18,7 @@ from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client, NumaserveError
 from numaserve.config.schema import load_config
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness.checkpoints import save_tiny_classifier
 from tests.harness.console import numaserve
 

@@ -17,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaserve.client import BadRequest, Client
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from tests.harness import server as server_
 from tests.harness.http import http_get
 from tests.harness.waiting import eventually

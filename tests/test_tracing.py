@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from numaserve.client import Client
-from numaserve.testing.cluster import free_port
 from numaserve.testing.otlp import GrpcReceiver, HttpReceiver
+from numaserve.testing.ports import free_port
 from tests.harness import server as server_
 from tests.harness.waiting import eventually
 

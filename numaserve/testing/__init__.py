@@ -4,6 +4,8 @@
   it serves; its status, reloads and stop;
 - `cluster.py`'s `Cluster`: a router shard and its workers from a config, without a supervisor;
 - `load.py`'s `RawLoad`: open- and closed-loop load over raw ZeroMQ, every outcome counted;
+- `ports.py`'s `free_port`: a port for a server to listen on that no outgoing connection can
+  take before it does;
 - `otlp.py`: real OTLP trace receivers (HTTP and gRPC), decoding what a server exports;
 - `windows.py`: a long document's windows cut by hand, as a reranker's reference scores them.
 

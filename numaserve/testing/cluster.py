@@ -9,7 +9,6 @@ whole `numaserve start` instead.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,7 @@ from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import deployment
 from numaserve.status.report import ServerReport
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from numaserve.testing.ports import free_port
 
 
 class Cluster:

@@ -16,7 +16,7 @@ import psutil
 from numaserve.client import Client, ClientKeys, NumaserveError
 from numaserve.host.ledger import LEDGER_ENV
 from numaserve.status.report import ServerReport
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 
 DEFAULT_METRICS = "127.0.0.1:9464"
 DEFAULT_HTTP = "127.0.0.1:8080"

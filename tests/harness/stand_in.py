@@ -19,7 +19,7 @@ from numaserve.backends.tokenizer import Tokenizer
 from numaserve.config.schema import PoolConfig, ServerConfig
 from numaserve.processes.specs import RouterSpec
 from numaserve.router.loop import Router
-from numaserve.testing.cluster import free_port
+from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
 
 VECTOR = protocol.embedding_to_wire([0.5, 0.5, 0.5, 0.5])

@@ -1,0 +1,39 @@
+"""Free TCP ports for the servers tests and benchmarks start.
+
+The kernel gives an outgoing connection a port of its own from ip_local_port_range; a port
+picked there (binding port 0 does) can be taken by a worker's or a client's connection
+before the server listens on it, and the server cannot listen. So the ports come from below
+that range, checked free by binding, and each once per process."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+_LOWEST = 10000  # below: ports that well-known services listen on
+_given: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` nobody listens on, that no outgoing connection can be given."""
+    top = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(_LOWEST, top)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise OSError(f"no free port on {host} between {_LOWEST} and {top} in 1000 tries")
