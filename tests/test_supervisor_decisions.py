@@ -212,12 +212,12 @@ def test_a_fast_stop_kills_every_process_once_and_exits_as_sigint_does(rig):
     children = rig.sup.all_children()
     for pid, child in enumerate(children, start=10):
         started(child, pid, state=State.READY)
-    stop = Stop()
-    assert stop.kill(children) == [Signal(c, signal.SIGKILL) for c in children]
+    fast, kills = Stop().kill(children)
+    assert kills == [Signal(c, signal.SIGKILL) for c in children]
     assert all(c.timers(1e9, LIMITS, may_restart=False) is None for c in children)
     for child in children:
         child.exited(-signal.SIGKILL)
-    assert stop.next_steps([], [], children, 1.0)[1] == 128 + signal.SIGINT
+    assert fast.next_steps([], [], children, 1.0)[1] == 128 + signal.SIGINT
 
 
 def test_the_state_line_counts_the_shards_by_state_not_one_word_each():

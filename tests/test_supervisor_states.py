@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from numaserve.config.paths import ModelPath, PoolPath
 from numaserve.config.ports import Ports
 from numaserve.processes import exitcodes
-from numaserve.processes.prepared import ModelPath, PoolPath, Prepared
+from numaserve.processes.prepared import Prepared
 from numaserve.supervisor.children import Child, State, TransitionError
 from numaserve.supervisor.reporting import Mood
 from numaserve.supervisor.rollout import to_renew
@@ -454,7 +455,7 @@ def write_record(path: str, digest: str) -> Prepared:
         "bundled:minilm",
         "/checkpoint",
         digest,
-        {"main": PoolPath(ModelPath("onnxruntime", "none"), "/artifacts/model.onnx")},
+        {"main": PoolPath(ModelPath("onnxruntime", "none"), artifact="/artifacts/model.onnx")},
     )
     record.write(Path(path))
     return record
@@ -518,6 +519,15 @@ def test_every_change_of_state_sends_the_router_a_new_slot_table(rig):
         "main-0": "ready",
         "main-1": "backoff",
     }
+
+
+def test_a_change_of_state_made_by_a_stop_reaches_the_router_in_the_same_turn(rig):
+    rig.start()
+    rig.step(signal.SIGTERM)
+    rig.exit("router", 0)
+    rig.step()  # the workers told to stop: draining, not through a timer's table
+    slots = {s["name"]: s["state"] for s in rig.router.tables[-1]["slots"]}
+    assert slots == {"main-0": "draining", "main-1": "draining"}
 
 
 def test_a_restarted_router_is_ready_only_once_it_answers_itself(rig):

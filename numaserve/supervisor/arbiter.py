@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from numaserve.config.ports import AS_WRITTEN, Ports
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import Config
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, held_cpus
@@ -38,7 +38,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import PARENT_ENV
 from numaserve.processes.logs import FORMAT_ENV, LEVEL_ENV
-from numaserve.processes.specs import FrontSpec, RouterSpec
+from numaserve.processes.specs import Deployment, FrontSpec
 from numaserve.processes.tracing import described as tracing_described
 from numaserve.processes.tracing import environment as tracing_environment
 from numaserve.status.merge import server_report
@@ -89,11 +89,12 @@ from numaserve.supervisor.rollout import (
     Reroute,
     Reshaped,
     Running,
+    Shape,
     Started,
     Wanted,
 )
 from numaserve.supervisor.roster import Roster
-from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardQuestion, ShardView
+from numaserve.supervisor.router_link import RouterLink, ShardLinks, ShardQuestion
 from numaserve.supervisor.sdnotify import Notifier
 from numaserve.supervisor.stop import Stop
 from numaserve.wire import protocol
@@ -130,10 +131,9 @@ class Supervisor:
         models). `control`: where `numaserve status` and `stop` ask us (None: no ledger
         entry names one)."""
         self.site = Site(config_path, topo, runtime_dir, ports, ledger)
-        self.config, self.plan = config, plan
+        self.shape = Shape(config, plan, self.site.deploy(config, plan))  # replaced whole
         self.system = system
         self.connect = connect
-        self.deployment = self.site.deploy(config, plan)
         self.notifier = notifier or Notifier()
         self.announcer = reporting.Announcer(self.notifier)
         self.monitor = monitor
@@ -141,10 +141,11 @@ class Supervisor:
         # Status questions, from the control socket or passed on by a shard: (asker, the table
         # whose answers it waits for, deadline).
         self.asked_status: list[tuple[Request | ShardQuestion, int, float]] = []
-        self.shards = ShardLinks(POLL_ROUTER_S)
         self.roster = Roster([])
+        self.shards = ShardLinks(self.roster, connect, POLL_ROUTER_S)  # the roster's shards
         for spec in self.deployment.routers:
-            self.add_shard(Child.for_shard(spec))
+            self.roster.join(Child.for_shard(spec))
+        self.shards.sync()  # the shards' links, made now
         frontend = self.deployment.frontend
         for child in [
             *([Child.for_frontend(frontend)] if frontend else []),
@@ -152,8 +153,8 @@ class Supervisor:
             *(Child.for_worker(spec) for spec in self.deployment.workers),
         ]:
             self.roster.join(child)
-        self.generation = 0  # of the shape that runs (rollout.Running)
         self.phase: Phase = Created()  # changed by `enter` alone
+        self.announced: tuple = ()  # the children's states the shards last heard
         # Our environment less systemd's variables (NotifyAccess=main), plus the config's
         # logging settings (the children log as the supervisor does) and its tracing's.
         self.child_env = {k: v for k, v in environ.items() if k not in SYSTEMD_VARS} | {
@@ -165,12 +166,6 @@ class Supervisor:
     @property
     def topo(self) -> CPUTopology:
         return self.site.topo
-
-    def add_shard(self, child: Child) -> None:
-        """A router shard joins the running shape, with its link."""
-        self.roster.join(child)
-        endpoint = child.spec_as(RouterSpec).workers_endpoint
-        self.shards.views.append(ShardView(child, self.connect(endpoint)))
 
     # -- the phase, and what it holds ----------------------------------------------------------
 
@@ -225,6 +220,18 @@ class Supervisor:
     def exit_code(self) -> int | None:
         return self.phase.exit_code if isinstance(self.phase, Ended) else None
 
+    @property
+    def config(self) -> Config:
+        return self.shape.config
+
+    @property
+    def plan(self) -> Plan:
+        return self.shape.plan
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.shape.deployment
+
     def all_children(self) -> list[Child]:
         """Every child: the roster's, and the phase's own (a prepare, a replacement)."""
         return self.roster.every(self.prepare, self.replacement)
@@ -237,7 +244,7 @@ class Supervisor:
             self.roster,
             preparing=self.prepare is not None,
             replacement=self.replacement,
-            generation=self.generation,
+            generation=self.shape.generation,
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -299,7 +306,9 @@ class Supervisor:
 
     def handle_sigint(self) -> None:
         if self.stop is not None:
-            self.carry_out(self.stop.kill(self.all_children()))
+            fast, kills = self.stop.kill(self.all_children())
+            self.enter(Stopping(fast))
+            self.carry_out(kills)
         else:
             self.begin_stop("SIGINT (again for a fast stop)")
 
@@ -375,7 +384,8 @@ class Supervisor:
         self.carry_out([child.crashed(code, now, self.config.supervisor)])
 
     def set_state(self, child: Child, state: State, message: str, event: str) -> None:
-        """A state change the shards and the log hear of at once."""
+        """A state change the shards and the log hear of at once (any other change of a
+        child's state, the shards hear of at the end of its turn: `announce`)."""
         child.change_state(state, self.system.now())
         self.send_slots()
         level = logging.ERROR if state == State.FATAL else logging.INFO
@@ -426,7 +436,7 @@ class Supervisor:
             self.enter(Ended(exitcodes.MODEL))  # nothing starts
         else:
             wanted = self.with_records(expect(phase, Preparing).wanted)
-            self.deployment = wanted.deployment
+            self.shape = dataclasses.replace(self.shape, deployment=wanted.deployment)
             for child in self.roster.of("worker"):  # none has started yet
                 child.respec(wanted.spec(child.name))
             self.enter(Starting(wanted))
@@ -486,9 +496,21 @@ class Supervisor:
     # -- what the shards, systemd and /metrics hear ------------------------------------------
 
     def send_slots(self) -> None:
-        """Our slot table to every shard, for `numaserve status`: on a timer, and on every
-        change of state, so that status never lags what systemd was told."""
+        """Our slot table to every shard, for `numaserve status`: on a timer, and in the turn
+        of every change of a child's state (`announce`), so that status never lags what
+        systemd was told."""
+        self.announced = self.states()
         self.shards.send(self.slot_table(), self.system.now())
+
+    def states(self) -> tuple[tuple[str, State, int | None], ...]:
+        """Each child's state and process, as the slot table says them."""
+        return tuple((c.name, c.state, c.pid) for c in self.all_children())
+
+    def announce(self) -> None:
+        """The slot table to the shards where a child's state or process changed since the
+        last one (whatever changed it this turn: an exit, a signal, a rollout, a stop)."""
+        if self.states() != self.announced:
+            self.send_slots()
 
     def slot_table(self) -> SlotTable:
         """What we say of ourselves and every slot of the plan. Each slot's live affinity is
@@ -564,6 +586,7 @@ class Supervisor:
             self.carry_out(actions)
             if code is not None:
                 self.enter(Ended(code))
+        self.announce()
         self._notify(now)
 
     def roll_out(self, now: float) -> None:
@@ -612,10 +635,8 @@ class Supervisor:
     def reshape(self, action: Action) -> None:
         """A rollout step that changes which children run, or what runs."""
         match action:
-            case Adopt(child) if child.pool:
+            case Adopt(child):  # a shard's link is made as it joins (ShardLinks.views)
                 self.roster.join(child)
-            case Adopt(child):
-                self.add_shard(child)
             case Leave(child, drain):
                 self.leave(child, drain)
             case Renew(new):
@@ -643,10 +664,8 @@ class Supervisor:
         match action:
             case Hold(plan):
                 self.hold(plan)
-            case Reshaped(plan, config, deployment, generation):
-                # a retry compares with what runs now
-                self.plan, self.config, self.deployment = plan, config, deployment
-                self.generation = generation
+            case Reshaped(shape):
+                self.shape = shape  # a retry compares with what runs now
             case Started():
                 self.enter(Starting())  # liveness looks after them from here
             case Renewed():
@@ -658,14 +677,9 @@ class Supervisor:
 
     def leave(self, child: Child, drain: bool) -> None:
         """A removed model's child out of the running set, reaped as retired."""
-        self.roster.retire(child)
-        if not drain:
-            return
-        view = self.shards.of(child)
-        if view is not None:
-            self.shards.views.remove(view)
-            view.link.close()
-        self.terminate(child)
+        self.roster.retire(child)  # a shard's link closes with it (ShardLinks.views)
+        if drain:
+            self.terminate(child)
 
     def renew_fronts(self, fronts: tuple[Child, ...]) -> None:
         """The fronts for the new models: each new one starts beside the old, on the same
@@ -727,7 +741,7 @@ class Supervisor:
             self.enter(reload)
         if reload.final_table is None or not self.shards.serving_acked(reload.final_table):
             return
-        self.config = reload.wanted.config
+        self.shape = dataclasses.replace(self.shape, config=reload.wanted.config)
         log.info("reload: done", extra={"event": "reload"})
         self.enter(Starting())  # READY=1 again for systemd, once it serves
 

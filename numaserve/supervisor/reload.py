@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.config.ports import Ports
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import Config, ConfigError, load_config
 from numaserve.host.ledger import Ledger, held_cpus, without
 from numaserve.host.placement import PlacementError, Plan, replan

@@ -34,6 +34,18 @@ log = logging.getLogger("numaserve.supervisor")
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What the server runs as, one value: its config, the plan placed from it, the
+    processes' specs deployed from both, and which generation of them (the start's 0, one
+    more each reload that reshapes). The arbiter replaces it whole."""
+
+    config: Config
+    plan: Plan
+    deployment: Deployment
+    generation: int = 0
+
+
+@dataclass(frozen=True)
 class Running:
     """What runs now, as the arbiter holds it."""
 
@@ -105,10 +117,7 @@ class Hold:
 class Reshaped:
     """What runs now: the removed models gone, the added ones started."""
 
-    plan: Plan
-    config: Config
-    deployment: Deployment
-    generation: int
+    shape: Shape
 
 
 @dataclass(frozen=True)
@@ -301,4 +310,4 @@ def _take_up(wanted: Wanted, running: Running) -> list[Action]:
     routers += [s for s in new.routers if s.model_name in wanted.added]
     routers.sort(key=lambda spec: spec.shard)
     deployment = Deployment(tuple(routers), frontend, new.workers, new.fronts)
-    return [*actions, Reshaped(wanted.plan, wanted.config, deployment, wanted.generation)]
+    return [*actions, Reshaped(Shape(wanted.config, wanted.plan, deployment, wanted.generation))]

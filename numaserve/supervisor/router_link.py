@@ -11,12 +11,15 @@ and the arbiter answers it as it answers its control socket.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import zmq
 
+from numaserve.processes.specs import RouterSpec
 from numaserve.status.report import BadReport, ShardReport, SlotTable
 from numaserve.supervisor.children import Child, State
+from numaserve.supervisor.roster import Roster
 from numaserve.wire import protocol
 
 REPORT_S = 1.0  # how often a shard sends its whole report, besides what liveness needs
@@ -89,16 +92,45 @@ class ShardQuestion:
 
 
 class ShardLinks:
-    """Every router shard's view, and the slot tables the supervisor sends them: numbered, so
-    that an answer says which table a shard has seen (`acked`), and a shard's answers to the
-    tables sent before its (re)start are known to be stale (`seq_floor`)."""
+    """A view of each router shard the roster runs, and the slot tables the supervisor sends
+    them: numbered, so that an answer says which table a shard has seen (`acked`), and a
+    shard's answers to the tables sent before its (re)start are known to be stale
+    (`seq_floor`). The shards are the roster's: a shard that joins it gets its link here, and
+    one that leaves it has its link closed; nothing else adds or removes one."""
 
-    def __init__(self, poll_s: float, report_s: float = REPORT_S) -> None:
-        self.views: list[ShardView] = []
+    def __init__(
+        self,
+        roster: Roster,
+        connect: Callable[[str], RouterLink],
+        poll_s: float,
+        report_s: float = REPORT_S,
+    ) -> None:
+        self.roster, self.connect = roster, connect
+        self._by_child: dict[int, ShardView] = {}  # by id() of the shard's Child
         self.poll_s, self.report_s = poll_s, report_s
         self.sent = 0  # the sequence number of the latest slot table sent
         self.next_send = 0.0
         self.next_report = 0.0  # when a table next asks for the shards' whole reports
+
+    @property
+    def views(self) -> list[ShardView]:
+        """One per router shard in the roster's running shape, in its order."""
+        return self.sync()
+
+    def sync(self) -> list[ShardView]:
+        """The views, as the roster runs its shards now: a link made for each shard that
+        joined, closed for each that left."""
+        routers = self.roster.routers
+        running = {id(child): child for child in routers}
+        for key, view in list(self._by_child.items()):
+            if running.get(key) is not view.child:  # it left the shape
+                del self._by_child[key]
+                view.link.close()
+        for key, child in running.items():
+            if key not in self._by_child:  # it joined
+                endpoint = child.spec_as(RouterSpec).workers_endpoint
+                self._by_child[key] = ShardView(child, self.connect(endpoint))
+        return [self._by_child[id(child)] for child in routers]
 
     def __iter__(self):
         return iter(self.views)
@@ -166,5 +198,6 @@ class ShardLinks:
         return self.all_acked(seq, [v for v in self.views if v.child.state == State.READY])
 
     def close(self) -> None:
-        for view in self.views:
+        for view in self._by_child.values():
             view.link.close()
+        self._by_child.clear()

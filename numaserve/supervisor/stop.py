@@ -9,6 +9,7 @@ over; the arbiter carries it out."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ def _stop_all(children: Iterable[Child], now: float) -> list[Terminate]:
     return [action for child in children if (action := child.stop_now(now)) is not None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stop:
     code: int = 0  # the exit code once every process is gone
     fast: bool = False  # killed rather than drained
@@ -56,10 +57,10 @@ class Stop:
         log.info("stopped", extra={"event": "stopped"})
         return [], FAST_STOP_EXIT if self.fast else self.code
 
-    def kill(self, everyone: list[Child]) -> list[Signal]:
+    def kill(self, everyone: list[Child]) -> tuple[Stop, list[Signal]]:
+        """This stop made fast, and every process's SIGKILL."""
         log.warning(
             "fast stop: killing every process now; requests in flight are lost",
             extra={"event": "fast-stop"},
         )
-        self.fast = True
-        return [child.kill_now() for child in everyone]
+        return dataclasses.replace(self, fast=True), [child.kill_now() for child in everyone]
