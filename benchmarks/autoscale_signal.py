@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.served_default import corpus
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.loadgen.bench import closed_loop, drawing, numaserve_target, open_loop
+from numaserve.status.report import RunningPath
 from numaserve.testing.server import ENDPOINT, Server
 
 CONFIG = """\
@@ -66,7 +67,7 @@ def main() -> None:
         server = Server(Path(tmp), CONFIG.format(endpoint=ENDPOINT))
         try:
             ready = server.wait_ready(timeout=900)
-            paths = {"{backend} {quantize}".format(**i["model_path"]) for i in ready.values()}
+            paths = {str(RunningPath.from_wire(i["model_path"]).runs.path) for i in ready.values()}
             connect = numaserve_target([server.endpoint], timeout=30)
             closed_loop(connect, texts, 8, 100, draw=drawing("embed"))  # warm-up
             capacity = closed_loop(connect, texts, 8, 1000, draw=drawing("embed"))

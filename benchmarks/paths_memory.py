@@ -45,8 +45,8 @@ print(kb["Pss"], kb["Rss"], getattr(model, "ran", None))
 def records(directory: Path, isa: tuple[str, ...]) -> dict[str, Path]:
     """Prepared records of one, two and three paths, their artifacts built (and kept)."""
     from numaserve.backends import prepare_model
+    from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
     from numaserve.config.schema import ModelConfig
-    from numaserve.processes.prepared import BandPath, BatchedPath, ModelPath, PoolPath
 
     base = ModelConfig(path="bundled:minilm", max_length=128)
     throughput = ModelPath(
@@ -63,21 +63,24 @@ def records(directory: Path, isa: tuple[str, ...]) -> dict[str, Path]:
     sides = {
         "1 path": own,
         "2 paths": PoolPath(
-            own.path, own.artifact, "bench", (BandPath(16, short.path, short.artifact, "bench"),)
+            own.path,
+            "bench",
+            (BandPath(16, short.path, "bench", artifact=short.artifact),),
+            artifact=own.artifact,
         ),
         "3 paths": PoolPath(
             own.path,
-            own.artifact,
             "bench",
             (
                 BandPath(
                     16,
                     short.path,
-                    short.artifact,
                     "bench",
-                    BatchedPath(4, batched.path, "bench", batched.artifact),
+                    BatchedPath(4, batched.path, "bench", artifact=batched.artifact),
+                    artifact=short.artifact,
                 ),
             ),
+            artifact=own.artifact,
         ),
     }
     found = {}

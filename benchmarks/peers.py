@@ -48,7 +48,7 @@ import psutil
 
 from benchmarks.instance_scaling import raw
 from benchmarks.peer_apps.minilm import Embedder, cosine
-from numaserve.backends.onnx import prepare_artifact
+from numaserve.backends.onnx_build import artifact_for
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.client import Client
@@ -357,7 +357,7 @@ def artifact() -> Path:
     """Its ONNX Runtime int8 artifact on this machine, as numaserve prepares it: the peers'
     model file (numaserve's own path is what `quantize: auto` chooses)."""
     int8 = dataclasses.replace(default_model(), backend="onnxruntime", quantize="int8")
-    return prepare_artifact(int8, read_topology().isa)[0]
+    return artifact_for(int8, read_topology().isa)
 
 
 def model_dir() -> Path:

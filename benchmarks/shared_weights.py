@@ -105,7 +105,7 @@ def main() -> None:
 
     from benchmarks.embedders import save
     from numaserve.backends.node_weights import DATA, node_copy, packed_form
-    from numaserve.backends.onnx import prepare_artifact
+    from numaserve.backends.onnx_build import artifact_for
     from numaserve.config.schema import ModelConfig
     from numaserve.host.topology import read_topology
 
@@ -115,7 +115,7 @@ def main() -> None:
         config = ModelConfig(
             path=str(path), task="embed", max_length=512, backend="onnxruntime", quantize="int8"
         )
-        artifact, _ = prepare_artifact(config, isa)
+        artifact = artifact_for(config, isa)
         packed = packed_form(artifact)
         shared_file = str(node_copy(packed, 0).parent / DATA)
         sides = {"own": (artifact, None, None), "shared": (packed, 0, shared_file)}

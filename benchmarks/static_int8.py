@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from numaserve.backends.base import Model, ModelFacts
-from numaserve.backends.onnx import prepare_artifact
+from numaserve.backends.onnx_build import artifact_for
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 
@@ -45,7 +45,7 @@ def load_static(isa, calibration: list[list[int]]) -> Runner:
         quantize_static,
     )
 
-    fp32, _ = prepare_artifact(CONFIG, isa)
+    fp32 = artifact_for(CONFIG, isa)
     work = Path(tempfile.mkdtemp(prefix="static-int8-"))
 
     class Reader(CalibrationDataReader):

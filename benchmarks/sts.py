@@ -95,14 +95,16 @@ def reference(sets: dict) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     return spearman(sets, lambda texts: model.encode(texts, batch_size=BATCH))
 
 
-def held(path: RunningPath) -> str:
+def held(running: RunningPath) -> str:
     """Every path an instance holds, its own last."""
-    bands = [(f"up to {b.last} tokens", b) for b in path.shorter] + [("beyond", path)]
+    pool = running.runs
     words = []
-    for where, b in bands:
-        words.append(f"{b.words()} {where}" if path.shorter else b.words())
-        if b.batched:
-            words.append(f"{b.batched.words()} from {b.batched.from_batch} a pass")
+    for last, from_batch, path, _ in pool.by_band:
+        where = "beyond" if last is None else f"up to {last} tokens"
+        if from_batch > 1:
+            words.append(f"{path} from {from_batch} a pass")
+        else:
+            words.append(f"{path} {where}" if pool.shorter else str(path))
     return ", ".join(words)
 
 

@@ -23,7 +23,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.paths import ModelPath, PoolPath
+from numaserve.config.runtimes import needs_prepare
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
     PinReport,
@@ -34,8 +35,9 @@ from numaserve.processes.begin import begin
 from numaserve.processes.specs import WorkerSpec, model_key
 from numaserve.processes.tracing import span_context
 from numaserve.processes.tracing import start as start_tracing
-from numaserve.status.report import Band, RunningPath, Switch
+from numaserve.status.report import Ready, RunningPath
 from numaserve.wire import protocol
+from numaserve.wire.run import BadRun, Run
 
 log = logging.getLogger("numaserve.worker")
 CONTROL = "inproc://control"
@@ -108,45 +110,20 @@ class Engine:
         return [(7 * i + 1000) % self.model.vocab_size for i in range(n)]
 
     def run(self, body: dict) -> dict:
-        job = body.get("job")
-        inputs = body.get("inputs")
-        if not isinstance(inputs, list) or not inputs:
-            return _job_error(
-                job, protocol.ErrorCode.BAD_REQUEST, "inputs must be a non-empty list"
-            )
+        try:
+            run = Run.from_wire(body, hidden_state=not self.task.output.logits)
+        except BadRun as e:
+            return _job_error(body.get("job"), protocol.ErrorCode.BAD_REQUEST, str(e))
+        job, inputs = run.job, run.inputs
         for i, ids in enumerate(inputs):
-            if not isinstance(ids, list) or not all(type(t) is int for t in ids):
-                return _job_error(
-                    job, protocol.ErrorCode.BAD_REQUEST, f"input {i}: not a list of token ids"
-                )
-            reason = self.model.check_ids(ids)
-            if reason:
+            if reason := self.model.check_ids(ids):
                 return _job_error(job, protocol.ErrorCode.BAD_REQUEST, f"input {i}: {reason}")
-        segments = body.get("segments")
-        if segments is not None and not (
-            isinstance(segments, list)
-            and len(segments) == len(inputs)
-            and all(
-                type(s) is int and 0 <= s < len(ids)
-                for s, ids in zip(segments, inputs, strict=True)
-            )
-        ):
-            message = "segments must be a list with one index into each input"
-            return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
-        whole = body.get("token_vectors") or []
-        if whole and not (
-            not self.task.output.logits  # the hidden state: an embedding model
-            and isinstance(whole, list)
-            and all(type(i) is int and 0 <= i < len(inputs) for i in whole)
-        ):
-            message = "token_vectors must list inputs of an embedding model's job by index"
-            return _job_error(job, protocol.ErrorCode.BAD_REQUEST, message)
         try:
             started = time.perf_counter()
-            outputs = self.model.run(inputs, segments, whole)
+            outputs = self.model.run(inputs, run.segments, list(run.token_vectors))
             pass_s = time.perf_counter() - started
         except Exception as e:
-            read = map(span_context, body.get("trace") or ())  # as the pass's span reads them
+            read = map(span_context, run.trace)  # as the pass's span reads them
             traces = sorted({f"{c.trace_id:032x}" for c in read if c is not None})
             log.exception(  # a log line that leads to the traces of the requests it failed
                 "forward pass failed (job %s%s)",
@@ -156,64 +133,35 @@ class Engine:
             )
             return _job_error(job, protocol.ErrorCode.INTERNAL, f"forward pass failed: {e}")
         results = [self.task.to_wire(output) for output in outputs]
-        if self.tracing is not None and body.get("trace"):
+        if self.tracing is not None and run.trace:
             attributes = {
                 "numaserve.batch.texts": len(inputs),
                 "numaserve.batch.tokens": sum(map(len, inputs)),
                 "numaserve.head_ms": round(self.model.head_s * 1000, 3),  # within the pass
             }
-            self.tracing.batch(body["trace"], "forward pass", pass_s, attributes)
+            self.tracing.batch(list(run.trace), "forward pass", pass_s, attributes)
         return {"type": protocol.RESULT, "job": job, "results": results, "pass_s": pass_s}
 
     def describe(self) -> dict:
-        config, prepared = self.model.config, self.model.prepared
-        # Who chose its path, and why: the prepared record's entry (an instance of a server),
-        # else what load_model's `auto` chose (no record); each has `why` and `shorter`.
-        choice = prepared if prepared is not None and prepared.why else self.model.choice
+        config = self.model.config
+        # What runs: the prepared record's entry (an instance of a server), else what
+        # load_model's `auto` chose, else the config's own path; `auto` chose it where it
+        # says why.
+        runs = (
+            self.model.prepared
+            or self.model.choice
+            or PoolPath(
+                ModelPath(config.backend, config.quantize, config.keep_fp32),
+                accuracy=self.model.accuracy,
+            )
+        )
         info = {
             "task": self.task.name,
             "max_length": config.max_length,
-            # What runs, decided: by `auto` (and why) or by the config; and the pool's shorter
-            # texts' own paths, where auto found another faster and accurate there.
-            "model_path": RunningPath(
-                backend=config.backend,
-                quantize=config.quantize,
-                keep_fp32=config.keep_fp32,
-                chosen_by="auto" if choice else "config",
-                why=choice.why if choice else None,
-                shorter=tuple(
-                    Band(
-                        s.last,
-                        s.path.backend,
-                        s.path.quantize,
-                        s.path.keep_fp32,
-                        s.why,
-                        _switch(s.batched),
-                        s.accuracy,
-                    )
-                    for s in (choice.shorter if choice else ())
-                ),
-                accuracy=(choice and choice.accuracy) or self.model.accuracy or None,
-                batched=_switch(choice.batched if choice else None),
-            ).to_wire(),
+            "model_path": RunningPath(runs, "auto" if runs.why else "config"),
             "weights": [w.to_wire() for w in self.model.weights],
         }
         return info | self.model.head.describe()
-
-
-def _switch(batched) -> Switch | None:
-    """A band's micro-batches' path (a prepared or chosen BatchedPath) as status says it."""
-    if batched is None:
-        return None
-    path = batched.path
-    return Switch(
-        batched.from_batch,
-        path.backend,
-        path.quantize,
-        path.keep_fp32,
-        batched.why,
-        batched.accuracy,
-    )
 
 
 def _job_error(job, code: protocol.ErrorCode, message: str) -> dict:
@@ -328,17 +276,19 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    ready = {
-        "type": protocol.READY,
-        "name": spec.slot.name,
-        "pool": spec.slot.pool,
-        "pid": os.getpid(),
-        "max_tokens": spec.max_tokens,
-        "model_key": model_key(spec.model),
-        "load_seconds": round(load_seconds, 3),
-        **report.to_json(),
+    ready = Ready(
+        name=spec.slot.name,
+        pool=spec.slot.pool,
+        pid=os.getpid(),
+        cpus=tuple(report.cpus),
+        nodes=tuple(report.nodes),
+        membind=report.membind,
+        threads=report.threads,
+        max_tokens=spec.max_tokens,
+        model_key=model_key(spec.model),
+        load_seconds=round(load_seconds, 3),
         **engine.describe(),
-    }
+    )
     instance = f"{spec.slot.name}/{os.getpid()}".encode()
     jobs = ctx.socket(zmq.DEALER)
     jobs.linger = 1000
@@ -355,7 +305,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
         report.membind,
         report.threads,
     )
-    jobs.send_multipart(protocol.pack(ready))
+    jobs.send_multipart(protocol.pack(ready.to_wire()))
     run_jobs(jobs, control_pair, engine, control, spec.liveness * spec.heartbeat_ms / 1000, ready)
     control_pair.send(DONE)
     control.join()
@@ -372,7 +322,7 @@ def run_jobs(
     engine: Engine,
     control: Control,
     ack_timeout: float,
-    ready: dict,
+    ready: Ready,
 ) -> None:
     """Serve runs until stopped. On STOP: say BYE, go on running what still arrives, and
     leave once the router answers bye (nothing follows it on this connection), the router is
@@ -387,7 +337,7 @@ def run_jobs(
         while control_pair in events and control_pair.poll(0):  # first: BYE before a run
             command = control_pair.recv()
             if command == ANNOUNCE:
-                jobs.send_multipart(protocol.pack(ready))
+                jobs.send_multipart(protocol.pack(ready.to_wire()))
             elif command == STOP:
                 jobs.send_multipart(protocol.pack({"type": protocol.BYE}))
                 leave_by = time.monotonic() + ack_timeout

@@ -25,7 +25,8 @@ BASE_LAYERS = ("root", "checkpoint", "wire", "tasks", "config")
 SHARED = {*BASE_LAYERS, "status", "corpus"}
 ALLOWED = {
     **{layer: set(BASE_LAYERS[: i + 1]) for i, layer in enumerate(BASE_LAYERS)},
-    "status": {"root", "status", "wire", "host"},  # format.py: cpulists, how memory is bound
+    # format.py: cpulists, how memory is bound; report.py: what runs (config/paths.py)
+    "status": {"root", "status", "wire", "host", "config"},
     "corpus": {"root", "corpus"},
     "host": {"root", "config", "host"},
     "processes": SHARED | {"host", "processes"},

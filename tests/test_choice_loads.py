@@ -14,14 +14,12 @@ from numaserve.backends.choice import (
     Band,
     Batching,
     Passed,
-    PoolChoice,
-    Shorter,
     covered_without_fp32,
     race_pools,
     within,
 )
 from numaserve.backends.gate import Judgement, Span
-from numaserve.processes.prepared import BatchedPath, ModelPath
+from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
 from numaserve.tasks.agreement import Verdict
 
 PATHS = {"latency": ModelPath("ctranslate2", "int16"), "throughput": ModelPath("openvino", "bf16")}
@@ -160,10 +158,10 @@ def test_bands_that_run_alike_once_a_throughput_path_is_dropped_run_as_one():
     # 1-8 tokens: latency alone; 9-16: latency, and throughput from 4 texts (max_paths 2)
     latency, throughput = PATHS["latency"], PATHS["throughput"]
     switch = BatchedPath(4, throughput, "8 a batch: 1.5x")
-    choice = PoolChoice(
+    choice = PoolPath(
         ModelPath("ctranslate2", "int8"),
         "17-64",
-        (Shorter(8, latency, "1-8", None, "a"), Shorter(16, latency, "9-16", switch, "b")),
+        (BandPath(8, latency, "1-8", None, "a"), BandPath(16, latency, "9-16", switch, "b")),
         None,
         "c",
     )
@@ -177,7 +175,7 @@ def test_a_pools_pass_runs_on_its_bands_path_and_from_the_crossover_on_its_throu
     latency, throughput = PATHS["latency"], PATHS["throughput"]
     own = ModelPath("ctranslate2", "int8")
     switch = BatchedPath(4, throughput, "")
-    choice = PoolChoice(own, "", (Shorter(16, latency, "", switch),))
+    choice = PoolPath(own, "", (BandPath(16, latency, "", switch),))
     assert [choice.runs(12, texts) for texts in (1, 3, 4, 8)] == [latency] * 2 + [throughput] * 2
     assert choice.runs(16, 1) == latency and choice.runs(17, 8) == own
     assert choice.held == (own, latency, throughput)

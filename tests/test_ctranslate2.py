@@ -85,7 +85,7 @@ def test_an_architecture_ctranslate2_cannot_convert_is_refused_at_once(tmp_path,
 
 
 def test_keep_fp32_with_ctranslate2_is_refused_when_the_config_is_read():
-    from numaserve.config.precisions import precision_problem
+    from numaserve.config.runtimes import precision_problem
 
     problem = precision_problem("ctranslate2", "int8", ("classifier",), "model")
     assert problem and "backend ctranslate2 quantizes every Linear layer or none" in problem
@@ -109,7 +109,7 @@ def test_ctranslate2_not_installed_is_a_clear_error():
     # Fakes the missing package (a sys.modules entry of None makes its import fail).
     code = (
         "import sys; sys.modules['ctranslate2'] = None\n"
-        "from numaserve.backends.ct2_build import import_ctranslate2\n"
+        "from numaserve.backends.ct2 import import_ctranslate2\n"
         "import_ctranslate2()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -123,4 +123,4 @@ def test_a_pinned_ctranslate2_worker_serves_with_every_thread_on_its_cpu(
         path=str(classifier_dir), task="classify", backend="ctranslate2", quantize="int8"
     )
     ready = pinned_worker_serves(model, tmp_path)
-    assert ready["model_path"]["backend"] == "ctranslate2"
+    assert ready["model_path"]["path"]["backend"] == "ctranslate2"

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from numaserve.config.schema import PoolConfig
 from numaserve.router.dispatch import MAX_PADDING, Dispatcher, Item
+from numaserve.status.report import Ready
 from numaserve.wire.protocol import ErrorCode
 
 SHORT, LONG = 0, 1
@@ -21,7 +22,7 @@ def dispatcher(**kw):
 
 def add_worker(d, name, pool, now=0.0):
     identity = name.encode()
-    d.worker_ready(identity, {"name": name, "pool": pool}, now)
+    d.worker_ready(identity, Ready(name, pool, pid=1), now)
     return identity
 
 

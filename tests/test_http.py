@@ -22,6 +22,7 @@ import pytest
 
 from numaserve.client import Client, NumaserveError
 from numaserve.front.facts import DTYPES
+from numaserve.status.report import RunningPath
 from tests.harness import server as server_
 from tests.harness.checkpoints import (
     save_tiny_cross_encoder,
@@ -383,37 +384,26 @@ def test_tokenize_decode_and_info_answer_teis_shapes(embedder):
     assert info["max_input_length"] == 128
     # What runs, as `numaserve prepare` resolved it (quantize: auto), not "auto".
     (instance,) = embedder.instances().values()
-    path = instance["model_path"]
-    assert info["model_paths"] == {"main": f"{path['backend']} {path['quantize']}"}
+    pool = RunningPath.from_wire(instance["model_path"]).runs
+    assert info["model_paths"] == {"main": str(pool.path)}
     # and the paths of the pool's shorter texts, where auto chose another for them
-    shorter = [
-        {"last_tokens": s["last"], "path": f"{s['backend']} {s['quantize']}"}
-        for s in path["shorter"]
-    ]
+    shorter = [{"last_tokens": s.last, "path": str(s.path)} for s in pool.shorter]
     assert info["model_paths_shorter"] == ({"main": shorter} if shorter else {})
     # and each band's micro-batches' path, where auto found another faster there
     batched = [
-        {
-            "last_tokens": b.get("last"),
-            "from_batch": b["batched"]["from_batch"],
-            "path": f"{b['batched']['backend']} {b['batched']['quantize']}",
-        }
-        for b in (*path["shorter"], path)
-        if b.get("batched")
+        {"last_tokens": last, "from_batch": from_batch, "path": str(path)}
+        for last, from_batch, path, _ in pool.by_band
+        if from_batch > 1
     ]
     assert info["model_paths_batched"] == ({"main": batched} if batched else {})
     # and every path held, with the gate's figures where it runs, as the instance says them
-    runs = []
-    for b in (*path["shorter"], path):
-        switch = b.get("batched")
-        for from_batch, p in [(1, b), *([(switch["from_batch"], switch)] if switch else [])]:
-            said = {"path": f"{p['backend']} {p['quantize']}", "accuracy": p["accuracy"]}
-            runs.append({"last_tokens": b.get("last"), "from_batch": from_batch} | said)
+    runs = [
+        {"last_tokens": last, "from_batch": from_batch, "path": str(path), "accuracy": accuracy}
+        for last, from_batch, path, accuracy in pool.by_band
+    ]
     assert info["model_accuracy"] == {"main": runs}
     assert all("tokens: " in r["accuracy"] for r in runs)
-    bands = (path, *path["shorter"])
-    held = (*bands, *(b["batched"] for b in bands if b.get("batched")))
-    dtypes = {DTYPES[p["quantize"]] for p in held}
+    dtypes = {DTYPES[p.quantize] for p in pool.held}
     assert info["model_dtype"] == ",".join(sorted(dtypes)) and "auto" not in dtypes
     assert len(info["model_sha"]) == 64
 

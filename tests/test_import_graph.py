@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from numaserve.config.runtimes import RUNTIMES as RUNTIME_RECORDS
 from tests import import_graph
 
 RUNTIMES = ("torch", "onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
@@ -112,10 +113,19 @@ def test_a_front_loads_grpcio_only_where_the_grpc_api_is_on():
 
 @pytest.mark.parametrize(
     "module",
-    ["numaserve.router.loop", "numaserve.fronts", "numaserve.backends.loading"],
+    [
+        "numaserve.router.loop",
+        "numaserve.fronts",
+        "numaserve.backends.loading",
+        *(f"numaserve.backends.{r.loads.split(':')[0]}" for r in RUNTIME_RECORDS),
+    ],
 )
-def test_no_serving_process_loads_the_code_that_chooses_a_model_path(module):
-    # An instance loads what `numaserve prepare` resolved (backends/loading.py, what
-    # worker.py imports once pinned); a shard and a front tokenize. None of them chooses.
+def test_no_serving_process_loads_the_code_that_chooses_a_model_path_or_builds_one(module):
+    # An instance loads what `numaserve prepare` resolved and built (backends/loading.py,
+    # what worker.py imports once pinned, and its runtime's module); a shard and a front
+    # tokenize. None of them chooses or builds.
     choosing = {"numaserve.backends.choice", "numaserve.backends.gate", "numaserve.backends.race"}
-    assert loaded_by(module) & choosing == set()
+    building = {"numaserve.backends.building"} | {
+        f"numaserve.backends.{r.builds.split(':')[0]}" for r in RUNTIME_RECORDS if r.builds
+    }
+    assert loaded_by(module) & (choosing | building) == set()

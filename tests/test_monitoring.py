@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
 from numaserve.front.stats import Stats
 from numaserve.host.numastat import read_numastat
 from numaserve.monitoring import health
@@ -15,7 +16,7 @@ from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.monitoring.exposition import Readings, families
 from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.router.metrics import Histogram, RouterMetrics
-from numaserve.status.report import Band, Cache, RunningPath, ShardReport, Switch
+from numaserve.status.report import Cache, RunningPath, ShardReport
 from tests.harness.http import http_get
 from tests.harness.reports import pool, report, routing
 
@@ -321,7 +322,7 @@ def test_a_taken_port_is_a_clear_error():
 
 
 def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
-    path = RunningPath("openvino", "bf16", (), chosen_by="auto")
+    path = RunningPath(PoolPath(ModelPath("openvino", "bf16"), "the fastest"), chosen_by="auto")
     status = replace(
         shard_status(),
         routing=(
@@ -348,13 +349,12 @@ def test_each_routed_instance_says_what_it_runs_and_who_chose_it():
 
 
 def test_every_path_an_instance_holds_has_its_series_with_its_accuracy_and_passes():
-    switch = Switch(4, "openvino", "bf16", (), "8 a batch: 1.47x", accuracy="9-16: 100%")
-    shorter = Band(
-        16, "ctranslate2", "int16", (), "one at a time", batched=switch, accuracy="1-8: 99.9%"
+    switch = BatchedPath(4, ModelPath("openvino", "bf16"), "8 a batch: 1.47x", "9-16: 100%")
+    shorter = BandPath(
+        16, ModelPath("ctranslate2", "int16"), "one at a time", switch, accuracy="1-8: 99.9%"
     )
-    path = RunningPath(
-        "ctranslate2", "int8", (), chosen_by="auto", shorter=(shorter,), accuracy="17-64: 99%"
-    )
+    own = PoolPath(ModelPath("ctranslate2", "int8"), "", (shorter,), accuracy="17-64: 99%")
+    path = RunningPath(own, chosen_by="auto")
     counted = {"ctranslate2 int16": 7, "openvino bf16": 3, "ctranslate2 int8": 5}
     status = replace(
         shard_status(), routing=(routing("main-0", 10, model_path=path, passes=counted),)

@@ -17,7 +17,8 @@ import pytest
 
 from numaserve.backends import load_model
 from numaserve.backends.base import full_range_int8
-from numaserve.backends.onnx_build import INSTALL_HINT, artifact_key, ensure_artifact
+from numaserve.backends.onnx import INSTALL_HINT
+from numaserve.backends.onnx_build import artifact_key, ensure_artifact
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
@@ -195,7 +196,7 @@ def test_a_pinned_onnx_worker_serves_with_every_thread_on_its_cpu(classifier_dir
         path=str(classifier_dir), task="classify", backend="onnxruntime", quantize="int8"
     )
     ready = pinned_worker_serves(model, tmp_path)
-    assert ready["model_path"]["backend"] == "onnxruntime"
+    assert ready["model_path"]["path"]["backend"] == "onnxruntime"
     assert len(artifacts(cache)) == 1
 
 

@@ -97,7 +97,7 @@ def test_a_pinned_openvino_worker_serves_with_every_thread_on_its_cpu(
         path=str(classifier_dir), task="classify", backend="openvino", quantize="none"
     )
     ready = pinned_worker_serves(model, tmp_path)
-    assert ready["model_path"]["backend"] == "openvino"
+    assert ready["model_path"]["path"]["backend"] == "openvino"
 
 
 def passages(count: int) -> list[str]:

@@ -15,8 +15,9 @@ from numaserve.backends import load_model, load_prepared, prepare_model
 from numaserve.backends.artifacts import write_atomically
 from numaserve.backends.choice import Band
 from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
 from numaserve.config.schema import ModelConfig, load_config
-from numaserve.processes.prepared import BandPath, BatchedPath, ModelPath, PoolPath, Prepared
+from numaserve.processes.prepared import Prepared
 from numaserve.processes.specs import record_path
 from tests.harness.console import numaserve
 from tests.harness.router_side import ISA
@@ -81,7 +82,7 @@ def test_an_instance_whose_record_was_prepared_again_since_its_spec_says_so_and_
 
 
 def test_a_pools_digest_changes_with_the_checkpoint_and_with_the_pools_path_only():
-    pool = PoolPath(ModelPath("onnxruntime", "none"), "/a/model.onnx")
+    pool = PoolPath(ModelPath("onnxruntime", "none"), artifact="/a/model.onnx")
     record = Prepared("m", "/m", "d1", {"short": pool, "long": pool})
     assert record.pool_digest("short") == record.pool_digest("long")
     assert record.pool_digest("short") != replace(record, digest="d2").pool_digest("short")
@@ -104,9 +105,13 @@ def test_a_pool_runs_its_shorter_texts_on_the_path_chosen_for_them(classifier_di
         {
             "default": PoolPath(
                 long_path.path,
-                long_path.artifact,
                 "texts of 9-256 tokens: the fastest",
-                (BandPath(8, short_path.path, short_path.artifact, "texts of 1-8 tokens"),),
+                (
+                    BandPath(
+                        8, short_path.path, "texts of 1-8 tokens", artifact=short_path.artifact
+                    ),
+                ),
+                artifact=long_path.artifact,
             )
         },
     ).write(tmp_path / "record.json")
@@ -131,14 +136,16 @@ def test_a_pool_runs_its_micro_batches_from_the_crossover_on_its_throughput_path
     )
     fp32 = replace(int8, quantize="none")
     alone_path, batch_path = (prepare_model(c, ISA).pools["default"] for c in (int8, fp32))
-    batched = BatchedPath(4, batch_path.path, "4 at a time: the fastest", batch_path.artifact)
+    batched = BatchedPath(
+        4, batch_path.path, "4 at a time: the fastest", artifact=batch_path.artifact
+    )
     record = Prepared(
         "m",
         str(classifier_dir),
         "0" * 64,
         {
             "default": PoolPath(
-                alone_path.path, alone_path.artifact, "one at a time", (), None, batched
+                alone_path.path, "one at a time", batched=batched, artifact=alone_path.artifact
             )
         },
     )

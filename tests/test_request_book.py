@@ -12,6 +12,7 @@ from numaserve.router.book import RequestBook
 from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher
 from numaserve.router.metrics import RouterMetrics
+from numaserve.status.report import Ready
 from numaserve.tasks.requests import Request
 from numaserve.wire import protocol
 from numaserve.wire.protocol import ErrorCode
@@ -58,8 +59,8 @@ class Shard:
 
     def instance(self, name="w0", pool="short", model_key="model-a") -> bytes:
         identity = name.encode()
-        info = {"name": name, "pool": pool, "pid": 1, "model_key": model_key}
-        self.dispatch.worker_ready(identity, info, time.monotonic())
+        ready = Ready(name, pool, pid=1, model_key=model_key)
+        self.dispatch.worker_ready(identity, ready, time.monotonic())
         self.book.instances_changed()
         return identity
 

@@ -111,6 +111,35 @@ def test_a_worker_that_said_bye_is_forgotten_without_a_warning(make_router, capl
     assert "leaving-0 missed" not in caplog.text
 
 
+@pytest.mark.parametrize(
+    "ready",
+    [
+        {"name": "odd-0", "pool": "main"},  # no pid
+        {"name": "odd-0", "pool": "main", "pid": "12"},
+        {"name": "odd-0", "pool": "main", "pid": 12, "cpus": [0, "1"]},
+        {"name": "odd-0", "pool": "main", "pid": 12, "labels": "POSITIVE"},
+        {"name": 7, "pool": "main", "pid": 12},
+    ],
+)
+def test_a_ready_of_another_shape_is_refused_said_and_the_router_goes_on(
+    make_router, caplog, ready
+):
+    r = make_router(instances=1)
+    odd = r.ctx.socket(__import__("zmq").DEALER)
+    with caplog.at_level(logging.WARNING, logger="numaserve.router"):
+        odd.connect(r.router.spec.workers_endpoint)
+        odd.send_multipart(protocol.pack({"type": protocol.READY} | ready))
+        deadline = time.monotonic() + 5
+        while "ignored a READY" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    odd.close(linger=0)
+    assert all(w.name != "odd-0" for w in list(r.router.dispatch.workers.values()))
+    sock = r.client_socket()
+    send(sock, 1, "still served")
+    assert replies(sock, 1) == {1: "ok"}
+
+
 def test_a_message_that_fails_unforeseen_is_counted_logged_once_and_the_router_goes_on(
     make_router, caplog
 ):

@@ -3,9 +3,10 @@ view), and the table a person reads (status/format.py): pure, on hand-made recor
 
 from dataclasses import replace
 
+from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
 from numaserve.status.format import format_status, memory_lines, weights_lines
 from numaserve.status.merge import server_report
-from numaserve.status.report import ServerReport, SlotTable, SupervisorInfo
+from numaserve.status.report import RunningPath, ServerReport, SlotTable, SupervisorInfo
 from tests.harness.reports import instance, report, routing, slot
 
 
@@ -31,15 +32,15 @@ def test_a_shards_view_of_an_older_process_in_the_slot_is_not_taken_for_the_new_
 
 def test_the_whole_servers_status_reads_back_from_its_wire_form_as_it_was():
     slots = [slot("main-0", shard=0, pid=10, cpus=[1], live_cpus=[1], restarts=0)]
-    path = {"backend": "onnxruntime", "quantize": "int8", "keep_fp32": [], "chosen_by": "config"}
+    path = RunningPath(PoolPath(ModelPath("onnxruntime", "int8")), "config")
     seen = routing("main-0", 10, membind="numactl", weights=[], served=3)
-    seen = type(seen).from_wire(seen.to_wire() | {"model_path": path})
+    seen = type(seen).from_wire(seen.to_wire() | {"model_path": path.to_wire()})
     whole = server_report(slots, SupervisorInfo(pid=1, state="ready"), [shard(0, [seen])])
     assert ServerReport.from_wire(whole.to_wire()) == whole
     assert whole.to_wire()["instances"][0]["affinity_ok"] is True
 
 
-def two_models(paths: dict | None = None):
+def two_models(paths: dict[str, RunningPath] | None = None):
     """Shard 0 routes to toxicity's instance, shard 1 to embed's; both pools are `main`.
     `paths`: each model's model path, as the shard that routes its instance knows it."""
     slots = [
@@ -58,10 +59,10 @@ def two_models(paths: dict | None = None):
     return server_report(slots, None, shards)
 
 
-def routing_said(name: str, pid: int, path: dict | None):
+def routing_said(name: str, pid: int, path: RunningPath | None):
     """A shard's view of a process whose READY said `path`, read as the shard reads it."""
     seen = routing(name, pid)
-    return type(seen).from_wire(seen.to_wire() | {"model_path": path})
+    return type(seen).from_wire(seen.to_wire() | {"model_path": path and path.to_wire()})
 
 
 def test_pools_of_the_same_name_in_two_models_are_two_pools():
@@ -99,19 +100,15 @@ def test_a_supervised_shard_answering_alone_shows_the_affinity_the_supervisor_re
 
 def test_the_status_says_what_runs_each_model_and_why():
     paths = {
-        "toxicity": {
-            "backend": "onnxruntime",
-            "quantize": "int8",
-            "keep_fp32": ["classifier"],
-            "chosen_by": "config",
-        },
-        "embed": {
-            "backend": "openvino",
-            "quantize": "bf16",
-            "keep_fp32": [],
-            "chosen_by": "auto",
-            "why": "the fastest that passes the gate: 6.04 ms a text",
-        },
+        "toxicity": RunningPath(
+            PoolPath(ModelPath("onnxruntime", "int8", ("classifier",))), "config"
+        ),
+        "embed": RunningPath(
+            PoolPath(
+                ModelPath("openvino", "bf16"), "the fastest that passes the gate: 6.04 ms a text"
+            ),
+            "auto",
+        ),
     }
     text = format_status(two_models(paths))  # embed's instance: routed by the other shard
     assert "model path of toxicity: onnxruntime int8 keep_fp32 classifier (as configured)" in text
@@ -122,31 +119,18 @@ def test_the_status_says_what_runs_each_model_and_why():
 
 
 def test_the_status_says_which_path_runs_a_pools_shorter_texts_and_what_a_named_int8_costs():
+    named = "served as asked; on this CPU below the gate's bar on texts of 1-8 tokens"
+    shorter = BandPath(
+        8, ModelPath("onnxruntime", "none"), "texts of 1-8 tokens: the fastest that passes the gate"
+    )
     paths = {
-        "toxicity": {
-            "backend": "torch",
-            "quantize": "int8",
-            "keep_fp32": [],
-            "chosen_by": "config",
-            "shorter": [],
-            "accuracy": "served as asked; on this CPU below the gate's bar on texts of 1-8 tokens",
-        },
-        "embed": {
-            "backend": "ctranslate2",
-            "quantize": "int8",
-            "keep_fp32": [],
-            "chosen_by": "auto",
-            "why": "texts of 9-256 tokens: the fastest",
-            "shorter": [
-                {
-                    "last": 8,
-                    "backend": "onnxruntime",
-                    "quantize": "none",
-                    "keep_fp32": [],
-                    "why": "texts of 1-8 tokens: the fastest that passes the gate",
-                }
-            ],
-        },
+        "toxicity": RunningPath(PoolPath(ModelPath("torch", "int8"), accuracy=named), "config"),
+        "embed": RunningPath(
+            PoolPath(
+                ModelPath("ctranslate2", "int8"), "texts of 9-256 tokens: the fastest", (shorter,)
+            ),
+            "auto",
+        ),
     }
     lines = format_status(two_models(paths)).splitlines()
     at = lines.index(
@@ -163,31 +147,19 @@ def test_the_status_says_which_path_runs_a_pools_shorter_texts_and_what_a_named_
 
 
 def test_the_status_says_which_path_runs_each_bands_micro_batches_and_the_passes_each_ran():
-    switch = {
-        "from_batch": 4,
-        "backend": "openvino",
-        "quantize": "bf16",
-        "keep_fp32": [],
-        "why": "texts of 9-16 tokens, 8 a batch: 1.47x",
-    }
-    embed = {
-        "backend": "ctranslate2",
-        "quantize": "int8",
-        "keep_fp32": [],
-        "chosen_by": "auto",
-        "why": "texts of 17-256 tokens: the fastest",
-        "batched": None,
-        "shorter": [
-            {
-                "last": 16,
-                "backend": "ctranslate2",
-                "quantize": "int16",
-                "keep_fp32": [],
-                "why": "texts of 1-16 tokens, one at a time: the fastest",
-                "batched": switch,
-            }
-        ],
-    }
+    switch = BatchedPath(4, ModelPath("openvino", "bf16"), "texts of 9-16 tokens, 8 a batch: 1.47x")
+    shorter = BandPath(
+        16,
+        ModelPath("ctranslate2", "int16"),
+        "texts of 1-16 tokens, one at a time: the fastest",
+        switch,
+    )
+    embed = RunningPath(
+        PoolPath(
+            ModelPath("ctranslate2", "int8"), "texts of 17-256 tokens: the fastest", (shorter,)
+        ),
+        "auto",
+    )
     slots = [slot("embed.main-0", shard=0, pid=10, model_name="embed", cpus=[0], nodes=[0])]
     seen = routing_said("embed.main-0", 10, embed)
     counted = replace(seen, passes={"ctranslate2 int16": 7, "openvino bf16": 3})
@@ -205,33 +177,25 @@ def test_the_status_says_which_path_runs_each_bands_micro_batches_and_the_passes
 
 
 def test_the_status_shows_every_path_a_pool_holds_with_the_gates_figures_where_it_runs():
-    switch = {
-        "from_batch": 4,
-        "backend": "openvino",
-        "quantize": "bf16",
-        "keep_fp32": [],
-        "why": "8 a batch: 1.47x",
-        "accuracy": "9-16 tokens: 100% at cosine >= 0.99",
-    }
-    embed = {
-        "backend": "ctranslate2",
-        "quantize": "int8",
-        "keep_fp32": [],
-        "chosen_by": "auto",
-        "why": "the fastest",
-        "accuracy": "17-64 tokens: 99.6%; 65-512 tokens: 100%",
-        "shorter": [
-            {
-                "last": 16,
-                "backend": "ctranslate2",
-                "quantize": "int16",
-                "keep_fp32": [],
-                "why": "one at a time: the fastest",
-                "batched": switch,
-                "accuracy": "1-8 tokens: 99.8%; 9-16 tokens: 100%",
-            }
-        ],
-    }
+    switch = BatchedPath(
+        4, ModelPath("openvino", "bf16"), "8 a batch: 1.47x", "9-16 tokens: 100% at cosine >= 0.99"
+    )
+    shorter = BandPath(
+        16,
+        ModelPath("ctranslate2", "int16"),
+        "one at a time: the fastest",
+        switch,
+        "1-8 tokens: 99.8%; 9-16 tokens: 100%",
+    )
+    embed = RunningPath(
+        PoolPath(
+            ModelPath("ctranslate2", "int8"),
+            "the fastest",
+            (shorter,),
+            accuracy="17-64 tokens: 99.6%; 65-512 tokens: 100%",
+        ),
+        "auto",
+    )
     slots = [slot("embed.main-0", shard=0, pid=10, model_name="embed", cpus=[0], nodes=[0])]
     report = server_report(
         slots, None, [shard(0, [routing_said("embed.main-0", 10, embed)], "embed")]

@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from numaserve.client import Client
+from numaserve.config.paths import ModelPath
 from numaserve.config.schema import ModelConfig, load_config
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.host.pinning import PINNED_BY_ENV
 from numaserve.host.topology import read_topology
-from numaserve.processes.prepared import ModelPath
 from numaserve.testing.server import Server
 from numaserve.tune.measure import Job, MeasureError, rounds
 from numaserve.tune.report import winner

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from numaserve.backends.tokenizer import Tokenizer
+from numaserve.config.paths import ModelPath
 from numaserve.config.schema import ModelConfig
 from numaserve.host.pinning import live_affinity, read_numa_maps
 from numaserve.processes import exitcodes
+from numaserve.status.report import RunningPath
 from numaserve.wire import protocol
 from tests.harness.processes import wait_gone
 from tests.harness.router_side import ISA, RouterSide, start_worker, worker_spec
@@ -290,13 +292,13 @@ def test_a_worker_holding_a_throughput_path_says_so_runs_its_batches_there_and_c
 ):
     from numaserve.backends import prepare_model
     from numaserve.backends.choice import Band
-    from numaserve.processes.prepared import BatchedPath
+    from numaserve.config.paths import BatchedPath
 
     int8 = ModelConfig(backend="onnxruntime", quantize="int8")
     fp32 = ModelConfig(backend="onnxruntime", quantize="none")
     alone, batch = (prepare_model(c, ISA, (Band("main", 0, 256),)) for c in (int8, fp32))
     path = batch.pools["main"]
-    batched = BatchedPath(4, path.path, "4 at a time: the fastest", path.artifact)
+    batched = BatchedPath(4, path.path, "4 at a time: the fastest", artifact=path.artifact)
     pool = replace(alone.pools["main"], why="one at a time: the fastest", batched=batched)
     record = replace(alone, pools={"main": pool})
     record.write(tmp_path / "prepared.json")
@@ -312,9 +314,9 @@ def test_a_worker_holding_a_throughput_path_says_so_runs_its_batches_there_and_c
     proc = start_worker(spec, tmp_path / "worker.log")
     try:
         identity, ready = router.wait_for(protocol.READY, timeout=120)
-        said = ready["model_path"]
-        assert (said["backend"], said["quantize"]) == ("onnxruntime", "int8")
-        assert said["batched"]["from_batch"] == 4 and said["batched"]["quantize"] == "none"
+        said = RunningPath.from_wire(ready["model_path"]).runs
+        assert said.path == ModelPath("onnxruntime", "int8")
+        assert said.batched.from_batch == 4 and said.batched.path.quantize == "none"
         router.run(identity, [[101, 7592, 102]] * 3)  # below the crossover: int8
         router.run(identity, [[101, 7592, 102]] * 4)  # from it: fp32
         router.run(identity, [[101, 7592, 102]] * 8)

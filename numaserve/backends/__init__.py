@@ -16,7 +16,9 @@ HTTP fronts import only `tokenizer` from here. Its modules:
 - choosing a path: `choice.py` (`quantize: auto`), `gate.py` (the accuracy gate), `race.py`
   (timing that holds against a busy neighbour), `precision.py` (`keep_fp32`), `target.py`
   (judging for another CPU: its kernels capped to the target's extensions);
-- `loading.py`: an instance's model, as the prepared record names it;
+- `loading.py`: an instance's model, as the prepared record names it, by the class its
+  runtime's record (config/runtimes.py) names; `building.py`: a path's artifact, by the build
+  its record names (prepare, `auto`'s judging, tune: never an instance);
 - `tokenizer.py` and `wordpiece_memo.py`: texts to token ids, the same everywhere.
 """
 
@@ -31,8 +33,9 @@ from typing import TYPE_CHECKING
 from numaserve.backends.loading import held, load_path, load_prepared
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
+from numaserve.config.paths import BatchedPath, ModelPath, PoolPath
 from numaserve.config.schema import ModelConfig
-from numaserve.processes.prepared import BandPath, BatchedPath, ModelPath, PoolPath, Prepared
+from numaserve.processes.prepared import Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
@@ -50,12 +53,13 @@ def load_model(
     decided first (backends/choice.py), for one pool over every length (a pool whose
     shorter texts run on another path gets a Banded model). `artifact`: the one `numaserve
     prepare` built for this path, loaded as it is. `model.choice` says why, where auto chose."""
+    from numaserve.backends.building import artifact as built
     from numaserve.backends.choice import concrete
 
     config, choice = concrete(config, isa, load_model)
-    model = load_path(config, isa, threads, artifact)
+    model = load_path(config, isa, threads, artifact or built(config, isa))
     if choice:
-        model = held(model, choice, isa, threads)
+        model = held(model, choice, isa, threads, build=lambda c: built(c, isa))
     model.choice = choice
     return model
 
@@ -74,7 +78,8 @@ def prepare_model(
     pools' bands (choice.bands); by default one over every length; `batching`: how they are
     raced (choice.ALONE by default). None (logged) when the model cannot be prepared."""
     from numaserve.backends.artifacts import model_digest
-    from numaserve.backends.choice import ALONE, Band, PoolChoice, ensure_choice, named, named_cost
+    from numaserve.backends.building import prepare_artifact
+    from numaserve.backends.choice import ALONE, Band, ensure_choice, named, named_cost
 
     started = time.monotonic()
     pools = pools or (Band("default", 0, config.max_length),)
@@ -88,15 +93,14 @@ def prepare_model(
         else:
             c = named(config)
             path = ModelPath(c.backend, c.quantize, c.keep_fp32)
-            chosen = {b.pool: PoolChoice(path, None) for b in pools}
+            chosen = {b.pool: PoolPath(path) for b in pools}
             if c.quantize != "none":
                 accuracy = named_cost(c, isa, pools, load_model, digest)
         built: dict[ModelPath, str | None] = {}
         for c in chosen.values():
-            bands = (c, *c.shorter)
-            for p in (*(b.path for b in bands), *(b.batched.path for b in bands if b.batched)):
+            for p in c.held:
                 if p not in built:
-                    built[p] = _prepare_artifact(p.applied_to(config), isa, digest)
+                    built[p] = prepare_artifact(p.applied_to(config), isa, digest)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})
         return None
@@ -104,22 +108,7 @@ def prepare_model(
         config.path,
         str(directory),
         digest,
-        {
-            pool: PoolPath(
-                c.path,
-                built[c.path],
-                c.why,
-                tuple(
-                    BandPath(
-                        s.last, s.path, built[s.path], s.why, _built(s.batched, built), s.accuracy
-                    )
-                    for s in c.shorter
-                ),
-                accuracy.get(pool) or c.accuracy,
-                _built(c.batched, built),
-            )
-            for pool, c in chosen.items()
-        },
+        {pool: _built(c, built, accuracy.get(pool) or c.accuracy) for pool, c in chosen.items()},
     )
     _log_prepared(config, record)
     log.info("prepared in %.1f s", time.monotonic() - started, extra={"event": "prepare"})
@@ -162,47 +151,20 @@ def _log_prepared(config: ModelConfig, record: Prepared) -> None:
                 )
 
 
-def _built(batched: BatchedPath | None, built: dict) -> BatchedPath | None:
-    """A band's micro-batches' path as prepare records it: with the artifact it built."""
-    return batched and dataclasses.replace(batched, artifact=built[batched.path])
+def _built(chosen: PoolPath, built: dict, accuracy: str | None) -> PoolPath:
+    """A pool's choice as prepare records it: with the artifact it built for each path."""
 
+    def batched(b: BatchedPath | None) -> BatchedPath | None:
+        return b and dataclasses.replace(b, artifact=built[b.path])
 
-def _prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) -> str | None:
-    """The path's artifact, built or verified: None for torch, which loads the checkpoint."""
-    if config.backend == "torch":
-        return None
-    what = {"ctranslate2": "CTranslate2 model", "openvino": "OpenVINO model"}.get(
-        config.backend, "ONNX artifact"
+    shorter = tuple(
+        dataclasses.replace(s, artifact=built[s.path], batched=batched(s.batched))
+        for s in chosen.shorter
     )
-    log.info(
-        "preparing the %s of %s (built once and kept; a first build takes a while)",
-        what,
-        config.path,
-        extra={"event": "prepare"},
+    return dataclasses.replace(
+        chosen,
+        artifact=built[chosen.path],
+        shorter=shorter,
+        batched=batched(chosen.batched),
+        accuracy=accuracy,
     )
-    started = time.monotonic()
-    if config.backend == "ctranslate2":
-        from numaserve.backends.ct2 import prepare_converted
-
-        artifact, _ = prepare_converted(config, digest)
-    elif config.backend == "openvino":
-        from numaserve.backends.openvino import inference_precision, prepare_model
-        from numaserve.backends.openvino_runtime import import_openvino
-
-        inference_precision(config, isa)  # a CPU without bf16 fails here, not per instance
-        import_openvino()
-        artifact, _ = prepare_model(config, isa, digest)
-    else:
-        from numaserve.backends.node_weights import packed_form
-        from numaserve.backends.onnx import prepare_artifact
-
-        artifact, _ = prepare_artifact(config, isa, digest)
-        artifact = packed_form(artifact)  # its weights mapped, shared (node_weights.py)
-    log.info(
-        "%s ready in %.1f s: %s",
-        what,
-        time.monotonic() - started,
-        artifact,
-        extra={"event": "prepare"},
-    )
-    return str(artifact)

@@ -123,23 +123,32 @@ def prepared_artifact(path: str) -> Path:
     return Path(path)
 
 
-def checkpoint_artifact(
-    config: ModelConfig, artifact: str | None, make: Callable[[Path], Path]
-) -> tuple[Path, ModelFacts]:
-    """An artifact of the checkpoint and the checkpoint's facts, checked against the config
-    before a build that can take minutes: the one `numaserve prepare` built (`artifact`, as an
-    instance is told it), else `make(checkpoint directory)`'s, built now if missing (prepare
-    itself, tune's probes)."""
+def prepared(config: ModelConfig, artifact: str | None) -> tuple[Path, ModelFacts]:
+    """The artifact `numaserve prepare` built (as an instance is told it) and the checkpoint's
+    facts, checked against the config: an instance loads, and never builds."""
     from numaserve.backends.base import ModelFacts  # numpy: not the router's
+
+    facts = ModelFacts.read(Path(resolve_model_path(config.path)))
+    facts.check(config)
+    if artifact is None:
+        raise ModelLoadError(
+            f"model.backend {config.backend} loads the artifact `numaserve prepare` builds, "
+            "and none was named: run `numaserve prepare`, or start with `numaserve start`"
+        )
+    return prepared_artifact(artifact), facts
+
+
+def checkpoint_artifact(config: ModelConfig, make: Callable[[Path], Path]) -> Path:
+    """`make(checkpoint directory)`'s artifact, built now if missing (prepare, `auto`'s
+    judging, tune's probes), the checkpoint checked against the config first: a build
+    can take minutes."""
+    from numaserve.backends.base import ModelFacts
     from numaserve.tasks import TASKS
 
     directory = Path(resolve_model_path(config.path))
-    facts = ModelFacts.read(directory)
-    facts.check(config)
-    if artifact is not None:
-        return prepared_artifact(artifact), facts
+    ModelFacts.read(directory).check(config)
     TASKS[config.task].check_checkpoint(directory, config.path)
-    return make(directory), facts
+    return make(directory)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,7 +106,7 @@ class Model:
     The backends share everything but the forward pass: the model's shape facts, the input
     checks, padding, and the task's head after it."""
 
-    choice = None  # backends/choice.py's PoolChoice, where load_model's `auto` chose the path
+    choice = None  # the PoolPath (config/paths.py) load_model's `auto` chose, where it chose
     prepared = None  # its pool's entry of the prepared record, where load_prepared loaded it
     accuracy = None  # what a precision the config names costs here (choice.named_cost)
     head_s = 0.0  # the last run's time in the task's head (pooling, a softmax), for its trace

@@ -9,7 +9,7 @@ most on the shortest texts). So each candidate is built and judged against the c
 fp32 in each band of lengths; then, in each band of each pool's lengths, those that pass there
 race (race.py) on the gate's texts of those lengths, alone and in the micro-batches the pool
 runs under load, in alternating rounds. The pool's longest band decides its own path; a
-shorter band runs another (PoolChoice.shorter; banded.py) only where the pool's own fails
+shorter band runs another (PoolPath.shorter; banded.py) only where the pool's own fails
 there or loses by more than the rounds' noise; and where two are within the noise, the one
 listed first (less memory) wins. The
 choice is kept in CACHE/choice/KEY.json, where KEY hashes the model's files, the settings that
@@ -42,9 +42,10 @@ from numaserve.backends.gate import Judgement, Span, length_bands, run_in_batche
 from numaserve.backends.race import ROUNDS, Standing, race, ratios, winner
 from numaserve.checkpoint.errors import MissingRuntime, ModelLoadError
 from numaserve.checkpoint.paths import resolve_model_path
-from numaserve.config.precisions import PRECISIONS
+from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
+from numaserve.config.runtimes import PRECISIONS, RUNTIMES, runtime
 from numaserve.config.schema import MAX_PATHS, ModelConfig
-from numaserve.processes.prepared import BatchedPath, ModelPath, write_atomically
+from numaserve.processes.prepared import write_atomically
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
@@ -77,8 +78,12 @@ CANDIDATES = (
     ModelPath("torch", "int8"),
     ModelPath("torch", "none"),
 )
-AUTO_BACKENDS = ("ctranslate2", "onnxruntime", "openvino")
-RUNTIMES = ("numaserve", "onnxruntime", "openvino", "nncf", "ctranslate2")  # not torch: onnx_build
+AUTO_BACKENDS = tuple(r.name for r in RUNTIMES if r.in_auto)
+# Whose versions a choice depends on: numaserve's and the runtimes' (torch's own exports an
+# equivalent graph: onnx_build.py).
+VERSIONED = ("numaserve", *(p for r in RUNTIMES for p in r.packages))
+# The fp32 reference the gate judges every path against (it loads the checkpoint as it is).
+REFERENCE = ModelPath("torch", "none")
 GATE_MAX_TOKENS = 512  # the gate's longest passages (300 words) fit
 JUDGING_THREADS = 4  # a named precision's judgement runs on up to this many CPUs
 BAND_INPUTS = 25  # a pool whose length range holds fewer of the gate's texts: the nearest
@@ -130,94 +135,21 @@ ALONE = Batching()  # each text alone: a server with max_batch 1, and the defaul
 
 
 @dataclass(frozen=True)
-class Shorter:
-    """The path a pool runs for its texts of at most `last` tokens (more than the previous
-    Shorter's), where its own path fails the gate on texts of these lengths or loses there."""
-
-    last: int
-    path: ModelPath
-    why: str
-    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    def to_json(self) -> dict:
-        return {
-            "last": self.last,
-            "path": dataclasses.asdict(self.path),
-            "why": self.why,
-            "batched": self.batched and dataclasses.asdict(self.batched),
-            "accuracy": self.accuracy,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> Shorter:
-        return cls(
-            data["last"],
-            ModelPath.from_json(data["path"]),
-            data["why"],
-            BatchedPath.from_json(data["batched"]),
-            data["accuracy"],
-        )
-
-
-@dataclass(frozen=True)
-class PoolChoice:
-    path: ModelPath  # what runs the pool's texts, but those of `shorter`
-    why: str  # one line for the log and `numaserve status`
-    shorter: tuple[Shorter, ...] = ()  # by length, shortest first
-    batched: BatchedPath | None = None  # its own texts' micro-batches' path, where faster
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    def runs(self, tokens: int, texts: int) -> ModelPath:
-        """The path a pass of `texts` texts of `tokens` tokens runs on (as banded.py runs it)."""
-        band = next((s for s in self.shorter if tokens <= s.last), self)
-        if band.batched and texts >= band.batched.from_batch:
-            return band.batched.path
-        return band.path
-
-    @property
-    def held(self) -> tuple[ModelPath, ...]:
-        """Every path the pool's instances hold, each once."""
-        bands = (self, *self.shorter)
-        return tuple(
-            dict.fromkeys([b.path for b in bands] + [b.batched.path for b in bands if b.batched])
-        )
-
-
-@dataclass(frozen=True)
 class Choice:
-    pools: dict[str, PoolChoice]  # each pool's path, by the pool's name
+    pools: dict[str, PoolPath]  # each pool's path, by the pool's name
     trials: tuple[dict, ...]  # each candidate: path, passed, figure, its times by pool, or skipped
 
-    def for_pool(self, pool: str | None = None) -> PoolChoice:
+    def for_pool(self, pool: str | None = None) -> PoolPath:
         """A pool's choice; without a name, the first (a config of one pool)."""
         return self.pools[pool] if pool is not None else next(iter(self.pools.values()))
 
     def to_json(self) -> dict:
-        pools = {
-            name: {
-                "path": dataclasses.asdict(c.path),
-                "why": c.why,
-                "shorter": [s.to_json() for s in c.shorter],
-                "batched": c.batched and dataclasses.asdict(c.batched),
-                "accuracy": c.accuracy,
-            }
-            for name, c in self.pools.items()
-        }
+        pools = {name: c.to_json() for name, c in self.pools.items()}
         return {"pools": pools, "trials": self.trials}
 
     @classmethod
     def from_json(cls, data: dict) -> Choice:
-        pools = {
-            name: PoolChoice(
-                ModelPath.from_json(p["path"]),
-                p["why"],
-                tuple(Shorter.from_json(x) for x in p["shorter"]),
-                BatchedPath.from_json(p["batched"]),
-                p["accuracy"],
-            )
-            for name, p in data["pools"].items()
-        }
+        pools = {name: PoolPath.from_json(p) for name, p in data["pools"].items()}
         return cls(pools, tuple(data["trials"]))
 
 
@@ -231,7 +163,7 @@ Load = Callable[[ModelConfig, tuple[str, ...]], "Model"]  # backends.load_model,
 
 def concrete(
     config: ModelConfig, isa: tuple[str, ...], load: Load
-) -> tuple[ModelConfig, PoolChoice | None]:
+) -> tuple[ModelConfig, PoolPath | None]:
     """The config with its backend and precision decided, for a server of one pool over
     every length: `quantize: auto` from the choice (made now if none is kept), `backend: auto`
     with a named precision from the first backend that runs it (onnxruntime for int8 and
@@ -259,7 +191,7 @@ def verdicts_key(digest: str, config: ModelConfig, isa: tuple[str, ...]) -> str:
         "task": config.task,
         "backend": config.backend,
         "isa": sorted(isa),
-        "versions": _versions(RUNTIMES),  # None for one not installed: its candidates skipped
+        "versions": _versions(VERSIONED),  # None for one not installed: its candidates skipped
     }
     return _key(digest, settings)
 
@@ -538,7 +470,7 @@ def race_pools(
     trials: list,
     paths: dict,
     max_paths: int = MAX_PATHS,
-) -> dict[str, PoolChoice]:
+) -> dict[str, PoolPath]:
     """Each pool's paths for each band of its lengths: the race among the paths that pass
     there (their times added to `trials`), one text at a time and, apart, at the pool's
     micro-batches. The pool's longest band decides its own path, which then runs ahead in
@@ -573,7 +505,7 @@ def race_pools(
     return chosen
 
 
-def within(choice: PoolChoice, max_paths: int, pool: str) -> PoolChoice:
+def within(choice: PoolPath, max_paths: int, pool: str) -> PoolPath:
     """The choice, its bands' throughput paths kept only while the pool's instances hold
     at most `max_paths` paths (model.max_paths), the pool's own band's first: the paths each
     band needs to be accurate are held whatever the cap (the log says where they exceed it)."""
@@ -607,25 +539,25 @@ def within(choice: PoolChoice, max_paths: int, pool: str) -> PoolChoice:
         return None
 
     own = kept(choice.batched)
-    shorter: list[Shorter] = []
+    shorter: list[BandPath] = []
     for s in (dataclasses.replace(s, batched=kept(s.batched)) for s in choice.shorter):
         if shorter and (shorter[-1].path, shorter[-1].batched) == (s.path, s.batched):
             s = _joined(shorter.pop(), s)  # neighbours that now run alike run as one
         shorter.append(s)
     choice = dataclasses.replace(choice, batched=own)
     if shorter and (shorter[-1].path, shorter[-1].batched) == (choice.path, own):
-        last = _joined(shorter.pop(), Shorter(0, choice.path, choice.why, own, choice.accuracy))
+        last = _joined(shorter.pop(), BandPath(0, choice.path, choice.why, own, choice.accuracy))
         choice = dataclasses.replace(choice, why=last.why, accuracy=last.accuracy)
     return dataclasses.replace(choice, shorter=tuple(shorter))
 
 
-def _joined(first: Shorter, then: Shorter) -> Shorter:
+def _joined(first: BandPath, then: BandPath) -> BandPath:
     """Two neighbouring bands that run the same paths, as one."""
     figures = "; ".join(a for a in (first.accuracy, then.accuracy) if a) or None
     return dataclasses.replace(then, why=f"{first.why}; {then.why}", accuracy=figures)
 
 
-def _log_choice(pool: str, choice: PoolChoice) -> None:
+def _log_choice(pool: str, choice: PoolPath) -> None:
     say = partial(log.info, extra=PREPARE)
     say("quantize: auto: pool %s chose %s: %s", pool, choice.path, choice.why)
     if choice.batched:
@@ -777,7 +709,7 @@ class SpanRace:
         models = self.passed.models
         runners = {name: partial(run_in_batches, models[name], batch=batch) for name in names}
         # OpenVINO compiles a kernel for each new shape: it meets every round's first
-        shapes = {n for n in names if self.paths[n].backend == "openvino"}
+        shapes = {n for n in names if runtime(self.paths[n].backend).per_shape}
         started = time.monotonic()
         standings = race(runners, self.enough(batch), warm_every_shape=shapes)
         self.clock.ran(*self.work(len(names), batch), time.monotonic() - started)
@@ -852,7 +784,7 @@ def _first(names: list[str], *preferred: str | None) -> list[str]:
     return [*ahead, *(n for n in names if n not in ahead)]
 
 
-def _pool_choice(won: list[Won], paths: dict, judged: dict[str, Judgement]) -> PoolChoice:
+def _pool_choice(won: list[Won], paths: dict, judged: dict[str, Judgement]) -> PoolPath:
     """A pool's bands' paths, shortest first, as its own (the longest band's) and the
     shorter runs of bands that run others (neighbours that run the same run as one), each
     path with the gate's figures in every band of the lengths it runs."""
@@ -877,10 +809,10 @@ def _pool_choice(won: list[Won], paths: dict, judged: dict[str, Judgement]) -> P
 
     *rest, (first, main) = runs
     shorter = tuple(
-        Shorter(w.span.last, paths[w.alone], why(a, w), batched(a, w), figures(w.alone, a, w))
+        BandPath(w.span.last, paths[w.alone], why(a, w), batched(a, w), figures(w.alone, a, w))
         for a, w in rest
     )
-    return PoolChoice(
+    return PoolPath(
         paths[main.alone],
         why(first, main),
         shorter,
@@ -895,7 +827,7 @@ def reference_gate(config: ModelConfig, isa, load: Load, texts: list[str] | None
     from numaserve.backends.gate import Gate, gate_corpus
     from numaserve.backends.tokenizer import Tokenizer
 
-    reference = load(dataclasses.replace(config, backend="torch", quantize="none"), isa)
+    reference = load(REFERENCE.applied_to(config), isa)
     tokenizer = Tokenizer(config.path, config.max_length)
     return Gate(config.task, tokenizer, texts or gate_corpus(), reference)
 
@@ -922,7 +854,7 @@ FASTER_THAN_FP32 = {"ctranslate2 int16": (), "openvino bf16": ("amx_bf16",)}
 
 def judging_order(paths: list[ModelPath]) -> list[ModelPath]:
     """fp32's paths last: judged only where needed (FASTER_THAN_FP32)."""
-    return sorted(paths, key=lambda p: p.quantize == "none" and p.backend != "torch")
+    return sorted(paths, key=lambda p: p.quantize == "none" and p != REFERENCE)
 
 
 def start_builders(config: ModelConfig, isa) -> list[threading.Thread]:
@@ -1014,21 +946,11 @@ def _build_ahead(configs: list[ModelConfig], isa) -> None:
     """Each candidate's artifact, built in turn (a child process builds each) and kept, so
     that judging it finds it: run beside the judging. One that cannot be built is left to
     the judging, which says why; fp32's, which may not be needed, last."""
+    from numaserve.backends.building import artifact
+
     for config in configs:
         try:
-            if config.backend == "ctranslate2":
-                from numaserve.backends.ct2 import prepare_converted
-
-                prepare_converted(config)
-            elif config.backend == "onnxruntime":
-                from numaserve.backends.onnx import prepare_artifact
-
-                prepare_artifact(config, isa)
-            elif config.backend == "openvino":
-                from numaserve.backends.openvino import inference_precision, prepare_model
-
-                inference_precision(config, isa)  # bf16 on a CPU without it: not built
-                prepare_model(config, isa)
+            artifact(config, isa)
         except (ModelLoadError, OSError):
             continue
 

@@ -9,42 +9,33 @@ threads (OpenMP, `threads` of them) inherit the worker's pinned CPUs and memory 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from numaserve.backends.artifacts import prepared_artifact
-from numaserve.backends.base import Model, ModelFacts
-from numaserve.backends.ct2_build import Converted, ensure_converted, refuse_unconverted
+from numaserve.backends.artifacts import prepared
+from numaserve.backends.base import Model
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
-from numaserve.tasks import TASKS
-from numaserve.tasks.base import Output
+
+ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "none": lambda x: x}
+INSTALL_HINT = (
+    "model.backend ctranslate2 needs the ctranslate2 package, a numaserve dependency that is "
+    "missing here: reinstall numaserve, or set model.backend: onnxruntime"
+)
+
+
+def import_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ModelLoadError(INSTALL_HINT) from None
+    return ctranslate2
+
 
 # model.quantize -> CTranslate2's compute_type on a CPU.
 COMPUTE_TYPES = {"int8": "int8_float32", "int16": "int16", "none": "float32"}
-
-
-def prepare_converted(
-    config: ModelConfig, digest: str | None = None, artifact: str | None = None
-) -> tuple[Path, ModelFacts]:
-    """The converted model and the checkpoint's facts: the one `numaserve prepare` converted
-    (`artifact`, as an instance is told it), else converted now if missing (prepare itself,
-    tune's probes). `digest`: the checkpoint's, where the caller has it."""
-    directory = Path(resolve_model_path(config.path))
-    facts = ModelFacts.read(directory)
-    facts.check(config)
-    if artifact is not None:
-        return prepared_artifact(artifact), facts
-    refuse_unconverted(directory, config.path)
-    if TASKS[config.task].output is Output.VOCAB_LOGITS:
-        raise ModelLoadError(
-            f"model.backend ctranslate2 cannot run {config.path} for task {config.task}: "
-            "numaserve converts no masked-LM head; use model.backend: onnxruntime or auto"
-        )
-    TASKS[config.task].check_checkpoint(directory, config.path)
-    return ensure_converted(directory, config, digest=digest), facts
 
 
 class Ct2Model(Model):
@@ -54,10 +45,52 @@ class Ct2Model(Model):
         isa: tuple[str, ...] = (),
         threads: int = 1,
         artifact: str | None = None,
+        node: int | None = None,
     ):
-        self.artifact, facts = prepare_converted(config, artifact=artifact)
+        self.artifact, facts = prepared(config, artifact)
         self.converted = Converted(self.artifact, COMPUTE_TYPES[config.quantize], threads)
         super().__init__(config, facts, width=self.converted.width)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
         return self.converted.forward(ids, mask, types)
+
+
+class Converted:
+    """A converted model's encoder and its head: padded token ids to the task's output."""
+
+    def __init__(self, directory: Path, compute_type: str, threads: int):
+        self.ct2 = import_ctranslate2()
+        try:
+            self.encoder = self.ct2.Encoder(
+                str(directory),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=threads,
+            )
+        except Exception as e:  # a damaged file, an incompatible CTranslate2
+            raise ModelLoadError(f"CTranslate2 cannot load {directory}: {e}") from None
+        head = json.loads((directory / "head.json").read_text())
+        weights = np.load(directory / "head.npz")
+        self.layers = [
+            (np.ascontiguousarray(weights[f"weight_{i}"].T), weights[f"bias_{i}"], ACTIVATIONS[a])
+            for i, a in enumerate(head["activations"])
+        ]
+        self.first_token = head["reads"] == "first"
+        self.width = self.layers[-1][0].shape[1] if self.layers else head["hidden_size"]
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        lengths = mask.sum(axis=1, dtype=np.int32)
+        out = self.encoder.forward_batch(
+            self.ct2.StorageView.from_array(np.ascontiguousarray(ids, dtype=np.int32)),
+            self.ct2.StorageView.from_array(lengths),
+            token_type_ids=None if types is None else types.tolist(),
+        )
+        x = np.array(out.last_hidden_state, dtype=np.float32)  # CTranslate2's buffer: copied
+        if self.first_token:
+            x = x[:, 0]
+        elif x.shape[1] < ids.shape[1]:  # padded past the longest text (padding: max_length)
+            x = np.pad(x, ((0, 0), (0, ids.shape[1] - x.shape[1]), (0, 0)))
+        for weight, bias, activation in self.layers:
+            x = activation(x @ weight + bias)
+        return x

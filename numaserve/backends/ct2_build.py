@@ -1,11 +1,11 @@
 """CTranslate2 models: the checkpoint's encoder converted once into CTranslate2's format, with
-the task's head beside it, kept on disk (artifacts.py) for every worker that serves it, and
-`Converted`, which runs what was kept (the backend, ct2.py, is a Model around it).
+the task's head beside it, kept on disk (artifacts.py) for every worker that serves it (ct2.py
+runs what was kept: its `Converted`).
 
 CTranslate2 runs an encoder and gives its hidden states; the head a classifier, reranker or
 tagger puts on them (BERT's pooler and classifier, RoBERTa's classification head,
 DistilBERT's pre-classifier) is the checkpoint's own weights, kept here as arrays and run in
-float32 by the worker (ctranslate2.py). Before a conversion is kept, it is run against the
+float32 by the worker (ct2.py). Before a conversion is kept, it is run against the
 checkpoint in transformers on a few inputs: a model that converts but answers differently
 (an option of the architecture the converter ignores) is refused, not served.
 
@@ -23,7 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from numaserve.backends.artifacts import Build, build_main, cache_root, ensure, key_of
+from numaserve.backends.base import ModelFacts
+from numaserve.backends.ct2 import Converted
 from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 from numaserve.tasks.base import Output
@@ -31,22 +34,9 @@ from numaserve.tasks.base import Output
 FORMAT = 1  # bump when the conversion or the head changes, so old ones are not reused
 CONVERTED = ("bert", "distilbert", "roberta", "xlm-roberta", "camembert")
 ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
+
+
 # The first layer of a sequence head reads the first token's state; a token head, each one's.
-ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "none": lambda x: x}
-INSTALL_HINT = (
-    "model.backend ctranslate2 needs the ctranslate2 package, a numaserve dependency that is "
-    "missing here: reinstall numaserve, or set model.backend: onnxruntime"
-)
-
-
-def import_ctranslate2():
-    try:
-        import ctranslate2
-    except ImportError:
-        raise ModelLoadError(INSTALL_HINT) from None
-    return ctranslate2
-
-
 def model_type(model_dir: Path) -> str | None:
     from numaserve.checkpoint.files import read_json
 
@@ -64,6 +54,21 @@ def refuse_unconverted(model_dir: Path, path: str) -> None:
         )
 
 
+def artifact_for(config: ModelConfig, isa: tuple[str, ...] = (), digest: str | None = None) -> Path:
+    """The converted model, converted now if it is missing (prepare, and `auto` judging it).
+    `digest`: the checkpoint's, where the caller has it."""
+    directory = Path(resolve_model_path(config.path))
+    ModelFacts.read(directory).check(config)
+    refuse_unconverted(directory, config.path)
+    if TASKS[config.task].output is Output.VOCAB_LOGITS:
+        raise ModelLoadError(
+            f"model.backend ctranslate2 cannot run {config.path} for task {config.task}: "
+            "numaserve converts no masked-LM head; use model.backend: onnxruntime or auto"
+        )
+    TASKS[config.task].check_checkpoint(directory, config.path)
+    return ensure_converted(directory, config, digest=digest)
+
+
 def ensure_converted(
     model_dir: Path, config: ModelConfig, root: Path | None = None, digest: str | None = None
 ) -> Path:
@@ -77,47 +82,6 @@ def ensure_converted(
     directory = (root or cache_root()) / "ct2" / key_of(model_dir, options, digest)
     build = Build("the CTranslate2 model", "numaserve.backends.ct2_build", config)
     return ensure(directory, "model", build)
-
-
-class Converted:
-    """A converted model's encoder and its head: padded token ids to the task's output."""
-
-    def __init__(self, directory: Path, compute_type: str, threads: int):
-        self.ct2 = import_ctranslate2()
-        try:
-            self.encoder = self.ct2.Encoder(
-                str(directory),
-                device="cpu",
-                compute_type=compute_type,
-                inter_threads=1,
-                intra_threads=threads,
-            )
-        except Exception as e:  # a damaged file, an incompatible CTranslate2
-            raise ModelLoadError(f"CTranslate2 cannot load {directory}: {e}") from None
-        head = json.loads((directory / "head.json").read_text())
-        weights = np.load(directory / "head.npz")
-        self.layers = [
-            (np.ascontiguousarray(weights[f"weight_{i}"].T), weights[f"bias_{i}"], ACTIVATIONS[a])
-            for i, a in enumerate(head["activations"])
-        ]
-        self.first_token = head["reads"] == "first"
-        self.width = self.layers[-1][0].shape[1] if self.layers else head["hidden_size"]
-
-    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
-        lengths = mask.sum(axis=1, dtype=np.int32)
-        out = self.encoder.forward_batch(
-            self.ct2.StorageView.from_array(np.ascontiguousarray(ids, dtype=np.int32)),
-            self.ct2.StorageView.from_array(lengths),
-            token_type_ids=None if types is None else types.tolist(),
-        )
-        x = np.array(out.last_hidden_state, dtype=np.float32)  # CTranslate2's buffer: copied
-        if self.first_token:
-            x = x[:, 0]
-        elif x.shape[1] < ids.shape[1]:  # padded past the longest text (padding: max_length)
-            x = np.pad(x, ((0, 0), (0, ids.shape[1] - x.shape[1]), (0, 0)))
-        for weight, bias, activation in self.layers:
-            x = activation(x @ weight + bias)
-        return x
 
 
 # -- the build child (python -m numaserve.backends.ct2_build) -------------------------------

@@ -4,15 +4,20 @@ imports the code that chooses (choice.py), nor a runtime before the path names i
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import MissingRuntime
+from numaserve.config.runtimes import runtime
 from numaserve.config.schema import ModelConfig
 from numaserve.processes.prepared import Prepared
 
 if TYPE_CHECKING:
     from numaserve.backends.base import Model
+
+Build = Callable[[ModelConfig], "str | None"]  # a path's artifact, built where missing
 
 log = logging.getLogger("numaserve.worker")
 
@@ -23,25 +28,13 @@ def load_path(
     threads: int,
     artifact: str | None,
     node: int | None = None,
-):
-    """The model of one named path; `node`: the NUMA node whose copy of shared weights it
-    maps (onnx.py), where it is bound to one."""
+) -> Model:
+    """The model of one named path, from the artifact prepare built (config/runtimes.py's
+    record says which class loads it); `node`: the NUMA node whose copy of shared weights
+    it maps, where it is bound to one."""
+    record = runtime(config.backend)
     try:
-        if config.backend == "onnxruntime":
-            from numaserve.backends.onnx import OnnxModel
-
-            return OnnxModel(config, isa, threads, artifact, node)
-        if config.backend == "openvino":
-            from numaserve.backends.openvino import OpenVinoModel
-
-            return OpenVinoModel(config, isa, threads, artifact)
-        if config.backend == "ctranslate2":
-            from numaserve.backends.ct2 import Ct2Model
-
-            return Ct2Model(config, isa, threads, artifact)
-        from numaserve.backends.torch import TorchModel
-
-        return TorchModel(config, isa, threads)
+        return named_in_backends(record.loads)(config, isa, threads, artifact, node)
     except ModuleNotFoundError as e:
         raise MissingRuntime(
             f"model.backend {config.backend} cannot run here: {e} (installed without it, as "
@@ -50,12 +43,21 @@ def load_path(
         ) from e
 
 
-def held(main, entry, isa, threads: int, node: int | None = None):
+def named_in_backends(reference: str):
+    """`module:name` of a runtime's record, imported only now: a process loads no runtime
+    but the one it runs."""
+    module, name = reference.split(":")
+    return getattr(importlib.import_module(f"numaserve.backends.{module}"), name)
+
+
+def held(main, entry, isa, threads: int, node: int | None = None, build: Build | None = None):
     """The pool's model: `main` (its own path, loaded) where `entry` (a prepared PoolPath, or
-    a PoolChoice where `auto` chose in this process) names no other path; else a Banded that
-    holds each of the entry's paths once: its shorter bands' and each band's micro-batches'."""
+    a choice's, where `auto` chose in this process) names no other path; else a Banded that
+    holds each of the entry's paths once: its shorter bands' and each band's micro-batches'.
+    `build`: where `auto` chose in this process, what makes a path's artifact (a choice names
+    none); an instance has its artifacts from prepare, and builds nothing."""
     from numaserve.backends.banded import Banded, Segment
-    from numaserve.processes.prepared import ModelPath
+    from numaserve.config.paths import ModelPath
 
     config = main.config
     own = ModelPath(config.backend, config.quantize, config.keep_fp32)
@@ -63,11 +65,14 @@ def held(main, entry, isa, threads: int, node: int | None = None):
 
     def load(path: ModelPath, artifact: str | None):
         if path not in loaded:
-            loaded[path] = load_path(path.applied_to(config), isa, threads, artifact, node)
+            path_config = path.applied_to(config)
+            if artifact is None and build is not None:
+                artifact = build(path_config)
+            loaded[path] = load_path(path_config, isa, threads, artifact, node)
         return loaded[path]
 
     def segment(last: int | None, band) -> Segment:
-        alone = load(band.path, getattr(band, "artifact", None))  # a choice builds none
+        alone = load(band.path, getattr(band, "artifact", None))  # a choice's has none
         if band.batched is None:
             return Segment(last, alone)
         batched = load(band.batched.path, band.batched.artifact)

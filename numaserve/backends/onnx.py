@@ -1,35 +1,22 @@
-"""The ONNX Runtime backend: a session on the artifact built once for this model and these
-options (onnx_build.py). Its threads inherit the worker's pinned CPUs. Where `numaserve
+"""The ONNX Runtime backend: a session on the artifact `numaserve prepare` built once for this
+model and these options (onnx_build.py). Its threads inherit the worker's pinned CPUs. Where `numaserve
 prepare` made the artifact's packed form, an instance bound to a NUMA node maps that node's
 copy of its weights, shared with the node's other instances (node_weights.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from numaserve.backends.artifacts import checkpoint_artifact
-from numaserve.backends.base import Model, ModelFacts, full_range_int8
+from numaserve.backends.artifacts import prepared
+from numaserve.backends.base import Model
 from numaserve.backends.node_weights import is_packed, node_copy, weights_of
-from numaserve.backends.onnx_build import INSTALL_HINT, ensure_artifact
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 
-
-def prepare_artifact(
-    config: ModelConfig,
-    isa: tuple[str, ...] = (),
-    digest: str | None = None,
-    artifact: str | None = None,
-) -> tuple[Path, ModelFacts]:
-    """The model's ONNX artifact and the checkpoint's facts (artifacts.checkpoint_artifact).
-    `digest`: the checkpoint's, where the caller has it."""
-    return checkpoint_artifact(
-        config,
-        artifact,
-        lambda directory: ensure_artifact(directory, config, full_range_int8(isa), digest=digest),
-    )
+INSTALL_HINT = (
+    "model.backend onnxruntime needs the onnxruntime package, a numaserve dependency that is "
+    "missing here: reinstall numaserve, or set model.backend: torch"
+)
 
 
 class OnnxModel(Model):
@@ -48,7 +35,7 @@ class OnnxModel(Model):
         except ImportError:
             raise ModelLoadError(INSTALL_HINT) from None
         ort.disable_telemetry_events()  # the library's own switch, beside ORT_DISABLE_TELEMETRY
-        self.artifact, facts = prepare_artifact(config, isa, artifact=artifact)
+        self.artifact, facts = prepared(config, artifact)
         if is_packed(self.artifact):
             if node is not None:
                 self.artifact = node_copy(self.artifact, node)

@@ -20,8 +20,14 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from numaserve.backends.artifacts import Build, build_main, built_in_child, checkpoint_key
-from numaserve.backends.base import uses_token_types
+from numaserve.backends.artifacts import (
+    Build,
+    build_main,
+    built_in_child,
+    checkpoint_artifact,
+    checkpoint_key,
+)
+from numaserve.backends.base import full_range_int8, uses_token_types
 from numaserve.backends.precision import kept_in_fp32, onnx_module_path
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
@@ -32,10 +38,6 @@ log = logging.getLogger(__name__)
 # task's head is refused, where 1 exported the head transformers made up).
 FORMAT = 2
 OPSET = 17
-INSTALL_HINT = (
-    "model.backend onnxruntime needs the onnxruntime package, a numaserve dependency that is "
-    "missing here: reinstall numaserve, or set model.backend: torch"
-)
 
 
 def artifact_key(
@@ -51,6 +53,15 @@ def artifact_key(
     if config.quantize == "int8" and config.keep_fp32:
         options["keep_fp32"] = sorted(config.keep_fp32)
     return checkpoint_key(model_dir, config, full_range, options, digest)
+
+
+def artifact_for(config: ModelConfig, isa: tuple[str, ...] = (), digest: str | None = None) -> Path:
+    """The model's ONNX artifact for this CPU, built now if it is missing (prepare, `auto`'s
+    judging). `digest`: the checkpoint's, where the caller has it."""
+    full_range = full_range_int8(isa)
+    return checkpoint_artifact(
+        config, lambda directory: ensure_artifact(directory, config, full_range, digest=digest)
+    )
 
 
 def ensure_artifact(

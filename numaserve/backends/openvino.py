@@ -12,15 +12,10 @@ and memory policy, and OpenVINO is told not to re-pin them.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import numpy as np
 
-from numaserve.backends.artifacts import checkpoint_artifact
-from numaserve.backends.base import Model, ModelFacts, full_range_int8
-from numaserve.backends.onnx import prepare_artifact
-from numaserve.backends.openvino_build import ensure_int8_model
+from numaserve.backends.artifacts import prepared
+from numaserve.backends.base import Model
 from numaserve.backends.openvino_runtime import import_openvino
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
@@ -47,29 +42,6 @@ def inference_precision(config: ModelConfig, isa: tuple[str, ...]) -> str:
     return "f32"
 
 
-def fp32_artifact_config(config: ModelConfig) -> ModelConfig:
-    """The config whose ONNX artifact OpenVINO compiles: the fp32 one, shared with
-    onnxruntime's (OpenVINO applies its precision when it compiles)."""
-    return dataclasses.replace(config, backend="onnxruntime", quantize="none", keep_fp32=())
-
-
-def prepare_model(
-    config: ModelConfig,
-    isa: tuple[str, ...] = (),
-    digest: str | None = None,
-    artifact: str | None = None,
-) -> tuple[Path, ModelFacts]:
-    """What OpenVINO compiles, and the checkpoint's facts: int8's own model, else the fp32
-    ONNX artifact. `artifact`: the one `numaserve prepare` built."""
-    if config.quantize != "int8":
-        return prepare_artifact(fp32_artifact_config(config), isa, digest, artifact)
-    return checkpoint_artifact(
-        config,
-        artifact,
-        lambda directory: ensure_int8_model(directory, config, full_range_int8(isa), digest=digest),
-    )
-
-
 class OpenVinoModel(Model):
     def __init__(
         self,
@@ -77,10 +49,11 @@ class OpenVinoModel(Model):
         isa: tuple[str, ...] = (),
         threads: int = 1,
         artifact: str | None = None,
+        node: int | None = None,
     ):
         precision = inference_precision(config, isa)
         ov = import_openvino()
-        self.artifact, facts = prepare_model(config, isa, artifact=artifact)
+        self.artifact, facts = prepared(config, artifact)
         core = ov.Core()
         try:
             compiled = core.compile_model(

@@ -1,6 +1,8 @@
-"""OpenVINO's int8 models: the checkpoint converted by OpenVINO's own PyTorch frontend and
-quantized by NNCF's post-training quantization (weights and activations in int8, their scales
-calibrated on texts), as optimum-intel and sentence-transformers' OpenVINO backend make theirs.
+"""What OpenVINO compiles, built by `numaserve prepare`: for fp32 and bf16 the fp32 ONNX
+artifact (onnx_build.py); for int8 a model of its own, the checkpoint converted by OpenVINO's
+own PyTorch frontend and quantized by NNCF's post-training quantization (weights and
+activations in int8, their scales calibrated on texts), as optimum-intel and
+sentence-transformers' OpenVINO backend make theirs.
 Built once and kept (artifacts.py) at CACHE/openvino/KEY/model/ (model.xml, model.bin).
 
 Calibration runs the fp32 model on texts of numaserve's corpus that the accuracy gate does not
@@ -12,6 +14,7 @@ without VNNI), NNCF's overflow fix halves the weights' range in every layer, as 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import shutil
@@ -20,13 +23,18 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from numaserve.backends import onnx_build
 from numaserve.backends.artifacts import (
     Build,
     build_main,
     built_in_child,
+    checkpoint_artifact,
     checkpoint_key,
     installed_version,
 )
+from numaserve.backends.base import full_range_int8
+from numaserve.backends.openvino import inference_precision
+from numaserve.backends.openvino_runtime import import_openvino
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks import TASKS
 
@@ -64,6 +72,26 @@ def ensure_int8_model(
     key = artifact_key(model_dir, config, full_range, digest)
     build = Build("the OpenVINO int8 model", "numaserve.backends.openvino_build", config)
     return built_in_child("openvino", key, "model", build, root, full_range) / "model.xml"
+
+
+def fp32_artifact_config(config: ModelConfig) -> ModelConfig:
+    """The config whose ONNX artifact OpenVINO compiles: the fp32 one, shared with
+    onnxruntime's (OpenVINO applies its precision when it compiles)."""
+    return dataclasses.replace(config, backend="onnxruntime", quantize="none", keep_fp32=())
+
+
+def artifact_for(config: ModelConfig, isa: tuple[str, ...] = (), digest: str | None = None) -> Path:
+    """What OpenVINO compiles, built now if it is missing: int8's own model, else the fp32
+    ONNX artifact. A CPU without the precision (bf16), or an installation without OpenVINO,
+    fails here, before any instance starts."""
+    inference_precision(config, isa)
+    import_openvino()
+    if config.quantize != "int8":
+        return onnx_build.artifact_for(fp32_artifact_config(config), isa, digest)
+    full_range = full_range_int8(isa)
+    return checkpoint_artifact(
+        config, lambda directory: ensure_int8_model(directory, config, full_range, digest=digest)
+    )
 
 
 def calibration_texts(count: int = CALIBRATION_TEXTS) -> list[str]:

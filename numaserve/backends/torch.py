@@ -176,7 +176,15 @@ def checkpoint_kind(directory: str, architecture: str) -> str:
 
 
 class TorchModel(Model):
-    def __init__(self, config: ModelConfig, isa: tuple[str, ...] = (), threads: int = 1):
+    def __init__(
+        self,
+        config: ModelConfig,
+        isa: tuple[str, ...] = (),
+        threads: int = 1,
+        artifact: str | None = None,
+        node: int | None = None,
+    ):
+        """The checkpoint itself, quantized here where asked: torch has no artifact."""
         configure_threads(threads)
         model = load_transformers_model(config)
         hf = model.config

@@ -26,7 +26,7 @@ from numaserve.cli.common import (
     timeout_option,
 )
 from numaserve.config.ports import Ports
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import (
     MAX_LENGTH,
     MAX_TEXTS,

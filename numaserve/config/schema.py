@@ -21,7 +21,7 @@ from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.files import checkpoint_max_length
 from numaserve.config.addresses import is_local, split_host_port
 from numaserve.config.files import read_against
-from numaserve.config.precisions import precision_problem
+from numaserve.config.runtimes import precision_problem
 from numaserve.tasks import NAMES
 from numaserve.tasks.base import MAX_WINDOWS
 from numaserve.wire.protocol import SMALLEST_MESSAGE_LIMIT
@@ -62,7 +62,7 @@ class ModelConfig:
     # onnxruntime: an ONNX artifact (backends/onnx_build.py); openvino: that artifact compiled
     # by OpenVINO; ctranslate2: the encoder converted by CTranslate2 (backends/ct2_build.py).
     backend: Backend = "auto"
-    quantize: Quantize = "auto"  # config/precisions.py
+    quantize: Quantize = "auto"  # config/runtimes.py
     # With int8: the Linear layers left in fp32, as globs over module paths (backends/precision.py).
     keep_fp32: tuple[str, ...] = ()
     # dynamic: pad only to the longest text in a forward pass; max_length: always pad to max_length.

@@ -12,7 +12,8 @@ from numaserve import __version__
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.files import read_json
 from numaserve.checkpoint.paths import resolve_model_path
-from numaserve.processes.prepared import ModelPath, Prepared
+from numaserve.config.paths import ModelPath
+from numaserve.processes.prepared import Prepared
 from numaserve.processes.specs import FrontModel
 
 if TYPE_CHECKING:

@@ -277,25 +277,22 @@ def _model_paths(shards: list[tuple[list[str], ShardReport]]) -> Iterator[Metric
     )
     for (_, model_name), status in shards:
         for instance in status.routing:
-            path = instance.model_path
-            if not (instance.routed and path):
+            running = instance.model_path
+            if not (instance.routed and running):
                 continue
-            bands = [(str(b.last), b, b.batched) for b in path.shorter]
-            for last, held, batched in [*bands, ("", path, path.batched)]:
-                runs = [(1, held), *([(batched.from_batch, batched)] if batched else [])]
-                for from_batch, p in runs:
-                    labels = {
-                        "instance": instance.name,
-                        "model_name": model_name,
-                        "backend": p.backend,
-                        "quantize": p.quantize,
-                        "keep_fp32": ",".join(p.keep_fp32),
-                        "chosen_by": path.chosen_by,
-                        "last_tokens": last,
-                        "from_batch": str(from_batch),
-                        "accuracy": p.accuracy or "",
-                    }
-                    info.add_metric([], labels)
+            for last, from_batch, path, accuracy in running.runs.by_band:
+                labels = {
+                    "instance": instance.name,
+                    "model_name": model_name,
+                    "backend": path.backend,
+                    "quantize": path.quantize,
+                    "keep_fp32": ",".join(path.keep_fp32),
+                    "chosen_by": running.chosen_by,
+                    "last_tokens": "" if last is None else str(last),
+                    "from_batch": str(from_batch),
+                    "accuracy": accuracy or "",
+                }
+                info.add_metric([], labels)
             for name, count in sorted((instance.passes or {}).items()):
                 passes.add_metric([instance.name, model_name, name], count)
     yield info

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
@@ -20,29 +21,31 @@ from numaserve.host.pinning import (
 from numaserve.processes import exitcodes
 from numaserve.processes.lifecycle import die_with_parent, read_spec
 
+S = TypeVar("S")
+
 
 @dataclass(frozen=True)
-class Began:
-    spec: object
+class Began(Generic[S]):
+    spec: S  # of the type asked for: a RouterSpec, a WorkerSpec, ...
     method: str | None  # how its memory is bound (pinning.BOUND_BY); None: it names no CPUs
     cpus: tuple[int, ...]
     nodes: tuple[int, ...]
 
 
 def begin(
-    spec_type,
+    spec_type: type[S],
     argv: list[str] | None,
     log: logging.Logger,
     *,
     bad_spec: int = exitcodes.MODEL,
     parent: int | None = None,
-) -> Began | int:
+) -> Began[S] | int:
     """The process begun, or the exit code to leave with: `bad_spec` for a spec that cannot
     be read, PINNING for CPUs or memory that cannot be bound. `parent`: the pid to die with
     (by default the supervisor's, from the environment). The spec's `cpus` and `nodes` say
     where it runs (none: anywhere); its `use_numactl`, where present, whether to start over
     under numactl."""
-    spec = read_spec(spec_type, spec_type.module, argv, log)
+    spec: Any = read_spec(spec_type, spec_type.module, argv, log)  # type: ignore[attr-defined]
     if spec is None:
         return bad_spec
     die_with_parent(parent)

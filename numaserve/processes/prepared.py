@@ -1,6 +1,6 @@
 """What `numaserve prepare` resolved for one model, once, for every instance that serves it:
-the checkpoint (its directory and digest) and, for each pool, the model path (a backend and a
-precision), its artifact, and who chose it and why. The one record of what runs: here, below
+the checkpoint (its directory and digest) and, for each pool, what it runs (config/paths.py's
+PoolPath: its paths, the artifacts built for them, and who chose them and why). Here, below
 the code that chooses, so that every reader (the supervisor, an instance, an HTTP front,
 tune) reads it typed, and none reaches the choosing code.
 
@@ -13,7 +13,6 @@ whole (a rename), so a restarting instance reads either the old record or the ne
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -23,122 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.schema import Backend, ModelConfig, Quantize
-
-
-@dataclass(frozen=True)
-class ModelPath:
-    backend: Backend
-    quantize: Quantize
-    keep_fp32: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
-        return f"{self.backend} {self.quantize}{keep}"
-
-    @classmethod
-    def from_json(cls, data: dict) -> ModelPath:
-        """A path as dataclasses.asdict wrote it (a kept choice, a prepared record)."""
-        return cls(data["backend"], data["quantize"], tuple(data["keep_fp32"]))
-
-    def applied_to(self, config: ModelConfig) -> ModelConfig:
-        """`config` running this path."""
-        return dataclasses.replace(
-            config, backend=self.backend, quantize=self.quantize, keep_fp32=self.keep_fp32
-        )
-
-
-@dataclass(frozen=True)
-class BatchedPath:
-    """A band's throughput path: its micro-batches of at least `from_batch` texts run here,
-    where `quantize: auto` timed it ahead of the band's own path (its latency path, fastest
-    one text at a time) at the batch sizes the pool runs under load. `artifact`: None in a
-    choice, which builds nothing; prepare's record names it."""
-
-    from_batch: int
-    path: ModelPath
-    why: str
-    artifact: str | None = None
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    @classmethod
-    def from_json(cls, data: dict | None) -> BatchedPath | None:
-        if data is None:
-            return None
-        return cls(
-            data["from_batch"],
-            ModelPath.from_json(data["path"]),
-            data["why"],
-            data["artifact"],
-            data.get("accuracy"),
-        )
-
-    def words(self) -> str:
-        return f"{self.path} from {self.from_batch} texts a batch"
-
-
-@dataclass(frozen=True)
-class BandPath:
-    """What one pool's instances run for its texts of at most `last` tokens (more than the
-    band before's), where `quantize: auto` found another path faster and accurate there."""
-
-    last: int
-    path: ModelPath
-    artifact: str | None
-    why: str
-    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    @classmethod
-    def from_json(cls, data: dict) -> BandPath:
-        return cls(
-            data["last"],
-            ModelPath.from_json(data["path"]),
-            data["artifact"],
-            data["why"],
-            BatchedPath.from_json(data.get("batched")),
-            data.get("accuracy"),
-        )
-
-
-@dataclass(frozen=True)
-class PoolPath:
-    """What one pool's instances run."""
-
-    path: ModelPath
-    artifact: str | None  # the ONNX file or CTranslate2 directory; None: torch, from the checkpoint
-    why: str | None = None  # where `quantize: auto` chose it; None: the config named it
-    shorter: tuple[BandPath, ...] = ()  # its shorter texts' paths, shortest first
-    # The accuracy gate's figures on this CPU, in each band of lengths the path runs: auto's
-    # and a named precision's alike (a named one's also says whether it passes).
-    accuracy: str | None = None
-    batched: BatchedPath | None = None  # its micro-batches' path, where another is faster
-
-    @property
-    def bands(self) -> tuple[BandPath | PoolPath, ...]:
-        """Its shorter texts' paths, shortest first, then its own."""
-        return (*self.shorter, self)
-
-    @property
-    def by_band(self) -> tuple[tuple[int | None, int, ModelPath, str | None], ...]:
-        """Each path the pool holds for the texts it runs: (the band's last tokens, None for
-        the pool's own; the micro-batches it runs from, 1 for every one; the path; the gate's
-        figures there), shortest band first."""
-        bands = [(b.last if isinstance(b, BandPath) else None, b) for b in self.bands]
-        found = []
-        for last, b in bands:
-            found.append((last, 1, b.path, b.accuracy))
-            if b.batched:
-                found.append((last, b.batched.from_batch, b.batched.path, b.batched.accuracy))
-        return tuple(found)
-
-    @property
-    def paths(self) -> tuple[tuple[ModelPath, str | None], ...]:
-        """Every path the pool's instances hold, with its artifact, each once."""
-        bands: tuple[PoolPath | BandPath, ...] = (self, *self.shorter)
-        found = [(b.path, b.artifact) for b in bands]
-        found += [(b.batched.path, b.batched.artifact) for b in bands if b.batched]
-        return tuple(dict.fromkeys(found))
+from numaserve.config.paths import PoolPath
+from numaserve.config.schema import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -149,21 +34,14 @@ class Prepared:
     pools: dict[str, PoolPath]
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        pools = {name: p.to_json() for name, p in self.pools.items()}
+        return {"model": self.model, "directory": self.directory, "digest": self.digest} | {
+            "pools": pools
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Prepared:
-        pools = {
-            name: PoolPath(
-                ModelPath.from_json(p["path"]),
-                p["artifact"],
-                p["why"],
-                tuple(BandPath.from_json(b) for b in p["shorter"]),
-                p["accuracy"],
-                BatchedPath.from_json(p.get("batched")),
-            )
-            for name, p in data["pools"].items()
-        }
+        pools = {name: PoolPath.from_json(p) for name, p in data["pools"].items()}
         return cls(data["model"], data["directory"], data["digest"], pools)
 
     def write(self, path: Path) -> None:
@@ -185,7 +63,7 @@ class Prepared:
         reload renews an instance whose pool's record changed, and an instance knows whether
         the record it reads is the one its spec was made from."""
         entry = self.pools.get(pool)
-        body = {"digest": self.digest, "pool": entry and dataclasses.asdict(entry)}
+        body = {"digest": self.digest, "pool": entry and entry.to_json()}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def config_for(self, config: ModelConfig, pool: str) -> tuple[ModelConfig, PoolPath]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import (
     DEFAULT_MODEL,
     Config,

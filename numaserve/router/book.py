@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from itertools import islice
+from typing import cast
 
 from numaserve.backends.tokenizer import Tokenizer, TooLongError
 from numaserve.router.cache import ResultCache
@@ -38,7 +39,7 @@ ERROR_CODES = {c.value: c for c in ErrorCode}
 Reply = Callable[[list[bytes], dict], None]
 
 
-def which_text(item: Item, message: str) -> str:
+def which_text(item: Item[Pending], message: str) -> str:
     """An error of one text, naming it where its request holds several."""
     return f"text {item.index}: {message}" if len(item.owner.encoded) > 1 else message
 
@@ -47,7 +48,7 @@ class RequestBook:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        dispatch: Dispatcher,
+        dispatch: Dispatcher[Pending],
         cache: ResultCache,
         metrics: RouterMetrics,
         model_key: str,
@@ -157,7 +158,7 @@ class RequestBook:
                 self.feeding[id(pending)] = pending
                 self.backlogged += rest
             if deadline is not None:
-                self.deadlines.add(pending)
+                self.deadlines.add(pending, deadline)
 
     def _encode(self, request: Request) -> list:
         """The request's inputs, its model's prompt before each, tokenized (in windows,
@@ -166,8 +167,10 @@ class RequestBook:
         windows = self._windows(request)
         if windows > 1:
             return self.tokenizer.encode_windows(inputs, windows)
-        encode = self.tokenizer.encode_tagged if self.tagged else self.tokenizer.encode
-        return encode(inputs, request.truncate, request.cuts_left)
+        if self.tagged:  # a tagger's inputs are texts, never pairs
+            texts = cast(list[str], inputs)
+            return self.tokenizer.encode_tagged(texts, request.truncate, request.cuts_left)
+        return self.tokenizer.encode(inputs, request.truncate, request.cuts_left)
 
     def feed(self, now: float) -> None:
         """Queue the next piece of each big request whose queued texts went to instances,
@@ -176,9 +179,11 @@ class RequestBook:
         hold = now < self.hold_until
         for pending in list(self.feeding.values()):
             backlog = pending.backlog
+            if backlog is None:  # a feeding request holds its backlog until it is queued
+                continue
             piece = self.dispatch.piece(pending.longest)
             size = min(piece - (pending.remaining - len(backlog)), len(backlog))
-            refused = ErrorCode.OVERLOADED
+            refused: ErrorCode | None = ErrorCode.OVERLOADED
             while size > 0:  # the largest part of the piece that has room
                 refused = self.dispatch.admit(list(islice(backlog, size)), now, hold=hold)
                 if refused is not ErrorCode.OVERLOADED:
@@ -216,13 +221,13 @@ class RequestBook:
         and an index would cost every request."""
         for pending in list(self.active.values()):
             if pending.request.id == request_id and pending.envelope == envelope:
-                if pending.span is not None:
+                if self.traces is not None and pending.span is not None:
                     self.traces.answered(pending, ("cancelled", "its client gave up"))
                 self._forget(pending)
                 self.counters["cancelled"] += 1
                 return
 
-    def _from_cache(self, pending: Pending) -> list[Item]:
+    def _from_cache(self, pending: Pending) -> list[Item[Pending]]:
         """Fills in the results the cache holds; returns the texts still to compute. Token
         vectors are never cached: a text's are a hundred times its pooled vector's size, and
         the cache is bounded in entries."""
@@ -239,7 +244,7 @@ class RequestBook:
                 if hit is not None:
                     self._put(pending, i, hit)
                 else:
-                    pool = self.dispatch.pool_for(len(ids))
+                    pool = self.dispatch.own_pool(len(ids))
                     misses.append(Item(pending, i, ids, pool, enc.second, whole, bulk))
         return misses
 
@@ -266,11 +271,12 @@ class RequestBook:
 
     def on_result(self, body: dict, now: float) -> None:
         """An instance's RESULT: its texts' results, or its error."""
-        job = self.dispatch.finish(body.get("job"), now)
+        job_id = body.get("job")
+        job = self.dispatch.finish(job_id, now) if type(job_id) is int else None
         if job is None:
             return
         self.changed = True
-        if job.spans:
+        if self.traces is not None and job.spans:
             self.traces.ran(job, body.get("error"), now)
         worker = self.dispatch.workers.get(job.worker)
         if worker is not None and "pass_s" in body:
@@ -286,15 +292,15 @@ class RequestBook:
         else:
             self._job_done(job, results, self.key_of(worker), body.get("pass_s"))
 
-    def _job_failed(self, job: Job, error: dict) -> None:
+    def _job_failed(self, job: Job[Pending], error: dict) -> None:
         if error.get("code") == ErrorCode.NO_INSTANCE.value:  # it was stopping: try elsewhere
             self.retry(job.items, count_attempt=False)
             return
-        code = ERROR_CODES.get(error.get("code"), ErrorCode.INTERNAL)
+        code = ERROR_CODES.get(str(error.get("code")), ErrorCode.INTERNAL)
         for item in job.items:
             self.fail(item.owner, code, which_text(item, str(error.get("message"))))
 
-    def _job_done(self, job: Job, results: list, computed_by: str, pass_s) -> None:
+    def _job_done(self, job: Job[Pending], results: list, computed_by: str, pass_s) -> None:
         """`pass_s`: the instance's forward pass, in seconds (as its RESULT says)."""
         for item, result in zip(job.items, results, strict=True):
             if not item.whole:
@@ -311,8 +317,8 @@ class RequestBook:
 
     def key_of(self, worker: WorkerState | None) -> str:
         """The model key of the instance that computed a result (announced in its READY)."""
-        key = worker.info.get("model_key") if worker is not None else None
-        return key if isinstance(key, str) else self.model_key
+        key = worker.ready.model_key if worker is not None else None
+        return key or self.model_key
 
     def instances_changed(self) -> None:
         """An instance came or went: the cache answers under the live instances' models."""
@@ -320,7 +326,7 @@ class RequestBook:
         self.live_keys = tuple(keys) or (self.model_key,)
         self.changed = True
 
-    def retry(self, items: list[Item], count_attempt: bool) -> None:
+    def retry(self, items: list[Item[Pending]], count_attempt: bool) -> None:
         """Texts whose instance failed or left: queued again, or failed if they cannot be."""
         self.changed = True
         for item in self.dispatch.requeue(items, count_attempt):
@@ -340,7 +346,7 @@ class RequestBook:
             for result, enc in zip(pending.results, pending.encoded, strict=True)
         ]
         results = self.answers.finish(request, pending.encoded, results)
-        if pending.span is not None:
+        if self.traces is not None and pending.span is not None:
             self.traces.answered(pending)
         self._forget(pending)
         self.counters["replies_ok"] += 1
@@ -354,12 +360,14 @@ class RequestBook:
         if pending.done:
             return
         if code is ErrorCode.NO_INSTANCE and self.hand_over and self.hand_over(pending):
-            if pending.span is not None:  # the peer's span goes on in the caller's trace
+            if (
+                self.traces is not None and pending.span is not None
+            ):  # the peer's span goes on in the caller's trace
                 self.traces.answered(pending, handed_over=True)
             self._forget(pending)
             self.counters["handed_over"] += 1
             return
-        if pending.span is not None:
+        if self.traces is not None and pending.span is not None:
             self.traces.answered(pending, (code.value, message))
         self._forget(pending)
         self.error(pending.envelope, pending.request, code, message, pending.received)
@@ -434,6 +442,8 @@ class RequestBook:
         for identity in self.dispatch.silent_workers(now, expiry):
             worker, lost = self.dispatch.remove_worker(identity)
             self.instances_changed()
+            if worker is None:
+                continue
             if worker.stopping and not lost:  # it said BYE and finished: a graceful stop
                 log.info("instance %s stopped", worker.name)
                 continue

@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from numaserve.config.schema import PoolConfig, ServerConfig
+from numaserve.status.report import Ready
 from numaserve.wire.protocol import ErrorCode
 
 # A batch runs at (texts x its longest text) tokens: a text whose length would make that more
@@ -46,11 +47,14 @@ class Owner(Protocol):
     done: bool
 
 
+OwnerT = TypeVar("OwnerT", bound=Owner)
+
+
 @dataclass(eq=False)
-class Item:
+class Item(Generic[OwnerT]):
     """One text on its way to a worker."""
 
-    owner: Owner
+    owner: OwnerT  # the request it belongs to (the router's in_flight.Pending)
     index: int
     ids: tuple[int, ...]
     pool: int  # its own pool: the smallest that fits
@@ -62,10 +66,10 @@ class Item:
 
 
 @dataclass(eq=False)
-class Job:
+class Job(Generic[OwnerT]):
     id: int
     worker: bytes
-    items: list[Item]
+    items: list[Item[OwnerT]]
     spans: list = field(default_factory=list)  # its traced requests' spans (traces.py)
 
 
@@ -74,7 +78,7 @@ class WorkerState:
     identity: bytes
     name: str
     pool: int
-    info: dict
+    ready: Ready  # what it said of itself
     last_seen: float
     idle_since: float
     jobs: int = 0
@@ -86,34 +90,34 @@ class WorkerState:
 
 
 @dataclass
-class PoolState:
+class PoolState(Generic[OwnerT]):
     config: PoolConfig
-    queue: deque[Item] = field(default_factory=deque)  # interactive texts
-    bulk: deque[Item] = field(default_factory=deque)
+    queue: deque[Item[OwnerT]] = field(default_factory=deque)  # interactive texts
+    bulk: deque[Item[OwnerT]] = field(default_factory=deque)
     passed_over: int = 0  # batches taken from `queue` in a row while bulk texts waited
 
     @property
-    def queues(self) -> tuple[deque[Item], deque[Item]]:
+    def queues(self) -> tuple[deque[Item[OwnerT]], deque[Item[OwnerT]]]:
         return self.queue, self.bulk
 
-    def queue_of(self, bulk: bool) -> deque[Item]:
+    def queue_of(self, bulk: bool) -> deque[Item[OwnerT]]:
         return self.bulk if bulk else self.queue
 
-    def in_turn(self) -> tuple[deque[Item], deque[Item]]:
+    def in_turn(self) -> tuple[deque[Item[OwnerT]], deque[Item[OwnerT]]]:
         """Where the next batch comes from first: interactive, but bulk once it has been
         passed over BULK_EVERY - 1 times."""
         if self.bulk and self.passed_over >= BULK_EVERY - 1:
             return self.bulk, self.queue
         return self.queue, self.bulk
 
-    def took(self, queue: deque[Item]) -> None:
+    def took(self, queue: deque[Item[OwnerT]]) -> None:
         self.passed_over = 0 if queue is self.bulk or not self.bulk else self.passed_over + 1
 
     def queued(self) -> int:
         return len(self.queue) + len(self.bulk)
 
 
-class Dispatcher:
+class Dispatcher(Generic[OwnerT]):
     def __init__(
         self,
         pools: list[PoolConfig],
@@ -124,7 +128,9 @@ class Dispatcher:
         max_queue_wait: float = float("inf"),
         max_batch_tokens: int | None = None,
     ):
-        self.pools = [PoolState(p) for p in sorted(pools, key=lambda p: p.max_tokens)]
+        self.pools: list[PoolState[OwnerT]] = [
+            PoolState(p) for p in sorted(pools, key=lambda p: p.max_tokens)
+        ]
         self.queue_size = queue_size
         self.spillover = spillover
         self.max_batch = max_batch
@@ -132,7 +138,7 @@ class Dispatcher:
         self.max_batch_tokens = max_batch_tokens or float("inf")
         self.max_queue_wait = max_queue_wait
         self.workers: dict[bytes, WorkerState] = {}
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job[OwnerT]] = {}
         self._next_job = 0
         self.gone_spans_dropped = 0  # the last count of each instance forgotten
 
@@ -157,6 +163,14 @@ class Dispatcher:
     def pool_for(self, tokens: int) -> int | None:
         """The smallest pool whose band fits `tokens`."""
         return next((i for i, p in enumerate(self.pools) if tokens <= p.config.max_tokens), None)
+
+    def own_pool(self, tokens: int) -> int:
+        """The pool of a text the tokenizer read (cut to model.max_length at most): the
+        config makes sure a pool takes every length up to it."""
+        pool = self.pool_for(tokens)
+        if pool is None:
+            raise ValueError(f"no pool takes a text of {tokens} tokens")
+        return pool
 
     def _capacity(self, pool: int, bulk: bool = False) -> tuple[int, int]:
         """How many live instances may run a text of `pool`, and how many more texts `pool`
@@ -204,7 +218,7 @@ class Dispatcher:
         candidates = range(len(self.pools) if last is None else last + 1)
         return all(self.room(pool, bulk) <= 0 for pool in candidates)
 
-    def admit(self, items: list[Item], now: float, hold: bool = False) -> ErrorCode | None:
+    def admit(self, items: list[Item[OwnerT]], now: float, hold: bool = False) -> ErrorCode | None:
         """Queue all of `items`, or none: returns why not (NO_INSTANCE or OVERLOADED).
         `hold`: queue them even where no instance is live yet (a router just started, whose
         instances are about to announce themselves)."""
@@ -234,7 +248,7 @@ class Dispatcher:
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def schedule(self, now: float) -> list[Job]:
+    def schedule(self, now: float) -> list[Job[OwnerT]]:
         """Give queued texts to idle instances, the one idle longest first.
 
         Two passes: every idle instance first takes from its own pool's queue; only then do
@@ -258,7 +272,7 @@ class Dispatcher:
                     started.append(self._start(worker, items))
         return started
 
-    def _take(self, pools, now: float) -> list[Item]:
+    def _take(self, pools, now: float) -> list[Item[OwnerT]]:
         for source in pools:
             state = self.pools[source]
             for queue in state.queues:
@@ -273,7 +287,7 @@ class Dispatcher:
             return self._batch(queue, source)
         return []
 
-    def _batch(self, queue: deque[Item], pool: int) -> list[Item]:
+    def _batch(self, queue: deque[Item[OwnerT]], pool: int) -> list[Item[OwnerT]]:
         """The oldest text, plus the queued texts nearest its length: up to max_batch, up to
         this instance's share of the queue, within max_batch_tokens and MAX_PADDING."""
         first = queue.popleft()
@@ -283,7 +297,8 @@ class Dispatcher:
         share = -(-(len(queue) + 1) // max(1, instances))  # the queue split evenly, rounded up
         window = [i for i in islice(queue, 4 * self.max_batch) if not i.owner.done]
         window.sort(key=lambda i: abs(len(i.ids) - len(first.ids)))
-        chosen, longest, tokens = [], len(first.ids), len(first.ids)
+        chosen: list[Item[OwnerT]] = []
+        longest = tokens = len(first.ids)
         for item in window[: min(self.max_batch, share) - 1]:
             size = len(item.ids)
             padded = (len(chosen) + 2) * max(longest, size)
@@ -297,7 +312,7 @@ class Dispatcher:
         queue.extend(remaining)
         return [first, *chosen]
 
-    def _start(self, worker: WorkerState, items: list[Item]) -> Job:
+    def _start(self, worker: WorkerState, items: list[Item[OwnerT]]) -> Job[OwnerT]:
         self._next_job += 1
         job = Job(self._next_job, worker.identity, items)
         self.jobs[job.id] = job
@@ -313,7 +328,7 @@ class Dispatcher:
         waits = [q[0].queued_at + wait for p in self.pools for q in p.queues if q]
         return min(waits) if waits else None
 
-    def overdue(self, now: float) -> list[Item]:
+    def overdue(self, now: float) -> list[Item[OwnerT]]:
         """Take out the queued texts that have waited max_queue_wait (oldest first in each
         queue: a retried text goes back to the front with its first queueing time)."""
         late = []
@@ -327,7 +342,7 @@ class Dispatcher:
 
     # -- results and failures --------------------------------------------------------------
 
-    def finish(self, job_id: int, now: float) -> Job | None:
+    def finish(self, job_id: int, now: float) -> Job[OwnerT] | None:
         """A job's result came back; None for a job we no longer track."""
         job = self.jobs.pop(job_id, None)
         if job is None:
@@ -339,7 +354,7 @@ class Dispatcher:
             worker.idle_since = now
         return job
 
-    def requeue(self, items: list[Item], count_attempt: bool) -> list[Item]:
+    def requeue(self, items: list[Item[OwnerT]], count_attempt: bool) -> list[Item[OwnerT]]:
         """Put texts back at the front of their pools; returns those that may not be retried."""
         failed = []
         for item in reversed(items):
@@ -355,16 +370,16 @@ class Dispatcher:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker_ready(self, identity: bytes, info: dict, now: float) -> WorkerState | None:
+    def worker_ready(self, identity: bytes, ready: Ready, now: float) -> WorkerState | None:
         """A READY: a new instance, or a known one announcing itself again."""
-        pool = self.pool_index(str(info.get("pool")))
+        pool = self.pool_index(ready.pool)
         if pool is None:
             return None
         worker = self.workers.get(identity)
         if worker is None:
-            worker = WorkerState(identity, str(info.get("name")), pool, info, now, now)
+            worker = WorkerState(identity, ready.name, pool, ready, now, now)
             self.workers[identity] = worker
-        worker.info, worker.last_seen = info, now
+        worker.ready, worker.last_seen = ready, now
         return worker
 
     def worker_seen(self, identity: bytes, now: float) -> WorkerState | None:
@@ -373,7 +388,7 @@ class Dispatcher:
             worker.last_seen = now
         return worker
 
-    def remove_worker(self, identity: bytes) -> tuple[WorkerState | None, list[Item]]:
+    def remove_worker(self, identity: bytes) -> tuple[WorkerState | None, list[Item[OwnerT]]]:
         """Forget an instance; returns it and the texts it was running."""
         worker = self.workers.pop(identity, None)
         if worker is not None:
@@ -391,7 +406,7 @@ class Dispatcher:
     def silent_workers(self, now: float, timeout: float) -> list[bytes]:
         return [w.identity for w in self.workers.values() if now - w.last_seen > timeout]
 
-    def unservable_items(self) -> list[Item]:
+    def unservable_items(self) -> list[Item[OwnerT]]:
         """Queued texts no live instance can run any more (their pools emptied): take them out."""
         stranded = []
         for i, pool in enumerate(self.pools):

@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 import zmq
 
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.MODEL if isinstance(e, curve.CurveError) else exitcodes.CRASH
     control.bind(CONTROL)
     if spec.by_model:
-        target, args = _route, (ctx, clients, routes)
+        target: Callable[..., None] = _route
+        args: tuple = (ctx, clients, routes)
     else:
         (only,) = routes.values()
         target, args = _proxy, (ctx, clients, only)

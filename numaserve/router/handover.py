@@ -76,6 +76,8 @@ class Handover:
         serving = {shard for shard, state in table.routers if state == "ready"}
         ready: dict[int, dict[str, int]] = {peer: {} for peer in self.peers if peer in serving}
         for slot in table.slots:
+            if slot.shard is None or slot.pool is None:
+                continue  # a slot no shard routes to
             counts = ready.get(slot.shard)  # None: ours, another model's, not serving
             if counts is not None and slot.state == "ready":
                 counts[slot.pool] = counts.get(slot.pool, 0) + 1

@@ -59,8 +59,9 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self.heap)
 
-    def add(self, pending: Pending) -> None:
-        heapq.heappush(self.heap, (pending.deadline, id(pending), pending))
+    def add(self, pending: Pending, deadline: float) -> None:
+        """`pending`, due at `deadline` (its own)."""
+        heapq.heappush(self.heap, (deadline, id(pending), pending))
 
     def next(self) -> float | None:
         return self.heap[0][0] if self.heap else None

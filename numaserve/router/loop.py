@@ -36,12 +36,13 @@ from numaserve.router.in_flight import Pending
 from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
 from numaserve.router.traces import RequestTraces
-from numaserve.status.report import BadReport, ServerReport, ShardReport, SlotTable
+from numaserve.status.report import BadReport, Ready, ServerReport, ShardReport, SlotTable
 from numaserve.tasks import TASKS
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.tasks.requests import Request, RequestError, parse_request
 from numaserve.wire import curve, protocol
 from numaserve.wire.protocol import ErrorCode
+from numaserve.wire.run import Run
 
 log = logging.getLogger("numaserve.router")
 CLIENT_BATCH = 32  # client messages handled before the workers' socket is looked at again
@@ -178,7 +179,7 @@ class Router:
             # syscall per socket, more than a message's own receive.
             events: dict = {}
             if not busy or now >= next_look:
-                events = dict(poller.poll(self._poll_timeout(now, busy, next_beat) * 1000))
+                events = dict(poller.poll(int(self._poll_timeout(now, busy, next_beat) * 1000)))
                 next_look = time.monotonic() + BUSY_POLL_S
             if wake_fd is not None and wake_fd in events:
                 os.read(wake_fd, 64)
@@ -309,10 +310,12 @@ class Router:
         """Pass a request this shard has no instance for to a peer that has (and answer for
         it when the peer does); False where there is none, or it came from a peer, or the
         server is stopping."""
+        if self.handover is None:
+            return False
         if self.book.draining_until is not None or is_handed_over(pending.envelope):
             return False
         pools = self.dispatch.pools
-        needed = {pools[self.dispatch.pool_for(len(e.ids))].config.name for e in pending.encoded}
+        needed = {pools[self.dispatch.own_pool(len(e.ids))].config.name for e in pending.encoded}
         return self.handover.take(
             needed, self.table, pending.envelope, pending.request, pending.deadline
         )
@@ -389,23 +392,25 @@ class Router:
             self._on_job_connection(identity, kind, body, now)
 
     def _on_ready(self, identity: bytes, body: dict, now: float) -> None:
+        try:
+            ready = Ready.from_wire(body)
+        except BadReport as e:
+            log.warning("ignored a READY from %r: %s", identity, e)
+            return
         known = identity in self.dispatch.workers
-        worker = self.dispatch.worker_ready(identity, body, now)
+        worker = self.dispatch.worker_ready(identity, ready, now)
         if worker is None:
-            log.warning(
-                "ignored READY from %s: unknown pool %r", body.get("name"), body.get("pool")
-            )
+            log.warning("ignored READY from %s: unknown pool %r", ready.name, ready.pool)
             return
         self.book.instances_changed()
-        self.book.answers.learn(body)
+        self.book.answers.learn(ready.labels)
         if not known:
-            cpus, pid = body.get("cpus"), body.get("pid")
             log.info(
                 "instance %s ready (pool %s, CPUs %s, pid %s)",
                 worker.name,
-                body.get("pool"),
-                cpus,
-                pid,
+                ready.pool,
+                list(ready.cpus),
+                ready.pid,
             )
 
     def _on_job_connection(self, identity: bytes, kind: object, body: dict, now: float) -> None:
@@ -438,22 +443,24 @@ class Router:
                 passed.envelope, passed.request_id, passed.op, ErrorCode.NO_INSTANCE, message
             )
 
-    def _send_jobs(self, jobs: list[Job]) -> None:
+    def _send_jobs(self, jobs: list[Job[Pending]]) -> None:
         now = time.monotonic()
         for job in jobs:
             items = job.items
             inputs = [i.ids for i in items]
-            body = {"type": protocol.RUN, "job": job.id, "inputs": inputs}
-            if any(item.second for item in items):
-                body["segments"] = [item.second for item in items]
-            if any(item.whole for item in items):
-                body["token_vectors"] = [i for i, item in enumerate(items) if item.whole]
+            contexts: tuple[str, ...] = ()
             if self.traces is not None:
                 worker = self.dispatch.workers.get(job.worker)
                 name = worker.name if worker else "?"
-                if contexts := self.traces.dispatched(job, name, now):
-                    body["trace"] = contexts
-            send(self.workers, [job.worker], body)
+                contexts = tuple(self.traces.dispatched(job, name, now) or ())
+            run = Run(
+                job.id,
+                inputs,
+                [item.second for item in items] if any(item.second for item in items) else None,
+                tuple(i for i, item in enumerate(items) if item.whole),
+                contexts,
+            )
+            send(self.workers, [job.worker], run.to_wire())
             waited = [now - item.queued_at for item in items]
             for item, wait in zip(items, waited, strict=True):
                 if (timed := item.owner.timed) is not None:

@@ -11,11 +11,9 @@ from numaserve.host.pinning import affinity_if_alive
 from numaserve.router.dispatch import Dispatcher
 from numaserve.status.merge import server_report
 from numaserve.status.report import (
-    BadReport,
     Cache,
     Pool,
     Routing,
-    RunningPath,
     ServerReport,
     ShardReport,
     SlotEntry,
@@ -82,28 +80,19 @@ def routing(dispatch: Dispatcher) -> tuple[Routing, ...]:
         entries.append(
             Routing(
                 name=w.name,
-                pid=w.info.get("pid"),
+                pid=w.ready.pid,
                 routed=not w.stopping,
-                threads=w.info.get("threads"),
-                membind=w.info.get("membind"),
-                model_path=_running_path(w.info.get("model_path")),
-                weights=w.info.get("weights"),
+                threads=w.ready.threads,
+                membind=w.ready.membind,
+                model_path=w.ready.model_path,
+                weights=w.ready.weights,
                 busy=w.jobs,
                 served=w.served,
                 passes=w.passes,
-                labels=w.info.get("labels"),
+                labels=list(w.ready.labels) or None,
             )
         )
     return tuple(entries)
-
-
-def _running_path(said: object) -> RunningPath | None:
-    """The model path a READY said; None where it said none, or one of another shape (a
-    worker of another version): its status shows no path rather than failing."""
-    try:
-        return RunningPath.from_wire(said) if said else None
-    except BadReport:
-        return None
 
 
 def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[SlotEntry, ...]:
@@ -114,11 +103,11 @@ def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[SlotEntry, ...
             name=w.name,
             pool=dispatch.pools[w.pool].config.name,
             state="draining" if w.stopping else "ready",
-            pid=w.info.get("pid"),
-            cpus=w.info.get("cpus"),
-            nodes=w.info.get("nodes"),
+            pid=w.ready.pid,
+            cpus=list(w.ready.cpus),
+            nodes=list(w.ready.nodes),
             shard=shard_number,
-            live_cpus=affinity_if_alive(w.info.get("pid")),
+            live_cpus=affinity_if_alive(w.ready.pid),
         )
         for w in dispatch.workers.values()
     )
@@ -140,7 +129,7 @@ def pools(dispatch: Dispatcher, model_name: str) -> tuple[Pool, ...]:
 def routed_pids(dispatch: Dispatcher) -> tuple[int, ...]:
     """The instances the router hears from and sends work to: the supervisor counts an
     instance ready once it appears here."""
-    return tuple(sorted(w.info.get("pid") for w in dispatch.workers.values() if not w.stopping))
+    return tuple(sorted(w.ready.pid for w in dispatch.workers.values() if not w.stopping))
 
 
 class WholeStatusQueries:

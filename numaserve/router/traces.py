@@ -69,7 +69,7 @@ class RequestTraces:
             attributes["numaserve.windows"] = len(pending.encoded) + windows
         span.set_attributes(attributes)
 
-    def dispatched(self, job: Job, instance: str, now: float) -> list[str]:
+    def dispatched(self, job: Job[Pending], instance: str, now: float) -> list[str]:
         """A job sent to `instance`: each traced request it serves notes it on its span (the
         event `dispatched`: which instance, how many texts its batch holds, how long the
         request's texts waited in the queue); their W3C traceparents, for the instance's
@@ -96,7 +96,7 @@ class RequestTraces:
             contexts.append(traceparent(span.get_span_context()))
         return contexts
 
-    def ran(self, job: Job, error: dict | None, now: float) -> None:
+    def ran(self, job: Job[Pending], error: dict | None, now: float) -> None:
         """A job's error back from its instance, noted on each traced request's span it
         served, where that span is still open (its results need no note: the instance's
         forward pass is their span)."""

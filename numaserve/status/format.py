@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from numaserve.config.paths import BatchedPath
 from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import BOUND_BY
-from numaserve.status.report import Instance, ServerReport, Switch
+from numaserve.status.report import Instance, ServerReport
 
 
 def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
@@ -16,19 +17,20 @@ def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
     seen: dict[tuple, list[str]] = {}
     passes: dict[tuple, dict[str, int]] = {}
     for i in instances:
-        if i.routing and (path := i.routing.model_path):
-            why = f"auto: {path.why}" if path.chosen_by == "auto" else "as configured"
+        if i.routing and (running := i.routing.model_path):
+            path = running.runs
+            why = f"auto: {path.why}" if running.chosen_by == "auto" else "as configured"
             model = f" of {i.slot.model_name}" if several else ""
-            lines = [f"model path{model}: {path.words()} ({why})"]
+            lines = [f"model path{model}: {path.path} ({why})"]
             lines += _accuracy(path.accuracy, "  ")
             lines += _batched(path.batched, "  ")
             for s in path.shorter:
-                lines.append(f"  texts of up to {s.last} tokens: {s.words()} (auto: {s.why})")
+                lines.append(f"  texts of up to {s.last} tokens: {s.path} (auto: {s.why})")
                 lines += _accuracy(s.accuracy, "    ")
                 lines += _batched(s.batched, "    ")
-            seen.setdefault((model, path.words()), lines)
+            seen.setdefault((model, str(path.path)), lines)
             for name, count in (i.routing.passes or {}).items():
-                summed = passes.setdefault((model, path.words()), {})
+                summed = passes.setdefault((model, str(path.path)), {})
                 summed[name] = summed.get(name, 0) + count
     for key, summed in passes.items():
         ran = ", ".join(f"{name} {count:,}" for name, count in summed.items())
@@ -36,14 +38,14 @@ def model_path_lines(instances: Iterable[Instance], several: bool) -> list[str]:
     return [line for lines in seen.values() for line in lines]
 
 
-def _batched(switch: Switch | None, indent: str) -> list[str]:
+def _batched(batched: BatchedPath | None, indent: str) -> list[str]:
     """A band's micro-batches' path, where it has one of its own."""
-    if switch is None:
+    if batched is None:
         return []
     return [
-        f"{indent}micro-batches of {switch.from_batch} texts or more: {switch.words()} "
-        f"(auto: {switch.why})",
-        *_accuracy(switch.accuracy, indent + "  "),
+        f"{indent}micro-batches of {batched.from_batch} texts or more: {batched.path} "
+        f"(auto: {batched.why})",
+        *_accuracy(batched.accuracy, indent + "  "),
     ]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from numaserve.config.paths import PoolPath
 from numaserve.wire import protocol
 
 
@@ -70,113 +71,113 @@ class Cache(_Plain):
     hit_rate: float
 
 
-class _Spelled:
-    """A model path's record: spelled as the config spells it."""
-
-    backend: str
-    quantize: str
-    keep_fp32: tuple[str, ...]
-
-    def words(self) -> str:
-        """As the config spells it: backend, precision, layers kept in fp32."""
-        keep = f" keep_fp32 {','.join(self.keep_fp32)}" if self.keep_fp32 else ""
-        return f"{self.backend} {self.quantize}{keep}"
-
-
 @dataclass(frozen=True)
-class Switch(_Spelled):
-    """A band's throughput path: its micro-batches of at least `from_batch` texts run here."""
-
-    from_batch: int
-    backend: str
-    quantize: str
-    keep_fp32: tuple[str, ...]
-    why: str
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "keep_fp32": list(self.keep_fp32)
-        }
-
-    @classmethod
-    def from_wire(cls, body: Any) -> Switch | None:
-        return body and _build(cls, body, keep_fp32=tuple(body["keep_fp32"]))
-
-
-@dataclass(frozen=True)
-class Band(_Spelled):
-    """A shorter band's own path in an instance's pool: its texts of up to `last` tokens."""
-
-    last: int
-    backend: str
-    quantize: str
-    keep_fp32: tuple[str, ...]
-    why: str
-    batched: Switch | None = None
-    accuracy: str | None = None  # the gate's figures in each band of lengths it runs
-
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "keep_fp32": list(self.keep_fp32),
-            "batched": self.batched and self.batched.to_wire(),
-        }
-
-    @classmethod
-    def from_wire(cls, body: Any) -> Band:
-        return _build(
-            cls,
-            body,
-            keep_fp32=tuple(body["keep_fp32"]),
-            batched=Switch.from_wire(body.get("batched")),
-        )
-
-
-@dataclass(frozen=True)
-class RunningPath(_Spelled):
+class RunningPath:
     """What an instance says it runs (its READY, worker.py), as status and /metrics show it:
-    its model path, who chose it (`auto` and why, or the config), its pool's shorter texts'
-    own paths, and what a precision the config names costs on this CPU."""
+    its pool's paths, the one record prepare wrote and `auto` chose (config/paths.py), and
+    who chose them (`auto`, and why, or the config). On the wire: the record's own form,
+    with `chosen_by`."""
 
-    backend: str
-    quantize: str
-    keep_fp32: tuple[str, ...]
+    runs: PoolPath
     chosen_by: str  # auto or config
-    why: str | None = None  # auto's
-    shorter: tuple[Band, ...] = ()
-    # The gate's figures on this CPU in each band of lengths it runs (auto's, or what a
-    # precision the config names costs here).
-    accuracy: str | None = None
-    batched: Switch | None = None  # its own texts' micro-batches' path, where another's
 
     def to_wire(self) -> dict:
-        body: dict = {
-            "backend": self.backend,
-            "quantize": self.quantize,
-            "keep_fp32": list(self.keep_fp32),
-            "chosen_by": self.chosen_by,
-            "shorter": [s.to_wire() for s in self.shorter],
-        }
-        optional = {
-            "why": self.why,
-            "accuracy": self.accuracy,
-            "batched": self.batched and self.batched.to_wire(),
-        }
-        return body | {k: v for k, v in optional.items() if v is not None}
+        return self.runs.to_json() | {"chosen_by": self.chosen_by}
 
     @classmethod
     def from_wire(cls, body: Any) -> RunningPath:
         try:
-            shorter = tuple(Band.from_wire(s) for s in body.get("shorter") or ())
-            return _build(
-                cls,
-                body,
-                keep_fp32=tuple(body["keep_fp32"]),
-                shorter=shorter,
-                batched=Switch.from_wire(body.get("batched")),
-            )
+            return cls(PoolPath.from_json(body), body["chosen_by"])
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a model path: {e!r}") from None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What an instance says of itself once it can take work (its READY, worker.py): read and
+    checked once, where its shard hears it; a READY of another shape is refused there, said
+    in the shard's log. A path of another version's shape reads as none (status shows no
+    path rather than failing)."""
+
+    name: str
+    pool: str
+    pid: int
+    cpus: tuple[int, ...] = ()
+    nodes: tuple[int, ...] = ()
+    membind: str | None = None
+    threads: int | None = None
+    max_tokens: int | None = None
+    model_key: str | None = None  # what its answers are cached under (specs.model_key)
+    load_seconds: float | None = None
+    task: str | None = None
+    max_length: int | None = None
+    model_path: RunningPath | None = None
+    weights: list[dict] | None = None  # node_weights.Weights, as it said them
+    labels: tuple[str, ...] = ()  # a classifier's or tagger's, in its output's order
+    dim: int | None = None  # an embedding's width
+
+    def to_wire(self) -> dict:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        return body | {
+            "type": protocol.READY,
+            "cpus": list(self.cpus),
+            "nodes": list(self.nodes),
+            "labels": list(self.labels),
+            "model_path": self.model_path and self.model_path.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Ready:
+        if not isinstance(body, dict):
+            raise BadReport("READY: not an object")
+        for key, kind in _READY_FIELDS.items():
+            value = body.get(key)
+            if (value is None and key not in _READY_REQUIRED) or _is(value, kind):
+                continue
+            raise BadReport(f"READY: {key} is {value!r}")
+        path = body.get("model_path")
+        try:
+            running = RunningPath.from_wire(path) if path else None
+        except BadReport:
+            running = None
+        return _build(
+            cls,
+            body,
+            cpus=tuple(body.get("cpus") or ()),
+            nodes=tuple(body.get("nodes") or ()),
+            labels=tuple(body.get("labels") or ()),
+            model_path=running,
+        )
+
+
+_READY_REQUIRED = ("name", "pool", "pid")
+_READY_FIELDS: dict[str, Any] = {
+    "name": str,
+    "pool": str,
+    "pid": int,
+    "cpus": [int],
+    "nodes": [int],
+    "membind": str,
+    "threads": int,
+    "max_tokens": int,
+    "model_key": str,
+    "load_seconds": float,
+    "task": str,
+    "max_length": int,
+    "weights": [dict],
+    "labels": [str],
+    "dim": int,
+}
+
+
+def _is(value: Any, kind: Any) -> bool:
+    """Whether a wire value has a field's kind: a type (int is no bool; a float may be an
+    int), or [type], a list of them."""
+    if isinstance(kind, list):
+        return isinstance(value, list) and all(_is(v, kind[0]) for v in value)
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind
 
 
 # A slot's fields that only the supervisor's slot table has; absent where none runs.

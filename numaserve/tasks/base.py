@@ -82,8 +82,8 @@ class Answers:
     """What a router shard adds to its instances' results before it answers (the results
     already carry `tokens` and `truncated`)."""
 
-    def learn(self, ready: dict) -> None:
-        """An instance's READY: what it says about the model (its labels, for one)."""
+    def learn(self, labels: tuple[str, ...]) -> None:
+        """An instance's READY: the labels it says its model has, where it has any."""
 
     def finish(self, request: Request, encoded: list, results: list[dict]) -> list[dict]:
         return results

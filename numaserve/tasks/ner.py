@@ -63,9 +63,9 @@ class Found(Answers):
         # every cache entry) comes from an instance that has.
         self.labels: tuple[str, ...] = ()
 
-    def learn(self, ready: dict) -> None:
-        if ready.get("labels"):
-            self.labels = tuple(str(label) for label in ready["labels"])
+    def learn(self, labels: tuple[str, ...]) -> None:
+        if labels:
+            self.labels = labels
 
     def finish(self, request, encoded, results):
         aggregation = request.options["aggregation"]

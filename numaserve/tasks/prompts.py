@@ -11,6 +11,8 @@ from pathlib import Path
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.files import read_json
 
+Text = str | tuple[str, str]  # as requests.Text: a text, or a pair (never prompted)
+
 PROMPTS_FILE = "config_sentence_transformers.json"
 
 
@@ -45,8 +47,9 @@ class Prompts:
             )
         return cls(table, default)
 
-    def applied(self, name: str | None, texts: list[str]) -> list[str]:
-        """`texts` with the prompt `name` (the default where None) before each."""
+    def applied(self, name: str | None, texts: list[Text]) -> list[Text]:
+        """`texts` with the prompt `name` (the default where None) before each (an embedding
+        model's: its texts are never pairs, which are passed on as they are)."""
         name = self.default if name is None else name
         if name is None:
             return texts
@@ -54,7 +57,7 @@ class Prompts:
             known = ", ".join(self.table) or "it has none"
             raise PromptError(f"prompt_name {name!r} is not one of this model's prompts ({known})")
         prompt = self.table[name]
-        return [prompt + text for text in texts] if prompt else texts
+        return [prompt + t if isinstance(t, str) else t for t in texts] if prompt else texts
 
 
 NO_PROMPTS = Prompts()

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from numaserve.backends.choice import Batching, PoolChoice, ensure_choice, named
+from numaserve.backends.choice import Batching, ensure_choice, named
 from numaserve.backends.race import in_turn
+from numaserve.config.paths import ModelPath, PoolPath
+from numaserve.config.runtimes import runtime
 from numaserve.config.schema import Config, PoolConfig, load_config
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
-from numaserve.processes.prepared import ModelPath
 from numaserve.tune.curves import Curves, composed
 from numaserve.tune.measure import Job, measure, rounds
 from numaserve.tune.report import comment, table, winner
@@ -60,7 +61,7 @@ class Tuning:
     workload: Workload
     cores: int  # for instances: free physical cores less the config's reserved ones
     paths: dict[str, ModelPath]  # what is measured
-    choice: PoolChoice | None = None  # quantize: auto's, whose paths are measured
+    choice: PoolPath | None = None  # quantize: auto's, whose paths are measured
 
     @property
     def served(self) -> dict[str, ModelPath]:
@@ -104,7 +105,7 @@ def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
 
 def model_paths(
     config: Config, topo: CPUTopology, say
-) -> tuple[dict[str, ModelPath], PoolChoice | None]:
+) -> tuple[dict[str, ModelPath], PoolPath | None]:
     """The model paths to measure, each prepared: the config's own, or with `quantize: auto`,
     every path its choice holds for one pool over every length at the config's batching
     (the choice is made first, if need be), with that choice."""
@@ -144,7 +145,7 @@ def kept_shapes(t: Tuning) -> dict[str, int]:
 
     def compiles(label: str) -> bool:
         paths = t.paths.values() if label == AUTO else [t.served[label]]
-        return any(p.backend == "openvino" for p in paths)
+        return any(runtime(p.backend).per_shape for p in paths)
 
     if RUNTIME_CACHE_SHAPES is None:
         return {}

@@ -9,8 +9,8 @@ import copy
 
 import yaml
 
+from numaserve.config.paths import ModelPath
 from numaserve.config.schema import Config
-from numaserve.processes.prepared import ModelPath
 from numaserve.testing.server import ENDPOINT
 from numaserve.tune.search import Candidate
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import zmq
 
-from numaserve.config.precisions import needs_prepare
+from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import ModelConfig
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
