@@ -24,6 +24,23 @@ def test_an_http_front_starts_with_the_shards_and_is_ready_once_a_shard_answers(
     assert front.cpus == rig.sup.roster.routers[0].cpus  # pinned with its node's shard
 
 
+def test_a_front_is_ready_only_once_its_process_listens_and_the_server_serves_only_then(
+    tmp_path,
+):
+    rig = Rig(tmp_path, http=HTTP)
+    rig.os.cannot_listen.add("front-0")  # it has not written its stats file (fronts.py)
+    rig.start()
+    (front,) = rig.sup.roster.fronts
+    assert front.state.value == "starting"
+    assert "READY" not in rig.notifier.kinds()  # systemd hears READY=1 once it listens
+    rig.os.cannot_listen.clear()
+    rig.os.exit(front.pid, 1)  # could not listen: it exits, and its restart does listen
+    rig.step()
+    rig.step(seconds=1.0)  # its backoff over: restarted
+    rig.step(seconds=0.1)
+    assert front.state.value == "ready"
+
+
 def test_a_front_serves_grpc_alone_where_server_http_is_empty(tmp_path):
     rig = Rig(tmp_path, http="", ports=Ports(grpc=18081))
     rig.start()

@@ -12,5 +12,6 @@ goes, and binding a process there (docs/architecture.md, "host/"). Its modules:
 - `ledger.py`: the host-wide core ledger, so that servers on one host plan around each other;
 - `pinning.py`: binding a process to its CPUs and memory, and reading its live affinity (the
   one reader);
-- `numastat.py`: the kernel's per-node allocation counters.
+- `numastat.py`: the kernel's per-node allocation counters;
+- `local_ports.py`: the ports outgoing connections may be given, which a listener should avoid.
 """

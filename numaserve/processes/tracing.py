@@ -65,7 +65,7 @@ def exporters(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The exporters this process sends spans to, as OpenTelemetry's SDK reads
     OTEL_TRACES_EXPORTER (a list: `otlp`, the default; `console`; `none`): `otlp` only where
     an endpoint is named, so that no process reaches for a collector nobody named."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if sdk_disabled(environ):
         return []
     named = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
     endpoint = any(environ.get(name, "").strip() for name in ENDPOINTS)
@@ -76,6 +76,11 @@ def exporters(environ: Mapping[str, str] = os.environ) -> list[str]:
     ]
 
 
+def sdk_disabled(environ: Mapping[str, str]) -> bool:
+    """OpenTelemetry's own switch for every signal (OTEL_SDK_DISABLED=true)."""
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this process traces: an exporter it can send to, the SDK not disabled."""
     return bool(exporters(environ))
@@ -83,7 +88,7 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 def described(environ: Mapping[str, str] = os.environ) -> str:
     """One line for the start's log: whether traces go anywhere, where, and how sampled."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if sdk_disabled(environ):
         return "traces: off (OTEL_SDK_DISABLED=true)"
     chosen = exporters(environ)
     if not chosen:

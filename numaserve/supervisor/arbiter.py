@@ -20,6 +20,7 @@ per router shard and a Notifier, so that the tests drive the whole state machine
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -594,13 +595,30 @@ class Supervisor:
         if self.wanted is not None:
             self.carry_out(rollout.next_steps(self.wanted, self.running(), now))
 
+    def listening(self, front: Child) -> bool:
+        """Whether a front's current process listens: it writes its stats file right after
+        it does (fronts.py), with its pid, so the file of a process that could not listen,
+        or of the one before, does not count."""
+        path = front.spec_as(FrontSpec).stats_file
+        if path is None:
+            return True  # nothing to tell by: judged by its shards alone
+        text = self.system.read_file(path)
+        try:
+            return text is not None and json.loads(text).get("pid") == front.pid
+        except (ValueError, AttributeError):
+            return False  # being written: the next turn reads it whole
+
     def check_liveness(self, now: float) -> None:
         """Each turn: who is ready, who is silent, who is late to stop, who may restart."""
         routed = self.shards.routed_pids(now)
         server = self.config.server
         roster = self.roster
         fronts = [(front, server.endpoint) for front in roster.of("frontend")]
-        fronts += [(front, front.spec_as(FrontSpec).where()) for front in roster.fronts]
+        fronts += [
+            (front, front.spec_as(FrontSpec).where())
+            for front in roster.fronts
+            if front.state != State.STARTING or self.listening(front)
+        ]
         self.carry_out(liveness.fronts_ready(roster.routers, fronts, routed, server.endpoint))
         instances = [*roster.of("worker"), *([self.replacement] if self.replacement else [])]
         steady = liveness.limits(self.config, draining=False)

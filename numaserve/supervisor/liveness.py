@@ -30,8 +30,8 @@ def fronts_ready(
     routers: list[Child], fronts: list[tuple[Child, str]], routed: Routed, endpoint: str
 ) -> list[Announce]:
     """A shard is READY once it answers; the frontend and the fronts (`fronts`: each
-    with where its clients connect) once any shard does: they have no socket of their own to
-    the supervisor, and one that cannot listen exits first."""
+    with where its clients connect; a front only once it listens, arbiter.listening) once
+    any shard does: they have no socket of their own to the supervisor."""
     ready = [
         Announce(r, State.READY, f"ready {r.name}, clients on {endpoint}", "ready")
         for r in routers

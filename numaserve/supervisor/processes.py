@@ -110,6 +110,15 @@ class System:
             f.write(text)
         os.replace(tmp, path)
 
+    @staticmethod
+    def read_file(path: str) -> str | None:
+        """A file a child writes whole (a front's stats); None where there is none yet."""
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+
     def close(self) -> None:
         os.close(self.wake_r)
         os.close(self.wake_w)

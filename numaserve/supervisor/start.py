@@ -18,6 +18,7 @@ from numaserve.config.ports import AS_WRITTEN, Ports
 from numaserve.config.schema import Config
 from numaserve.host.cpu_quota import cpu_quota, shared_pool_warning
 from numaserve.host.ledger import LEDGER_ENV, SYSTEM_DIR, Ledger, held_cpus, ledger_dir, plan_around
+from numaserve.host.local_ports import local_port_range, may_be_taken
 from numaserve.host.topology import read_topology
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
 from numaserve.supervisor.arbiter import Supervisor
@@ -150,6 +151,19 @@ def _check_port(key: str, address: str) -> None:
             f"server.{key}: cannot listen on {address}: {e.strerror or e}; set server.{key} to "
             f'a free host:port, or to "" to turn the {API_NAMES[key]} off'
         ) from None
+    if may_be_taken(port):
+        low, high = local_port_range()
+        log.warning(
+            "server.%s: port %d is one this host gives outgoing connections "
+            "(net.ipv4.ip_local_port_range %d-%d): one may hold it when a front starts, "
+            "which then cannot listen; choose a port below %d, or reserve it "
+            "(net.ipv4.ip_local_reserved_ports)",
+            key,
+            port,
+            low,
+            high,
+            low,
+        )
 
 
 API_NAMES = {"http": "HTTP API", "grpc": "gRPC API"}

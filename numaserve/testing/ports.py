@@ -10,21 +10,15 @@ from __future__ import annotations
 import random
 import socket
 
+from numaserve.host.local_ports import local_port_range
+
 _LOWEST = 10000  # below: ports that well-known services listen on
 _given: set[int] = set()
 
 
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port on `host` nobody listens on, that no outgoing connection can be given."""
-    top = _ephemeral_low()
+    top = local_port_range()[0]
     for _ in range(1000):
         port = random.randrange(_LOWEST, top)
         if port in _given:

@@ -78,6 +78,7 @@ class FakeSystem:
         self.exited: list[tuple[int, int]] = []  # not yet reaped
         self.sent: list[tuple[str, int]] = []  # (process name, signal), in order
         self.spawn_error: OSError | None = None
+        self.cannot_listen: set[str] = set()  # fronts that never write their stats file
 
     def now(self) -> float:
         return self.time
@@ -103,9 +104,14 @@ class FakeSystem:
         self.next_pid += 1
         self.running[self.next_pid] = process_name(argv)
         self.argv[self.next_pid] = argv
+        name = self.running[self.next_pid]
+        spec = spec_of(argv) if "--spec" in argv else {}
+        if spec.get("stats_file") and name not in self.cannot_listen:  # a front listens
+            System.write_file(spec["stats_file"], json.dumps({"pid": self.next_pid}))
         return self.next_pid
 
     write_file = staticmethod(System.write_file)  # a real file, in the test's directory
+    read_file = staticmethod(System.read_file)
 
     def affinity(self, pid: int) -> list[int] | None:
         """Where the process was placed: its spec's CPUs (a fake kernel keeps every pin)."""
