@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from numaserve.backends import load_model
-from numaserve.backends.base import full_range_int8
+from numaserve.backends.base import Load, full_range_int8
 from numaserve.backends.tokenizer import Tokenizer
 from numaserve.backends.torch import TorchModel, quantize_int8
 from numaserve.checkpoint.paths import resolve_model_path
@@ -50,7 +50,7 @@ LABELS = list(AREAS)
 
 
 def embedding_table(texts, tokenizer, isa) -> list[tuple[str, np.ndarray]]:
-    fp32 = TorchModel(ModelConfig(quantize="none"))
+    fp32 = TorchModel(Load(ModelConfig(quantize="none")))
     ids = [list(e.ids) for e in tokenizer.encode(texts)]
 
     def embed(module):

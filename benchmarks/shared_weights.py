@@ -30,11 +30,12 @@ from benchmarks import machine
 CHILD = """
 import os, sys, time
 os.sched_setaffinity(0, {cpu})
+from numaserve.backends.base import Load
 from numaserve.backends.onnx import OnnxModel
 from numaserve.config.schema import ModelConfig
 config = ModelConfig(path={path!r}, task="embed", max_length=512, backend="onnxruntime",
                      quantize="int8")
-model = OnnxModel(config, {isa!r}, 1, artifact={artifact!r}, node={node!r})
+model = OnnxModel(Load(config, {isa!r}, 1, artifact={artifact!r}, node={node!r}))
 short = [[101] + [(7 * i + 1000 + j) % 30000 for i in range(14)] + [102] for j in range(8)]
 long = [[101] + [(11 * i + 2000) % 30000 for i in range(254)] + [102]]
 for n in (8, 16, 64, 256):

@@ -100,6 +100,20 @@ class ModelFacts:
             )
 
 
+@dataclass(frozen=True)
+class Load:
+    """What one model path is loaded with: its config (the path), the CPU's extensions, its
+    intra-op threads, the artifact prepare built (None: torch, which loads the checkpoint),
+    and the NUMA node the process is bound to (whose copy of shared weights it maps; None:
+    the artifact's own file). Every runtime's model takes it (config/runtimes.py's `loads`)."""
+
+    config: ModelConfig
+    isa: tuple[str, ...] = ()
+    threads: int = 1
+    artifact: str | None = None
+    node: int | None = None
+
+
 class Model:
     """A loaded model that maps batches of token ids to its task's results.
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from numaserve.backends.artifacts import prepared
-from numaserve.backends.base import Model
+from numaserve.backends.base import Load, Model
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.schema import ModelConfig
 
 ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "none": lambda x: x}
 INSTALL_HINT = (
@@ -39,14 +38,8 @@ COMPUTE_TYPES = {"int8": "int8_float32", "int16": "int16", "none": "float32"}
 
 
 class Ct2Model(Model):
-    def __init__(
-        self,
-        config: ModelConfig,
-        isa: tuple[str, ...] = (),
-        threads: int = 1,
-        artifact: str | None = None,
-        node: int | None = None,
-    ):
+    def __init__(self, load: Load):
+        config, threads, artifact = load.config, load.threads, load.artifact
         self.artifact, facts = prepared(config, artifact)
         self.converted = Converted(self.artifact, COMPUTE_TYPES[config.quantize], threads)
         super().__init__(config, facts, width=self.converted.width)

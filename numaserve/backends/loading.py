@@ -34,7 +34,9 @@ def load_path(
     it maps, where it is bound to one."""
     record = runtime(config.backend)
     try:
-        return named_in_backends(record.loads)(config, isa, threads, artifact, node)
+        from numaserve.backends.base import Load  # numpy: imported once the process is pinned
+
+        return named_in_backends(record.loads)(Load(config, isa, threads, artifact, node))
     except ModuleNotFoundError as e:
         raise MissingRuntime(
             f"model.backend {config.backend} cannot run here: {e} (installed without it, as "

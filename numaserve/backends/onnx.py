@@ -8,10 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from numaserve.backends.artifacts import prepared
-from numaserve.backends.base import Model
+from numaserve.backends.base import Load, Model
 from numaserve.backends.node_weights import is_packed, node_copy, weights_of
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.config.schema import ModelConfig
 
 INSTALL_HINT = (
     "model.backend onnxruntime needs the onnxruntime package, a numaserve dependency that is "
@@ -20,16 +19,10 @@ INSTALL_HINT = (
 
 
 class OnnxModel(Model):
-    def __init__(
-        self,
-        config: ModelConfig,
-        isa: tuple[str, ...] = (),
-        threads: int = 1,
-        artifact: str | None = None,
-        node: int | None = None,
-    ):
+    def __init__(self, load: Load):
         """`node`: the one NUMA node this process is bound to, whose copy of a packed
         artifact's weights it maps; None: the artifact's own file."""
+        config, threads, artifact, node = load.config, load.threads, load.artifact, load.node
         try:
             import onnxruntime as ort
         except ImportError:

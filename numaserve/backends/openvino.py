@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from numaserve.backends.artifacts import prepared
-from numaserve.backends.base import Model
+from numaserve.backends.base import Load, Model
 from numaserve.backends.openvino_runtime import import_openvino
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
@@ -43,14 +43,8 @@ def inference_precision(config: ModelConfig, isa: tuple[str, ...]) -> str:
 
 
 class OpenVinoModel(Model):
-    def __init__(
-        self,
-        config: ModelConfig,
-        isa: tuple[str, ...] = (),
-        threads: int = 1,
-        artifact: str | None = None,
-        node: int | None = None,
-    ):
+    def __init__(self, load: Load):
+        config, isa, threads, artifact = load.config, load.isa, load.threads, load.artifact
         precision = inference_precision(config, isa)
         ov = import_openvino()
         self.artifact, facts = prepared(config, artifact)

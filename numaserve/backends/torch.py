@@ -11,6 +11,7 @@ import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 
 from numaserve.backends.base import (
+    Load,
     Model,
     ModelFacts,
     full_range_int8,
@@ -176,15 +177,9 @@ def checkpoint_kind(directory: str, architecture: str) -> str:
 
 
 class TorchModel(Model):
-    def __init__(
-        self,
-        config: ModelConfig,
-        isa: tuple[str, ...] = (),
-        threads: int = 1,
-        artifact: str | None = None,
-        node: int | None = None,
-    ):
+    def __init__(self, load: Load):
         """The checkpoint itself, quantized here where asked: torch has no artifact."""
+        config, threads = load.config, load.threads
         configure_threads(threads)
         model = load_transformers_model(config)
         hf = model.config
@@ -206,7 +201,7 @@ class TorchModel(Model):
             width=TASKS[config.task].output.width(hf),
         )
         if config.quantize == "int8":
-            model = quantize_int8(model, full_range_int8(isa), config.keep_fp32)
+            model = quantize_int8(model, full_range_int8(load.isa), config.keep_fp32)
         self.module = model
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
