@@ -7,14 +7,10 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from numaserve.backends.loading import load_path, named_in_backends
+from numaserve.backends.loading import named_in_backends
 from numaserve.config.runtimes import runtime
 from numaserve.config.schema import ModelConfig
-
-if TYPE_CHECKING:
-    from numaserve.backends.base import Model
 
 log = logging.getLogger("numaserve.backends")
 
@@ -25,11 +21,6 @@ def artifact(config: ModelConfig, isa: tuple[str, ...], digest: str | None = Non
     checkpoint's, where the caller has it."""
     builds = runtime(config.backend).builds
     return None if builds is None else str(named_in_backends(builds)(config, isa, digest))
-
-
-def load_built(config: ModelConfig, isa: tuple[str, ...], threads: int = 1) -> Model:
-    """A named path's model, its artifact built first where it is missing."""
-    return load_path(config, isa, threads, artifact(config, isa))
 
 
 def prepare_artifact(config: ModelConfig, isa: tuple[str, ...], digest: str) -> str | None:

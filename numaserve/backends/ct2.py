@@ -18,6 +18,7 @@ from numaserve.backends.artifacts import prepared
 from numaserve.backends.base import Load, Model
 from numaserve.checkpoint.errors import ModelLoadError
 
+# The first layer of a sequence head reads the first token's state; a token head, each one's.
 ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "none": lambda x: x}
 INSTALL_HINT = (
     "model.backend ctranslate2 needs the ctranslate2 package, a numaserve dependency that is "

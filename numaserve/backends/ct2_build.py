@@ -36,7 +36,6 @@ CONVERTED = ("bert", "distilbert", "roberta", "xlm-roberta", "camembert")
 ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
 
 
-# The first layer of a sequence head reads the first token's state; a token head, each one's.
 def model_type(model_dir: Path) -> str | None:
     from numaserve.checkpoint.files import read_json
 

@@ -25,11 +25,7 @@ class ModelPath:
         return f"{self.backend} {self.quantize}{keep}"
 
     def to_json(self) -> dict:
-        return {
-            "backend": self.backend,
-            "quantize": self.quantize,
-            "keep_fp32": list(self.keep_fp32),
-        }
+        return _json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> ModelPath:
