@@ -158,11 +158,11 @@ def candidates(backend: str) -> list[ModelPath]:
     return [c for c in CANDIDATES if c.backend in scope]
 
 
-Load = Callable[[ModelConfig, tuple[str, ...]], "Model"]  # backends.load_model, for a named path
+Loader = Callable[[ModelConfig, tuple[str, ...]], "Model"]  # backends.load_model, for a named path
 
 
 def concrete(
-    config: ModelConfig, isa: tuple[str, ...], load: Load
+    config: ModelConfig, isa: tuple[str, ...], load: Loader
 ) -> tuple[ModelConfig, PoolPath | None]:
     """The config with its backend and precision decided, for a server of one pool over
     every length: `quantize: auto` from the choice (made now if none is kept), `backend: auto`
@@ -244,7 +244,7 @@ def _key(seed: str, settings: dict) -> str:
 def ensure_choice(
     config: ModelConfig,
     isa: tuple[str, ...],
-    load: Load,
+    load: Loader,
     pools: tuple[Band, ...] | None = None,
     batching: Batching = ALONE,
     root: Path | None = None,
@@ -279,7 +279,7 @@ def ensure_choice(
 
 
 def named_cost(
-    config: ModelConfig, isa: tuple[str, ...], pools: tuple[Band, ...], load: Load, digest: str
+    config: ModelConfig, isa: tuple[str, ...], pools: tuple[Band, ...], load: Loader, digest: str
 ) -> dict[str, str]:
     """What a precision the config names costs on this CPU, for each pool: the gate's verdict
     in each band of its lengths, one line for the log, `numaserve status` and /info. It is
@@ -361,7 +361,7 @@ def _read(path: Path, pools: tuple[Band, ...]) -> Choice | None:
 def choose(
     config: ModelConfig,
     isa: tuple[str, ...],
-    load: Load,
+    load: Loader,
     texts: list[str] | None = None,
     pools: tuple[Band, ...] | None = None,
     batching: Batching = ALONE,
@@ -821,7 +821,7 @@ def _pool_choice(won: list[Won], paths: dict, judged: dict[str, Judgement]) -> P
     )
 
 
-def reference_gate(config: ModelConfig, isa, load: Load, texts: list[str] | None = None):
+def reference_gate(config: ModelConfig, isa, load: Loader, texts: list[str] | None = None):
     """The gate for config's checkpoint, task and settings (gate_config's), with the fp32
     reference's answers, on `texts` or the gate's own."""
     from numaserve.backends.gate import Gate, gate_corpus
@@ -872,7 +872,7 @@ def start_builders(config: ModelConfig, isa) -> list[threading.Thread]:
 
 
 def judge(
-    config: ModelConfig, isa, load: Load, gate, builders: list[threading.Thread] = ()
+    config: ModelConfig, isa, load: Loader, gate, builders: list[threading.Thread] = ()
 ) -> tuple[list[dict], dict, dict]:
     """Each candidate's judgement (a trial each, in CANDIDATES' order), the models that pass
     in some band, kept loaded, and the judgements by path. fp32's paths are judged last, and
