@@ -60,6 +60,7 @@ def as_on_avx2(tmp_path_factory):
         process.communicate()
 
 
+@pytest.mark.timeout(400)  # a choice made beside the forced kernels' (145 s on 2 AVX2 vCPUs)
 def test_the_default_is_accurate_on_short_sentences_on_this_cpu(
     as_on_avx2, choice_cache, monkeypatch
 ):
