@@ -56,6 +56,7 @@ GUEST_ISA = ("avx2",)
 # to the HPET, which qemu emulates slowly: every clock read then costs an MMIO exit, and the
 # guest crawls (seen here: a server that started in 5 minutes took over 20).
 KERNEL_ARGS = ["tsc=reliable"]
+TMPFILES_TMP_CONF = "/usr/lib/tmpfiles.d/tmp.conf"  # systemd's `D /tmp`
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Mode:
     tests: str
     marker: str
     vng_args: tuple[str, ...] = ()
-    # Whether the guest's /tmp starts empty, not as an overlay of the host's (private_tmp).
+    # Whether the guest boots in a namespace whose /tmp systemd-tmpfiles leaves alone
+    # (private_tmp).
     empty_tmp: bool = False
     kernel_args: tuple[str, ...] = ()
     packages: dict[str, str] = field(default_factory=dict)  # like DEBIAN_PACKAGES
@@ -241,26 +243,37 @@ def guest_command(
 
 
 def private_tmp(argv: list[str]) -> list[str]:
-    """argv run in a mount namespace of its own, on an empty /tmp. At boot systemd-tmpfiles
-    empties /tmp (`D /tmp` in tmp.conf), and the guest's /tmp is an overlay of the host's:
-    it would delete every file of the host's /tmp, one 9p call at a time under emulation
-    (CI lost 7 minutes there; a whiteout each, the host's files are safe). Masking the job
-    on the kernel's command line does not reach it: `container=`, which keeps PID 1 from
-    taking /.dockerenv for a container, makes the generators that read the masks take
-    themselves for one, and read PID 1's argv instead. Only as root, and not where the
-    checkout itself lies under /tmp."""
-    under_tmp = REPO.is_relative_to("/tmp") or CACHE.is_relative_to("/tmp")
-    if os.geteuid() != 0 or not shutil.which("unshare") or under_tmp:
+    """argv run in a mount namespace of its own, where systemd-tmpfiles finds no `D /tmp` rule
+    and /tmp is empty. At boot systemd-tmpfiles empties /tmp (`D /tmp` in tmp.conf), and the
+    guest's /tmp is an overlay of the host's: it would walk every file of the host's /tmp,
+    one 9p call at a time under emulation, deleting what it can (a whiteout each, the host's
+    files are safe): CI lost 7 minutes there, and a checkout under /tmp lost as much. The
+    rule is masked by an empty file bound over tmp.conf, which the guest reads through the
+    host's root. Masking the job on the kernel's command line does not reach it:
+    `container=`, which keeps PID 1 from taking /.dockerenv for a container, makes the
+    generators that read the masks take themselves for one, and read PID 1's argv instead.
+    /tmp is an empty tmpfs besides, where the checkout does not lie under it. Only as root."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
         return argv
-    mount = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
+    empty = CACHE / "tmpfiles-without-tmp.conf"
+    empty.write_text("")
+    script = f"mount --bind {shlex.quote(str(empty))} {TMPFILES_TMP_CONF}"
+    if not (REPO.is_relative_to("/tmp") or CACHE.is_relative_to("/tmp")):
+        script += " && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+    script += ' && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
+def boot_log(mode: Mode) -> Path:
+    """Where a boot's kernel lines go: one file a mode, so that both machines can boot at once."""
+    return CACHE / f"last-boot-{mode.marker}.log"
 
 
 def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int | None:
     """Boot, stream the guest's own lines (kernel lines go to the log), return its exit code,
     or None when it never reported one. vng's own exit status is not the command's, hence
     the sentinel line."""
-    log_path = CACHE / "last-boot.log"
+    log_path = boot_log(mode)
     kernel_args = " ".join([*KERNEL_ARGS, *mode.kernel_args])  # vng keeps one --append only
     argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, *mode.vng_args, "--append", kernel_args]
     argv += ["--exec", command]
@@ -307,7 +320,7 @@ def boot_until_it_reports(vng: str, vmlinuz: Path, mode: Mode, command: str, tim
         code = boot(vng, vmlinuz, mode, command, deadline - time.monotonic())
         if code is not None:
             return code
-        tail = "".join((CACHE / "last-boot.log").read_text().splitlines(True)[-15:])
+        tail = "".join(boot_log(mode).read_text().splitlines(True)[-15:])
         say(
             f"boot {attempt} of {BOOTS} ended with no exit code from the guest; last lines:\n{tail}"
         )
