@@ -26,6 +26,7 @@ from pathlib import Path
 
 import zmq
 
+from numaserve.host.cpuset import Binding
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.processes.specs import FrontendSpec, Route
 from numaserve.testing.ports import free_port
@@ -64,8 +65,7 @@ def measure(by_model: bool, seconds: float, inflight: int, cpu: int, node: int) 
             routes=tuple(Route(m, f"ipc://{tmp}/frontend-{m}.sock") for m in models),
             max_message_bytes=1 << 20,
             by_model=by_model,
-            cpus=(cpu,),
-            nodes=(node,),
+            binding=Binding.of([cpu], [node]),
         )
         proc = subprocess.Popen(spec.argv())
         ctx = zmq.Context()

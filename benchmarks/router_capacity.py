@@ -50,6 +50,7 @@ import zmq
 
 from numaserve.config.schema import CurveConfig, ModelConfig, PoolConfig, ServerConfig
 from numaserve.corpus import stdlib_sentences
+from numaserve.host.cpuset import Binding
 from numaserve.host.topology import format_topology, read_topology
 from numaserve.processes.specs import FrontendSpec, RouterSpec
 from numaserve.testing.ports import free_port
@@ -310,8 +311,7 @@ def router(
                 shards=shards_endpoint,
                 max_message_bytes=server.max_message_bytes,
                 curve=server.curve,
-                cpus=(lay.frontend,),
-                nodes=(node_of[lay.frontend],),
+                binding=Binding.of([lay.frontend], [node_of[lay.frontend]]),
             )
             procs.append(subprocess.Popen(frontend.argv(), stderr=log))
         for shard, (cpu, stand_in_cpu) in enumerate(zip(lay.routers, lay.stand_ins, strict=True)):
@@ -321,8 +321,7 @@ def router(
                 pools=(PoolConfig(name="main", max_tokens=256),),
                 model=ModelConfig(path=args.model, max_length=256),
                 server=server,
-                cpus=(cpu,),
-                nodes=(node_of[cpu],),
+                binding=Binding.of([cpu], [node_of[cpu]]),
                 shard=shard,
                 frontend=shards_endpoint if sharded else None,
             )

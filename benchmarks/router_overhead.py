@@ -207,8 +207,8 @@ def main() -> None:
     above = []  # what the path adds above the floor, a round's medians
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(Path(tmp), CONFIG.format(model=args.model)).start()
-        worker_cpu = cluster.deployment.workers[0].slot.cpus[0]
-        router_cpu = cluster.deployment.routers[0].cpus[0]
+        worker_cpu = next(iter(cluster.deployment.workers[0].slot.cpus))
+        router_cpu = next(iter(cluster.deployment.routers[0].binding.cpus))
         direct, floor = InProcess(args.model, worker_cpu), Floor(router_cpu, worker_cpu, tmp)
         try:
             direct.latencies(warm_up)

@@ -24,6 +24,7 @@ from pathlib import Path
 import zmq
 
 from numaserve.config.schema import ModelConfig
+from numaserve.host.cpuset import Binding
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import WorkerSpec
@@ -77,7 +78,7 @@ def drive_workers(model_dir: Path, layout: list[tuple[int, ...]], seconds: float
     log = open(os.environ.get("NUMASERVE_BENCH_LOG", os.devnull), "a")  # noqa: SIM115
     for i, cpus in enumerate(layout):
         spec = WorkerSpec(
-            slot=Slot(name=f"bench-{i}", pool="bench", cpus=cpus, nodes=(0,), threads=len(cpus)),
+            slot=Slot(f"bench-{i}", "bench", Binding.of(cpus, [0]), threads=len(cpus)),
             router=endpoint,
             max_tokens=TOKENS,
             isa=tuple(isa),

@@ -25,7 +25,6 @@ from zmq.utils.monitor import recv_monitor_message
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.paths import ModelPath, PoolPath
 from numaserve.config.runtimes import needs_prepare
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import (
     PinReport,
     thread_settings,
@@ -59,7 +58,7 @@ class Engine:
                 spec.isa,
                 report.threads,
                 # the node whose copy of shared weights it maps: where its memory is bound
-                report.nodes[0] if len(report.nodes) == 1 else None,
+                report.binding.node,
                 spec.prepared_digest,
             )
         elif needs_prepare(spec.model.backend, spec.model.quantize):
@@ -82,8 +81,8 @@ class Engine:
             attributes={
                 "numaserve.instance": spec.slot.name,
                 "numaserve.pool": spec.slot.pool,
-                "numaserve.cpus": format_cpulist(report.cpus),
-                "numaserve.numa_nodes": format_cpulist(report.nodes),
+                "numaserve.cpus": str(report.binding.cpus),
+                "numaserve.numa_nodes": str(report.binding.nodes),
                 "numaserve.model.path": spec.model.path,
                 "numaserve.model.backend": self.model.config.backend,
                 "numaserve.model.precision": self.model.config.quantize,
@@ -280,8 +279,7 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
         name=spec.slot.name,
         pool=spec.slot.pool,
         pid=os.getpid(),
-        cpus=tuple(report.cpus),
-        nodes=tuple(report.nodes),
+        binding=report.binding,
         membind=report.membind,
         threads=report.threads,
         max_tokens=spec.max_tokens,
@@ -300,8 +298,8 @@ def serve(spec: WorkerSpec, engine: Engine, report: PinReport, load_seconds: flo
     log.info(
         "ready in %.1f s: CPUs %s, memory on node(s) %s (bound by %s), %d thread(s)",
         load_seconds,
-        format_cpulist(report.cpus),
-        format_cpulist(report.nodes),
+        report.binding.cpus,
+        report.binding.nodes,
         report.membind,
         report.threads,
     )
@@ -369,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     began = begin(WorkerSpec, argv, log)
     if isinstance(began, int):
         return began
-    spec, method, cpus, nodes = began.spec, began.method, began.cpus, began.nodes
+    spec, method = began.spec, began.method
     log.name = f"numaserve.worker.{spec.slot.name}"
     threads, warnings = thread_settings(spec.slot.threads, os.environ)
     for warning in warnings:
         log.warning("%s", warning)
-    report = PinReport(cpus, nodes, method, threads)
+    report = PinReport(began.binding, method, threads)
     try:
         engine = Engine(spec, report)
     except ModelLoadError as e:

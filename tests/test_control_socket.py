@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from numaserve.config.addresses import reaches
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.supervisor.control import REQUEST_S, ControlSocket
 from numaserve.supervisor.start import open_control
@@ -94,7 +95,8 @@ def entry_of_another_process(directory, endpoint: str, control: str):
     """A ledger entry held by a live process that is not this one, as a server's is."""
     script = (
         "import sys; from pathlib import Path; from numaserve.host.ledger import Ledger; "
-        f"Ledger(Path({str(directory)!r})).register('/etc/a.yaml', (0,), {endpoint!r}, "
+        "from numaserve.host.cpuset import CPUSet; "
+        f"Ledger(Path({str(directory)!r})).register('/etc/a.yaml', CPUSet.of([0]), {endpoint!r}, "
         f"{control!r}); print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
@@ -296,7 +298,7 @@ def test_the_wait_for_a_stop_is_bounded(tmp_path):
                 request.answer({"stopping": os.getpid()}, keep=True)
 
     thread = threading.Thread(target=supervise)
-    ledger.register("/stand-in.yaml", (0,), endpoint, str(control.path))
+    ledger.register("/stand-in.yaml", CPUSet.of([0]), endpoint, str(control.path))
     # Our own entry is not ours to the CLI: it is another process, as a supervisor is.
     thread.start()
     try:

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import zmq
 
+from numaserve.host.cpuset import Binding
 from numaserve.processes.specs import FrontendSpec, Route
 from numaserve.testing.ports import free_port
 from numaserve.wire import protocol
@@ -25,8 +26,7 @@ def frontend(tmp_path):
         endpoint=f"tcp://127.0.0.1:{free_port()}",
         routes=(Route("default", f"ipc://{tmp_path}/frontend.sock"),),
         max_message_bytes=1 << 20,
-        cpus=(1,),
-        nodes=(0,),
+        binding=Binding.of([1], [0]),
     )
     proc = subprocess.Popen(spec.argv())
     ctx = zmq.Context()

@@ -13,6 +13,7 @@ import pytest
 
 from numaserve.config.schema import PlacementConfig, PoolConfig
 from numaserve.host import ledger as ledger_
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import (
     CoresHeldError,
     Holder,
@@ -31,10 +32,11 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from numaserve.host.cpuset import CPUSet
     from numaserve.host.ledger import Ledger
     ledger = Ledger(Path(sys.argv[1]))
     with ledger.locked():
-        ledger.register(sys.argv[2], tuple(int(c) for c in sys.argv[3].split(",")))
+        ledger.register(sys.argv[2], CPUSet.parse(sys.argv[3]))
     print("registered", flush=True)
     time.sleep(600)
     """
@@ -67,7 +69,7 @@ def test_a_live_servers_entry_is_seen_by_another(tmp_path, holders_started):
     other = holders_started([0, 1, 40, 41], "/etc/numaserve/a.yaml")
 
     assert Ledger(tmp_path).holders() == [
-        Holder(other.pid, "/etc/numaserve/a.yaml", (0, 1, 40, 41))
+        Holder(other.pid, "/etc/numaserve/a.yaml", CPUSet.of([0, 1, 40, 41]))
     ]
 
 
@@ -82,7 +84,7 @@ def test_a_killed_servers_entry_is_removed_by_the_next_reader(tmp_path, holders_
 
 def test_a_released_entry_is_gone(tmp_path):
     ledger = Ledger(tmp_path)
-    entry = ledger.register("/etc/numaserve/a.yaml", (0, 1))
+    entry = ledger.register("/etc/numaserve/a.yaml", CPUSet.of([0, 1]))
     assert entry.exists()
 
     ledger.release()
@@ -92,7 +94,7 @@ def test_a_released_entry_is_gone(tmp_path):
 
 def test_a_server_is_not_its_own_holder(tmp_path):
     ledger = Ledger(tmp_path)
-    ledger.register("/etc/numaserve/a.yaml", (0, 1))
+    ledger.register("/etc/numaserve/a.yaml", CPUSet.of([0, 1]))
 
     assert ledger.holders() == []
     ledger.release()
@@ -141,7 +143,7 @@ def test_a_second_server_plans_around_the_cores_another_holds(tmp_path, sysfs, h
     free, plan, holders = plan_around(Ledger(tmp_path), topo, AUTO_POOL)
 
     assert len(holders) == 1
-    assert plan.slots and all(slot.nodes == (1,) for slot in plan.slots)
+    assert plan.slots and all(slot.node == 1 for slot in plan.slots)
     assert not free.allowed_cpus & node0
     assert len(plan.slots) == len(topo.cores_in_node(1))  # auto takes all that is left
 
@@ -299,7 +301,9 @@ def test_a_reload_that_adds_a_model_plans_around_servers_started_since_and_holds
     rig.step(seconds=0.3)
     rig.run_for(1.0)
     assert rig.sup.wanted is None
-    assert rig.sup.roster.workers["c.main-0"].cpus == (4,)  # not CPU 3, the other server's
+    assert rig.sup.roster.workers["c.main-0"].binding.cpus == CPUSet.of(
+        [4]
+    )  # not CPU 3, the other server's
     assert ours() == [0, 1, 2, 4]
 
     b_worker = rig.pid("b.main-0")

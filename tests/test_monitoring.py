@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
 from numaserve.front.stats import Stats
+from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.host.numastat import read_numastat
 from numaserve.monitoring import health
 from numaserve.monitoring.endpoint import MonitoringEndpoint, MonitoringError
@@ -48,8 +49,10 @@ def snapshot(taken=100.0, shards=None, ages=None, stopping=False, long_0="backof
         build=({"version": "9.9", "backend": "onnxruntime", "model": "m", "task": "embed"},),
         pools=(("default", "short"), ("default", "long")),
         processes=(
-            Process("router", "router", "ready", 4000, cpus=(0,), nodes=(0,)),
-            Process(**worker, name="short-0", pool="short", pid=4242, cpus=(2, 3), nodes=(1,)),
+            Process("router", "router", "ready", 4000, Binding.of([0], [0])),
+            Process(
+                **worker, name="short-0", pool="short", pid=4242, binding=Binding.of([2, 3], [1])
+            ),
             Process(**(worker | {"state": long_0}), name="long-0", pool="long", pid=None),
         ),
         shards=shards,
@@ -143,7 +146,7 @@ def test_pools_show_queue_wait_batch_sizes_texts_and_tokens():
 
 
 def test_instances_carry_their_pool_node_and_cpus():
-    got = samples(snapshot(), Readings(rss={4242: 123}, affinity={4242: frozenset({2, 3})}))
+    got = samples(snapshot(), Readings(rss={4242: 123}, affinity={4242: CPUSet.of([2, 3])}))
     assert got[("numaserve_instance_up", SHORT_0)] == 1
     assert got[("numaserve_instance_restarts_total", SHORT_0)] == 2
     assert got[("numaserve_instance_affinity_as_planned", SHORT_0)] == 1
@@ -154,12 +157,12 @@ def test_instances_carry_their_pool_node_and_cpus():
 
 
 def test_an_instance_off_its_planned_cpus_shows_zero():
-    got = samples(snapshot(), Readings(affinity={4242: frozenset({0, 1, 2, 3})}))
+    got = samples(snapshot(), Readings(affinity={4242: CPUSet.parse("0-3")}))
     assert got[("numaserve_instance_affinity_as_planned", SHORT_0)] == 0
 
 
 def test_an_instance_without_a_process_is_down_and_has_no_memory_or_affinity_series():
-    got = samples(snapshot(), Readings(rss={4242: 1}, affinity={4242: frozenset({2, 3})}))
+    got = samples(snapshot(), Readings(rss={4242: 1}, affinity={4242: CPUSet.of([2, 3])}))
     long_0 = (("cpus", ""), DEFAULT, ("node", ""), ("pool", "long"), ("slot", "long-0"))
     assert got[("numaserve_instance_up", long_0)] == 0
     assert got[("numaserve_instance_state", (*long_0, ("state", "backoff")))] == 1

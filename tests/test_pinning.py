@@ -133,9 +133,10 @@ def test_pinning_error_is_raised_in_process_for_an_empty_node_list():
 def test_affinity_if_alive_is_none_for_a_process_that_is_gone_or_no_pid():
     import os
 
+    from numaserve.host.cpuset import CPUSet
     from numaserve.host.pinning import affinity_if_alive, live_affinity
 
-    assert affinity_if_alive(os.getpid()) == list(live_affinity(os.getpid()))
+    assert affinity_if_alive(os.getpid()) == CPUSet(live_affinity(os.getpid()))
     assert affinity_if_alive(2**22 + 7) is None  # no such process
     assert affinity_if_alive(None) is None and affinity_if_alive(True) is None
 

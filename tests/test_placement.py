@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numaserve.config.schema import AUTO, PlacementConfig, PoolConfig
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.placement import PlacementError, plan_placement
 from numaserve.host.topology import Core, CPUTopology, Node, read_topology
 
@@ -55,8 +56,8 @@ def check_invariants(topo: CPUTopology, placement: PlacementConfig, plan) -> Non
         assert len({core_of[c].type for c in slot.cpus}) == 1, f"{slot.name} mixes core types"
         if not placement.smt:
             assert len(slot.cpus) == len(cores), "one thread per core with smt: false"
-        assert slot.nodes == tuple(sorted({core_of[c].node for c in slot.cpus}))
-        if len(slot.nodes) > 1:  # it may span only if no node could have held it
+        assert slot.binding.nodes == CPUSet({core_of[c].node for c in slot.cpus})
+        if len(slot.binding.nodes) > 1:  # it may span only if no node could have held it
             for usable in usable_by_node.values():
                 others = {core_of[c].id for s in plan.slots if s is not slot for c in s.cpus}
                 assert len(usable - others) < pool.cores_per_instance, (
@@ -87,21 +88,23 @@ def test_fixture_machines_get_valid_plans(sysfs, machine, smt):
 def test_hybrid_cpu_fills_performance_cores_first_and_never_mixes_types(sysfs):
     topo = read_topology(sysfs("i7_1370p_hybrid"))
     plan = plan_placement(topo, PlacementConfig(pools=pools((1, AUTO))))
-    assert [s.cpus for s in plan.slots] == [(c,) for c in (0, 2, 4, 6, 8, 10, *range(12, 20))]
+    assert [s.cpus.sorted() for s in plan.slots] == [
+        (c,) for c in (0, 2, 4, 6, 8, 10, *range(12, 20))
+    ]
 
 
 def test_an_instance_that_no_longer_fits_on_performance_cores_takes_efficiency_cores(sysfs):
     topo = read_topology(sysfs("i7_1370p_hybrid"))
     plan = plan_placement(topo, PlacementConfig(pools=pools((4, 2))))
-    assert [s.cpus for s in plan.slots] == [(0, 2, 4, 6), (12, 13, 14, 15)]
+    assert [s.cpus.sorted() for s in plan.slots] == [(0, 2, 4, 6), (12, 13, 14, 15)]
 
 
 def test_a_pool_may_be_limited_to_performance_cores(sysfs):
     topo = read_topology(sysfs("rk3588_big_little"))
     pool = PoolConfig(name="fast", max_tokens=512, core_types=("performance",))
     plan = plan_placement(topo, PlacementConfig(pools=(pool,)))
-    assert [s.cpus for s in plan.slots] == [(4,), (5,), (6,), (7,)]
-    assert plan.idle_cpus == (0, 1, 2, 3)
+    assert [s.cpus.sorted() for s in plan.slots] == [(4,), (5,), (6,), (7,)]
+    assert plan.idle_cpus == CPUSet.parse("0-3")
 
 
 def test_a_pool_asking_for_core_types_the_machine_lacks_is_an_error(sysfs):
@@ -121,14 +124,14 @@ def test_smt_off_leaves_siblings_idle(sysfs):
 def test_smt_on_gives_both_siblings_and_two_threads(sysfs):
     topo = read_topology(sysfs("xeon8260_2socket"))
     plan = plan_placement(topo, PlacementConfig(smt=True, pools=pools((1, AUTO))))
-    assert plan.slots[0].cpus == (0, 48)
+    assert plan.slots[0].cpus == CPUSet.of([0, 48])
     assert plan.slots[0].threads == 2
 
 
 def test_reserved_cores_are_the_lowest_numbered_of_each_node_in_turn_with_their_siblings(sysfs):
     topo = read_topology(sysfs("xeon8260_2socket"))  # node 0: CPUs 0-23,48-71; node 1: the rest
     plan = plan_placement(topo, PlacementConfig(reserved_cores=3, pools=pools((1, AUTO))))
-    assert plan.reserved_cpus == (0, 1, 24, 48, 49, 72)
+    assert plan.reserved_cpus == CPUSet.parse("0-1,24,48-49,72")
 
 
 def test_auto_spreads_over_uneven_nodes_without_spanning(sysfs):
@@ -150,20 +153,20 @@ def test_instance_bigger_than_any_node_spans_nodes_of_one_socket(sysfs):
     plan = plan_placement(topo, PlacementConfig(pools=pools((12, 1))))
     (slot,) = plan.slots
     assert slot.node is None
-    assert len(slot.nodes) == 2
-    assert {topo.nodes[n].id for n in slot.nodes} <= {0, 1, 2, 3}
+    assert len(slot.binding.nodes) == 2
+    assert {topo.nodes[n].id for n in slot.binding.nodes} <= {0, 1, 2, 3}
 
 
 def test_instances_take_neighbouring_cores(sysfs):
     topo = read_topology(sysfs("epyc7402_2socket_nps4"))
     plan = plan_placement(topo, PlacementConfig(pools=pools((3, AUTO))))
-    assert plan.slots[0].cpus == (0, 1, 2)  # one CCX of the 7402
+    assert plan.slots[0].cpus == CPUSet.parse("0-2")  # one CCX of the 7402
 
 
 def test_interleaved_numbering_keeps_instances_on_one_socket(sysfs):
     topo = read_topology(sysfs("xeon_e5_2690v4_interleaved"))
     plan = plan_placement(topo, PlacementConfig(pools=pools((2, AUTO))))
-    assert plan.slots[0].cpus == (0, 2)
+    assert plan.slots[0].cpus == CPUSet.of([0, 2])
 
 
 def test_offline_and_disallowed_cpus_are_never_placed(sysfs):

@@ -4,6 +4,7 @@ view), and the table a person reads (status/format.py): pure, on hand-made recor
 from dataclasses import replace
 
 from numaserve.config.paths import BandPath, BatchedPath, ModelPath, PoolPath
+from numaserve.host.cpuset import CPUSet
 from numaserve.status.format import format_status, memory_lines, weights_lines
 from numaserve.status.merge import server_report
 from numaserve.status.report import RunningPath, ServerReport, SlotTable, SupervisorInfo
@@ -95,7 +96,7 @@ def test_a_supervised_shard_answering_alone_shows_the_affinity_the_supervisor_re
     )
     dispatch = Dispatcher([PoolConfig(name="main", max_tokens=64)], queue_size=1)
     (entry,) = answered_alone(report(), dispatch, table).instances
-    assert (entry.slot.live_cpus, entry.slot.affinity_ok) == ([3], True)
+    assert (entry.slot.live_cpus, entry.slot.affinity_ok) == (CPUSet.of([3]), True)
 
 
 def test_the_status_says_what_runs_each_model_and_why():

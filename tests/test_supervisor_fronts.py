@@ -21,7 +21,7 @@ def test_an_http_front_starts_with_the_shards_and_is_ready_once_a_shard_answers(
     spec = spec_of(front.argv)
     assert spec["server"]["http"] == HTTP
     assert spec["models"][0]["shards"] == [spec_of(rig.sup.roster.routers[0].argv)["local"]]
-    assert front.cpus == rig.sup.roster.routers[0].cpus  # pinned with its node's shard
+    assert front.binding == rig.sup.roster.routers[0].binding  # pinned with its node's shard
 
 
 def test_a_front_is_ready_only_once_its_process_listens_and_the_server_serves_only_then(

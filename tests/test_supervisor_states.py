@@ -638,7 +638,7 @@ def test_a_reload_that_adds_a_model_starts_its_shard_and_instances_and_tells_the
     assert rig.states()["c.main-0"] == "ready"
     assert {name: rig.pid(name) for name in kept} == kept
     assert not any(rig.os.signals_to(name) for name in kept)
-    cpus = [set(c.cpus) for c in rig.sup.roster.workers.values()]
+    cpus = [c.binding.cpus.ids for c in rig.sup.roster.workers.values()]
     assert sum(map(len, cpus)) == len(set().union(*cpus))  # no CPU in two instances
 
 
@@ -646,7 +646,7 @@ def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances
     rig = Rig(tmp_path, config_text=THREE_MODELS)
     rig.start()
     b_shard, b_worker = rig.os.pid_of("router-1"), rig.pid("b.main-0")
-    b_cpus = rig.sup.roster.workers["b.main-0"].cpus
+    b_cpus = rig.sup.roster.workers["b.main-0"].binding
     rig.config_path.write_text(THREE_MODELS.replace("name: b,", "name: d,"))
 
     rig.step(signal.SIGHUP)
@@ -661,7 +661,7 @@ def test_a_reload_that_removes_a_model_drains_its_shard_then_stops_its_instances
     rig.step()
     assert rig.os.signals_to("frontend") == [signal.SIGHUP]
     assert [r["model"] for r in spec_of(rig.sup.roster.frontend.argv)["routes"]] == ["a", "d", "c"]
-    assert rig.sup.roster.workers["d.main-0"].cpus == b_cpus  # b's core, free again
+    assert rig.sup.roster.workers["d.main-0"].binding == b_cpus  # b's core, free again
     rig.step(seconds=0.3)
     rig.run_for(1.0)
 

@@ -344,5 +344,5 @@ def test_every_fixture_machine_reads_as_its_description_says_and_plans_onto_real
     } == truth(machine)
     plan = plan_placement(topo, PlacementConfig())
     for slot in plan.slots:
-        (node,) = slot.nodes
+        (node,) = slot.binding.nodes
         assert set(slot.cpus) <= set(next(n.cpus for n in topo.nodes if n.id == node))

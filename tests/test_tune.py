@@ -21,6 +21,7 @@ import yaml
 from numaserve.client import Client
 from numaserve.config.paths import ModelPath
 from numaserve.config.schema import ModelConfig, load_config
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import LEDGER_ENV, Ledger
 from numaserve.host.pinning import PINNED_BY_ENV
 from numaserve.host.topology import read_topology
@@ -47,7 +48,7 @@ def test_probes_run_side_by_side_on_cores_of_their_own(sysfs):
     cpus = [cpu for _, slot in placed[0] for cpu in slot.cpus]
     assert len(cpus) == len(set(cpus)) == 30
     assert all(len(slot.cpus) == j.cores for j, slot in placed[0])  # each its own width
-    assert all(len(slot.nodes) == 1 for _, slot in placed[0])  # memory bound to its own node
+    assert all(slot.node is not None for _, slot in placed[0])  # memory bound to its own node
 
 
 def test_each_probe_gets_a_slot_of_its_own_width_whatever_order_the_planner_places_in(sysfs):
@@ -130,7 +131,7 @@ def tune(tmp_path: Path, config: str, *extra: str, env=None, **kw) -> subprocess
 def test_refuses_clearly_when_other_servers_hold_every_core(tmp_path, classifier_dir):
     ledger = Ledger(tmp_path / "ledger")
     (tmp_path / "ledger").mkdir()
-    ledger.register("another server", tuple(sorted(os.sched_getaffinity(0))))
+    ledger.register("another server", CPUSet(os.sched_getaffinity(0)))
     try:
         done = tune(
             tmp_path,

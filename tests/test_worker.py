@@ -65,9 +65,8 @@ def test_worker_is_pinned_to_its_cpu_with_memory_on_its_node(embed_worker):
     # node, "local" is the same node.
     assert "bind:0" in maps.policies and maps.policies <= {"bind:0", "local"}
     assert set(maps.pages_per_node) == {0}
-    assert (ready["cpus"], ready["nodes"], ready["threads"], ready["membind"]) == (
-        [1],
-        [0],
+    assert (ready["binding"], ready["threads"], ready["membind"]) == (
+        {"cpus": [1], "nodes": [0]},
         1,
         "numactl",
     )

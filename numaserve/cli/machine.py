@@ -17,7 +17,6 @@ from numaserve.cli.common import (
     sysfs_option,
 )
 from numaserve.config.schema import ConfigError, load_config
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around
 from numaserve.host.placement import PlacementError, format_plan
 from numaserve.host.shards import plan_model_shards
@@ -96,7 +95,7 @@ def plan(
         around = [f"planned around another server: {h.describe()}" for h in holders]
         if serving:  # its plan, not "no allowed CPUs": its own cores count as free
             around.append(
-                f"served now by pid {serving.pid}, on CPUs {format_cpulist(serving.cpus)}: the "
+                f"served now by pid {serving.pid}, on CPUs {serving.cpus}: the "
                 "plan above counts them free; `numaserve status` shows where it runs"
             )
         click.echo("\n".join([format_plan(result), *routers, *around]))

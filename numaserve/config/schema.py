@@ -431,6 +431,11 @@ def _convert(hint, value, source: str, key: str, meta):
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, source, key)
+    if isinstance(hint, type) and hasattr(hint, "from_plain"):  # a value with a wire form
+        try:
+            return hint.from_plain(value)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {key}: {e}") from None
     if origin is tuple:  # tuple[X, ...]: a YAML list
         (item, _) = typing.get_args(hint)
         if not isinstance(value, list):

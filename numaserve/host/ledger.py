@@ -24,7 +24,6 @@ from pathlib import Path
 
 from numaserve.config.addresses import reaches
 from numaserve.config.schema import PlacementConfig, ServedModel
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.cpuset import CPUSet
 from numaserve.host.placement import PlacementError, Plan, plan_placement
 from numaserve.host.topology import CPUTopology
@@ -48,7 +47,7 @@ class Holder:
 
     pid: int
     config: str
-    cpus: tuple[int, ...]
+    cpus: CPUSet
     endpoint: str = ""  # server.endpoint, where its clients connect
     control: str = ""  # its supervisor's control socket (wire/control.py)
 
@@ -56,13 +55,13 @@ class Holder:
         return {
             "pid": self.pid,
             "config": self.config,
-            "cpus": list(self.cpus),
+            "cpus": self.cpus.to_plain(),
             "endpoint": self.endpoint,
             "control": self.control,
         }
 
     def describe(self) -> str:
-        return f"pid {self.pid} (config {self.config}) holds CPUs {format_cpulist(self.cpus)}"
+        return f"pid {self.pid} (config {self.config}) holds CPUs {self.cpus}"
 
     def already_serving(self, endpoint: str) -> AlreadyServedError:
         """A second start of the config this server serves, refused with what to do."""
@@ -100,17 +99,17 @@ def _made(path: Path) -> bool:
     return True
 
 
-def held_cpus(plan: Plan, topo: CPUTopology) -> tuple[int, ...]:
+def held_cpus(plan: Plan, topo: CPUTopology) -> CPUSet:
     """What a plan holds: every thread of every physical core it uses (an instance's core,
     or a reserved one), so that no other server gets an idle SMT sibling of our cores."""
-    used = CPUSet.of((*plan.reserved_cpus, *(cpu for slot in plan.slots for cpu in slot.cpus)))
-    return used.whole_cores(topo).sorted()
+    used = CPUSet(cpu for slot in plan.slots for cpu in slot.cpus) | plan.reserved_cpus
+    return used.whole_cores(topo)
 
 
 def without(topo: CPUTopology, holders: list[Holder]) -> CPUTopology:
     """The topology a server plans on: the CPUs other servers hold are not allowed."""
-    held = {cpu for h in holders for cpu in h.cpus}
-    return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held)
+    held = CPUSet(cpu for h in holders for cpu in h.cpus)
+    return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held.ids)
 
 
 def plan_around(
@@ -196,9 +195,7 @@ class Ledger:
         """Where our supervisor's control socket goes: beside our entry."""
         return self.directory / f"server-{os.getpid()}.sock"
 
-    def register(
-        self, config: str, cpus: tuple[int, ...], endpoint: str = "", control: str = ""
-    ) -> Path:
+    def register(self, config: str, cpus: CPUSet, endpoint: str = "", control: str = "") -> Path:
         """Our entry, locked until `release` or our death. Written and locked before it takes
         its name, so no reader ever sees it unlocked or half written."""
         self._mine = Holder(os.getpid(), config, cpus, endpoint, control)
@@ -213,7 +210,7 @@ class Ledger:
             os.close(previous)
         return final
 
-    def update(self, cpus: tuple[int, ...]) -> None:
+    def update(self, cpus: CPUSet) -> None:
         """Our entry, now holding `cpus` (a reload added or removed models): replaced whole,
         so a reader sees the old entry or the new, never neither. Under `locked`."""
         mine = self._mine
@@ -234,7 +231,7 @@ def _parse(data: bytes) -> Holder | None:
         return Holder(
             int(body["pid"]),
             str(body["config"]),
-            tuple(int(c) for c in body["cpus"]),
+            CPUSet.from_plain(body["cpus"]),
             str(body.get("endpoint", "")),
             str(body.get("control", "")),
         )

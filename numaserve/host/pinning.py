@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numaserve.host.cpulist import format_cpulist, parse_cpulist
+from numaserve.host.cpuset import Binding, CPUSet
 
 MPOL_BIND = 2
 _MAX_NODES = 1024  # bits in the node masks we pass the kernel; more than any machine has
@@ -53,18 +54,9 @@ REMEDIES = (
 
 @dataclass(frozen=True)
 class PinReport:
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
+    binding: Binding
     membind: str  # "numactl", "set_mempolicy" or "cpuset": what bound the memory
     threads: int
-
-    def to_json(self) -> dict:
-        return {
-            "cpus": list(self.cpus),
-            "nodes": list(self.nodes),
-            "membind": self.membind,
-            "threads": self.threads,
-        }
 
 
 def _libc():
@@ -135,14 +127,14 @@ def live_affinity(pid: int | str = "self") -> tuple[int, ...]:
     return _status_list(pid, "Cpus_allowed_list")
 
 
-def affinity_if_alive(pid: object) -> list[int] | None:
+def affinity_if_alive(pid: object) -> CPUSet | None:
     """The CPUs the kernel lets `pid` run on now (`live_affinity`), as a status reports them;
     None for a process that is gone (or what is not a pid). The one reading of another
     process's live affinity: the supervisor's, a router shard's and /metrics'."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         return None
     try:
-        return list(live_affinity(pid))
+        return CPUSet(live_affinity(pid))
     except (OSError, PinningError):
         return None
 
@@ -219,7 +211,7 @@ def bound_by_cpuset(nodes: tuple[int, ...], allowed: tuple[int, ...], refused: E
     )
 
 
-def restart_under_numactl(method: str, cpus, nodes, argv: list[str], log) -> None:
+def restart_under_numactl(method: str, binding: Binding, argv: list[str], log) -> None:
     """Start this process over under numactl, where it is installed and did not start us:
     the binding made in-process (checked there, so a bad slot exits PINNING rather than
     numactl's 1) covers only memory touched after it, and the interpreter's start-up pages
@@ -230,7 +222,7 @@ def restart_under_numactl(method: str, cpus, nodes, argv: list[str], log) -> Non
     try:
         os.execve(
             numactl,
-            numactl_argv(numactl, cpus, nodes, argv),
+            numactl_argv(numactl, binding.cpus, binding.nodes, argv),
             {**os.environ, PINNED_BY_ENV: "numactl"},
         )
     except OSError as e:

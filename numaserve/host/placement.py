@@ -10,12 +10,13 @@ node in turn) are never placed; `auto` fills what is left, fastest type first, n
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from numaserve.config.schema import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
 from numaserve.host.cpulist import format_cpulist
-from numaserve.host.cpuset import CPUSet
+from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.host.topology import Core, CPUTopology
 
 
@@ -29,22 +30,25 @@ class Slot:
 
     name: str
     pool: str
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
+    binding: Binding  # its CPUs and the node(s) they are on
     threads: int
     model: str = DEFAULT_MODEL
 
     @property
+    def cpus(self) -> CPUSet:
+        return self.binding.cpus
+
+    @property
     def node(self) -> int | None:
         """The node holding every CPU, or None for an instance too big for any one node."""
-        return self.nodes[0] if len(self.nodes) == 1 else None
+        return self.binding.node
 
 
 @dataclass(frozen=True)
 class Plan:
     slots: tuple[Slot, ...]
-    reserved_cpus: tuple[int, ...]
-    idle_cpus: tuple[int, ...]
+    reserved_cpus: CPUSet
+    idle_cpus: CPUSet
     smt: bool
 
     @property
@@ -66,15 +70,15 @@ class Plan:
                     "name": s.name,
                     "model": s.model,
                     "pool": s.pool,
-                    "cpus": list(s.cpus),
+                    "cpus": s.cpus.to_plain(),
                     "node": s.node,
-                    "nodes": list(s.nodes),
+                    "nodes": s.binding.nodes.to_plain(),
                     "threads": s.threads,
                 }
                 for s in self.slots
             ],
-            "reserved_cpus": list(self.reserved_cpus),
-            "idle_cpus": list(self.idle_cpus),
+            "reserved_cpus": self.reserved_cpus.to_plain(),
+            "idle_cpus": self.idle_cpus.to_plain(),
         }
 
 
@@ -174,16 +178,17 @@ def plan_placement(
     slots = []
     for d in pools:
         for i, cores in enumerate(placed[d]):
-            cpus = tuple(sorted(cpu for c in cores for cpu in threads_of(c)))
-            nodes = tuple(sorted({c.node for c in cores}))
+            binding = Binding.on((cpu for c in cores for cpu in threads_of(c)), topo)
             name = f"{d.label}-{i}"
-            slots.append(Slot(name, d.pool.name, cpus, nodes, len(cpus), d.model.name))
-    reserved_cpus = tuple(
-        sorted(cpu for c in reserved for cpu in c.cpus if cpu in topo.allowed_cpus)
-    )
-    used = {cpu for s in slots for cpu in s.cpus} | set(reserved_cpus)
-    idle = tuple(sorted(topo.allowed_cpus - used))
-    return Plan(tuple(slots), reserved_cpus, idle, smt=placement.smt)
+            slots.append(Slot(name, d.pool.name, binding, len(binding.cpus), d.model.name))
+    reserved_cpus = CPUSet(cpu for c in reserved for cpu in c.cpus) & CPUSet(topo.allowed_cpus)
+    return Plan(tuple(slots), reserved_cpus, _idle(topo, slots, reserved_cpus), placement.smt)
+
+
+def _idle(topo: CPUTopology, slots: Iterable[Slot], reserved: CPUSet) -> CPUSet:
+    """The allowed CPUs neither reserved nor in a slot."""
+    used = CPUSet(cpu for s in slots for cpu in s.cpus) | reserved
+    return CPUSet(topo.allowed_cpus) - used
 
 
 class _Words(NamedTuple):
@@ -265,8 +270,8 @@ def replan(
     names = {m.name for m in models}
     kept = [s for s in current.slots if s.model in names]
     added = tuple(m for m in models if m.name not in {s.model for s in kept})
-    busy = CPUSet.of((*current.reserved_cpus, *(cpu for s in kept for cpu in s.cpus)))
-    free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo).cpus)
+    busy = CPUSet(cpu for s in kept for cpu in s.cpus) | current.reserved_cpus
+    free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo).ids)
     new: tuple[Slot, ...] = ()
     if added:
         try:
@@ -280,8 +285,7 @@ def replan(
             ) from None
     order = {m.name: i for i, m in enumerate(models)}
     slots = sorted([*kept, *new], key=lambda s: order[s.model])  # stable: pools keep order
-    used = {cpu for s in slots for cpu in s.cpus} | set(current.reserved_cpus)
-    idle = tuple(sorted(topo.allowed_cpus - used))
+    idle = _idle(topo, slots, current.reserved_cpus)
     return Plan(tuple(slots), current.reserved_cpus, idle, smt=current.smt)
 
 
@@ -389,18 +393,16 @@ def format_plan(plan: Plan) -> str:
     several = len(plan.models) > 1
     rows = [("instance", *(("model",) if several else ()), "pool", "node", "threads", "cpus")]
     for s in plan.slots:
-        node = str(s.node) if s.node is not None else ",".join(map(str, s.nodes)) + " (spans)"
+        node = (
+            str(s.node) if s.node is not None else ",".join(map(str, s.binding.nodes)) + " (spans)"
+        )
         model = (s.model,) if several else ()
-        rows.append((s.name, *model, s.pool, node, str(s.threads), format_cpulist(s.cpus)))
+        rows.append((s.name, *model, s.pool, node, str(s.threads), str(s.cpus)))
     last = len(rows[0]) - 1
     widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  " + r[last] for r in rows]
     lines.append("")
-    lines.append(
-        f"reserved for router and supervisor: {format_cpulist(plan.reserved_cpus) or 'none'}"
-    )
+    lines.append(f"reserved for router and supervisor: {plan.reserved_cpus or 'none'}")
     idle_why = "" if plan.smt else " (SMT siblings stay idle with smt: false)"
-    lines.append(
-        f"idle CPUs: {format_cpulist(plan.idle_cpus) or 'none'}{idle_why if plan.idle_cpus else ''}"
-    )
+    lines.append(f"idle CPUs: {plan.idle_cpus or 'none'}{idle_why if plan.idle_cpus else ''}")
     return "\n".join(lines)

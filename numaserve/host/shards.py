@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from numaserve.host.cpulist import format_cpulist
+from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.host.placement import PlacementError, Plan, Slot
 from numaserve.host.topology import CPUTopology
 
@@ -25,20 +25,18 @@ class Shard:
     index: int
     slots: tuple[str, ...]  # the instances it routes to
     node: int  # where most of its instances' CPUs are
-    cpus: tuple[int, ...]  # the reserved CPUs it is pinned to; empty: not pinned
+    binding: Binding  # the reserved CPUs it is pinned to, and their node; empty: not pinned
 
     def to_json(self) -> dict:
         return {
             "shard": self.index,
             "node": self.node,
-            "cpus": list(self.cpus),
+            "cpus": self.binding.cpus.to_plain(),
             "instances": list(self.slots),
         }
 
     def describe(self) -> str:
-        where = (
-            f"CPUs {format_cpulist(self.cpus)}" if self.cpus else "not pinned (no reserved cores)"
-        )
+        where = f"CPUs {self.binding.cpus}" if self.binding else "not pinned (no reserved cores)"
         return f"router shard {self.index}: node {self.node}, {where}, routes to {', '.join(self.slots)}"
 
 
@@ -66,12 +64,12 @@ def plan_shards(plan: Plan, topo: CPUTopology, routers: int | str) -> tuple[Shar
     for pool in dict.fromkeys(slot.pool for slot in plan.slots):
         # A pool's instances in node order, cut into `count` runs of near-equal length: each
         # shard gets at least one, and with a shard per node, the run of its own node.
-        slots = sorted(plan.pool_slots(pool), key=lambda s: (_home(s), s.cpus))
+        slots = sorted(plan.pool_slots(pool), key=lambda s: (_home(s), s.cpus.sorted()))
         for i, slot in enumerate(slots):
             owned[i * count // len(slots)].append(slot)
     homes = [Counter(_home(s) for s in mine).most_common(1)[0][0] for mine in owned]
-    cpus = _pin(plan, topo, homes)
-    return tuple(Shard(i, tuple(s.name for s in owned[i]), homes[i], cpus[i]) for i in range(count))
+    pins = _pin(plan, topo, homes)
+    return tuple(Shard(i, tuple(s.name for s in owned[i]), homes[i], pins[i]) for i in range(count))
 
 
 def plan_model_shards(
@@ -98,21 +96,21 @@ def plan_model_shards(
 
 
 def _home(slot: Slot) -> int:
-    return slot.node if slot.node is not None else slot.nodes[0]
+    return slot.node if slot.node is not None else next(iter(slot.binding.nodes))
 
 
-def _pin(plan: Plan, topo: CPUTopology, homes: list[int]) -> list[tuple[int, ...]]:
+def _pin(plan: Plan, topo: CPUTopology, homes: list[int]) -> list[Binding]:
     """A reserved core of its own node for each shard: one to itself while its node has
     reserved cores to go round, shared after that; a reserved core of another node where its
     own has none; unpinned where nothing is reserved."""
-    reserved = set(plan.reserved_cpus)
+    reserved = plan.reserved_cpus
     cores = [
         (core.node, tuple(cpu for cpu in core.cpus if cpu in reserved))
         for core in sorted(topo.cores, key=lambda c: c.id)
-        if reserved & set(core.cpus)
+        if reserved & CPUSet(core.cpus)
     ]
     if not cores:
-        return [() for _ in homes]
+        return [Binding() for _ in homes]
     taken: Counter = Counter()
     pins = []
     for node in homes:
@@ -120,4 +118,4 @@ def _pin(plan: Plan, topo: CPUTopology, homes: list[int]) -> list[tuple[int, ...
         choice = min(mine, key=lambda cpus: taken[cpus])  # the least shared, lowest first
         taken[choice] += 1
         pins.append(choice)
-    return pins
+    return [Binding.on(cpus, topo) for cpus in pins]

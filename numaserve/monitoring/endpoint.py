@@ -47,7 +47,7 @@ def read_os(snapshot: Snapshot) -> Readings:
     for process in snapshot.instances():
         cpus = affinity_if_alive(process.pid)
         if cpus is not None:
-            affinity[process.pid] = frozenset(cpus)
+            affinity[process.pid] = cpus
     return Readings(
         rss=rss,
         affinity=affinity,

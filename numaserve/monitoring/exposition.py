@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 
 from numaserve.config.schema import DEFAULT_MODEL
-from numaserve.host.cpulist import format_cpulist
+from numaserve.host.cpuset import CPUSet
 from numaserve.monitoring.snapshot import Process, Snapshot
 from numaserve.status.report import ShardReport
 
@@ -45,7 +45,7 @@ class Readings:
     """What endpoint.py read from the OS for one scrape."""
 
     rss: dict[int, int] = field(default_factory=dict)  # by pid
-    affinity: dict[int, frozenset[int]] = field(default_factory=dict)  # live, by pid
+    affinity: dict[int, CPUSet] = field(default_factory=dict)  # live, by pid
     numastat: dict[int, dict[str, int]] = field(default_factory=dict)  # by node
     fronts: tuple[dict, ...] = ()  # each front's counts, as its stats file holds them
 
@@ -174,8 +174,8 @@ def instance_labels(process: Process) -> list[str]:
         process.name,
         str(process.model_name or DEFAULT_MODEL),
         str(process.pool or ""),
-        format_cpulist(process.nodes),
-        format_cpulist(process.cpus),
+        str(process.binding.nodes),
+        str(process.binding.cpus),
     ]
 
 
@@ -211,7 +211,7 @@ def _instances(snapshot: Snapshot, readings: Readings) -> Iterator[Metric]:
         restarts.add_metric(labels, process.restarts)
         pid = process.pid
         if pid in readings.affinity:
-            planned = frozenset(process.cpus)
+            planned = process.binding.cpus
             affinity.add_metric(labels, 1 if readings.affinity[pid] == planned else 0)
         if pid in readings.rss:
             rss.add_metric(labels, readings.rss[pid])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from numaserve.host.cpuset import Binding
 from numaserve.status.report import ShardReport
 
 
@@ -21,8 +22,7 @@ class Process:
     name: str
     state: str
     pid: int | None
-    cpus: tuple[int, ...] = ()
-    nodes: tuple[int, ...] = ()
+    binding: Binding = Binding()
     pool: str | None = None  # a worker's
     model_name: str | None = None
     restarts: int = 0

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from numaserve.host.cpulist import format_cpulist
+from numaserve.host.cpuset import Binding
 from numaserve.host.pinning import (
     BOUND_BY,
     BOUND_BY_CPUSET,
@@ -28,8 +28,7 @@ S = TypeVar("S")
 class Began(Generic[S]):
     spec: S  # of the type asked for: a RouterSpec, a WorkerSpec, ...
     method: str | None  # how its memory is bound (pinning.BOUND_BY); None: it names no CPUs
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
+    binding: Binding  # as the kernel agreed to it; empty: not pinned
 
 
 def begin(
@@ -42,26 +41,26 @@ def begin(
 ) -> Began[S] | int:
     """The process begun, or the exit code to leave with: `bad_spec` for a spec that cannot
     be read, PINNING for CPUs or memory that cannot be bound. `parent`: the pid to die with
-    (by default the supervisor's, from the environment). The spec's `cpus` and `nodes` say
+    (by default the supervisor's, from the environment). The spec's `binding` says
     where it runs (none: anywhere); its `use_numactl`, where present, whether to start over
     under numactl."""
     spec: Any = read_spec(spec_type, spec_type.module, argv, log)  # type: ignore[attr-defined]
     if spec is None:
         return bad_spec
     die_with_parent(parent)
-    if not spec.cpus:
-        return Began(spec, None, (), ())
+    if not spec.binding:
+        return Began(spec, None, Binding())
     try:
-        method, cpus, nodes = pin_current_process(spec.cpus, spec.nodes)
+        method, cpus, nodes = pin_current_process(spec.binding.cpus, spec.binding.nodes)
     except PinningError as e:
-        where = f"CPUs {format_cpulist(spec.cpus)}, node(s) {format_cpulist(spec.nodes)}"
-        log.error("cannot pin to %s: %s", where, e)
+        log.error("cannot pin to %s: %s", spec.binding, e)
         return exitcodes.PINNING
+    binding = Binding.of(cpus, nodes)
     if method == BOUND_BY_CPUSET:
         log.info("memory bound by %s", BOUND_BY[method])
     if getattr(spec, "use_numactl", True):
-        restart_under_numactl(method, cpus, nodes, spec.argv(), log)
-    return Began(spec, method, cpus, nodes)
+        restart_under_numactl(method, binding, spec.argv(), log)
+    return Began(spec, method, binding)
 
 
 def import_numpy() -> None:

@@ -28,7 +28,7 @@ from numaserve.config.schema import (
     ServerConfig,
     from_mapping,
 )
-from numaserve.host.cpuset import CPUSet
+from numaserve.host.cpuset import Binding, CPUSet, plain
 from numaserve.host.placement import Plan, Slot
 from numaserve.host.shards import plan_model_shards
 from numaserve.host.topology import CPUTopology
@@ -51,7 +51,7 @@ class JSONSpec:
         return from_mapping(cls, data, what)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(dataclasses.asdict(self), default=plain)
 
     def argv(self) -> list[str]:
         """The child's command line: a fresh interpreter (as multiprocessing's spawn), never
@@ -70,8 +70,7 @@ class RouterSpec(JSONSpec):
     model: ModelConfig = field(default_factory=ModelConfig)
     model_name: str = DEFAULT_MODEL  # what a request names it by
     server: ServerConfig = field(default_factory=ServerConfig)
-    cpus: tuple[int, ...] = ()  # reserved CPUs to pin to; empty: not pinned
-    nodes: tuple[int, ...] = ()
+    binding: Binding = Binding()  # reserved CPUs to pin to; empty: not pinned
     drain_timeout_s: float = 30.0
     shard: int = 0
     # Where the frontend hands out requests (ipc), for the shard to connect to; None: the
@@ -106,8 +105,7 @@ class FrontendSpec(JSONSpec):
     # by_model: where a reload writes the new FrontendSpec before it sends SIGHUP
     routes_file: str | None = None
     curve: CurveConfig | None = None  # server.curve, for the client endpoint
-    cpus: tuple[int, ...] = ()  # the reserved CPUs; empty: not pinned
-    nodes: tuple[int, ...] = ()  # theirs, to bind its memory to
+    binding: Binding = Binding()  # the reserved CPUs; empty: not pinned
 
 
 @dataclass(frozen=True)
@@ -134,8 +132,7 @@ class FrontSpec(JSONSpec):
     server: ServerConfig = field(default_factory=ServerConfig)
     index: int = 0
     stats_file: str | None = None  # where it writes its request counts, for /metrics
-    cpus: tuple[int, ...] = ()  # the router shards' reserved CPUs of its node; empty: not pinned
-    nodes: tuple[int, ...] = ()
+    binding: Binding = Binding()  # its node's router shards' reserved CPUs; empty: not pinned
     drain_timeout_s: float = 30.0
 
     def where(self) -> str:
@@ -172,12 +169,8 @@ class WorkerSpec(JSONSpec):
     prepared_digest: str = field(default="", metadata={"empty": True})
 
     @property
-    def cpus(self) -> tuple[int, ...]:
-        return self.slot.cpus
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return self.slot.nodes
+    def binding(self) -> Binding:
+        return self.slot.binding
 
 
 def record_path(runtime_dir: str | Path, served: ServedModel) -> Path:
@@ -266,8 +259,7 @@ def deployment(
             routes_file=f"{runtime_dir}/frontend-routes.json" if named else None,
             max_message_bytes=config.server.max_message_bytes,
             curve=config.server.curve,
-            cpus=plan.reserved_cpus,
-            nodes=CPUSet.of(plan.reserved_cpus).nodes(topo),
+            binding=Binding.on(plan.reserved_cpus, topo),
         )
     route = {r.model: r.shards for r in frontend.routes} if frontend else {}
     routers = {}
@@ -283,8 +275,7 @@ def deployment(
             model=model.model,
             model_name=model.name,
             server=config.server,
-            cpus=shard.cpus,
-            nodes=CPUSet.of(shard.cpus).nodes(topo),
+            binding=shard.binding,
             drain_timeout_s=config.supervisor.drain_timeout_s,
             shard=shard.index,
             frontend=route.get(model.name),
@@ -320,10 +311,10 @@ def front_specs(
     handing every model's requests to that model's shards."""
     if not (config.server.http or config.server.grpc):
         return ()
-    homes: dict[tuple[int, ...], set[int]] = {}  # a node's shards' CPUs, by their nodes
+    homes: dict[CPUSet, CPUSet] = {}  # a node's shards' CPUs, by their nodes
     for spec in routers:
-        homes.setdefault(spec.nodes, set()).update(spec.cpus)
-    places = [(nodes, tuple(sorted(cpus))) for nodes, cpus in homes.items()]
+        homes[spec.binding.nodes] = homes.get(spec.binding.nodes, CPUSet()) | spec.binding.cpus
+    places = [Binding(cpus, nodes) for nodes, cpus in homes.items()]
     wanted = config.server.http_processes
     count = len(places) if wanted == "auto" else wanted
     models = tuple(
@@ -342,9 +333,8 @@ def front_specs(
             server=config.server,
             index=i,
             stats_file=f"{runtime_dir}/front-{i}.json",
-            cpus=cpus,
-            nodes=nodes if cpus else (),
+            binding=places[i % len(places)],
             drain_timeout_s=config.supervisor.drain_timeout_s,
         )
-        for i, (nodes, cpus) in ((i, places[i % len(places)]) for i in range(count))
+        for i in range(count)
     )

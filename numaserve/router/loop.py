@@ -409,7 +409,7 @@ class Router:
                 "instance %s ready (pool %s, CPUs %s, pid %s)",
                 worker.name,
                 ready.pool,
-                list(ready.cpus),
+                list(ready.binding.cpus),
                 ready.pid,
             )
 

@@ -40,7 +40,7 @@ def shard(
         task=spec.model.task,
         model_name=spec.model_name,
         shard=spec.shard,
-        cpus=list(spec.cpus),
+        cpus=spec.binding.cpus,
         model=spec.model.path,
         routing=routing(dispatch),
         pools=pools(dispatch, spec.model_name),
@@ -104,8 +104,7 @@ def known_slots(dispatch: Dispatcher, shard_number: int) -> tuple[SlotEntry, ...
             pool=dispatch.pools[w.pool].config.name,
             state="draining" if w.stopping else "ready",
             pid=w.ready.pid,
-            cpus=list(w.ready.cpus),
-            nodes=list(w.ready.nodes),
+            binding=w.ready.binding,
             shard=shard_number,
             live_cpus=affinity_if_alive(w.ready.pid),
         )

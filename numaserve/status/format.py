@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from numaserve.config.paths import BatchedPath
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.pinning import BOUND_BY
 from numaserve.status.report import Instance, ServerReport
 
@@ -95,7 +94,7 @@ def _instance_rows(report: ServerReport, several: bool) -> list[tuple[str, ...]]
         if slot.live_cpus is None:
             affinity = "-"
         else:
-            affinity = format_cpulist(slot.live_cpus) + (
+            affinity = str(slot.live_cpus) + (
                 " (as planned)" if slot.affinity_ok else " (NOT as planned)"
             )
         rows.append(
@@ -105,8 +104,8 @@ def _instance_rows(report: ServerReport, several: bool) -> list[tuple[str, ...]]
                 str(slot.pool),
                 slot.state,
                 str(slot.pid or "-"),
-                format_cpulist(slot.cpus or []),
-                format_cpulist(slot.nodes or []) or "-",
+                str(slot.binding.cpus),
+                str(slot.binding.nodes) or "-",
                 affinity,
                 str(i.routing.served if i.routing else 0),
                 str(slot.restarts or 0),
@@ -146,7 +145,7 @@ def format_status(report: ServerReport) -> str:
         model = f" of {shard.model_name}" if several else ""
         lines.append(
             f"router shard {shard.shard}{model} "
-            f"(CPUs {format_cpulist(shard.cpus or []) or 'any'})"
+            f"(CPUs {shard.cpus or 'any'})"
             f": {shard.instances} instance(s), {shard.requests.get('requests', 0)} requests, "
             f"{shard.requests.get('replies_ok', 0)} answered ok"
             + (", draining" if shard.draining else "")
@@ -154,8 +153,7 @@ def format_status(report: ServerReport) -> str:
     supervisor = report.supervisor
     for front in supervisor.fronts if supervisor else ():
         lines.append(
-            f"front {front.name}: {front.state}, pid {front.pid or '-'}"
-            f", CPUs {format_cpulist(front.cpus) or 'any'}"
+            f"front {front.name}: {front.state}, pid {front.pid or '-'}, CPUs {front.cpus or 'any'}"
         )
     if supervisor:
         lines.append(f"supervisor: pid {supervisor.pid}, {supervisor.state}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from numaserve.config.paths import PoolPath
+from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.wire import protocol
 
 
@@ -33,6 +34,27 @@ def _known(cls, body: Any) -> dict:
     return {f.name: body[f.name] for f in fields(cls) if f.name in body}
 
 
+def _plain(value: Any) -> Any:
+    """A field's wire form: a set of CPUs or nodes as its list."""
+    return value.to_plain() if isinstance(value, CPUSet | Binding) else value
+
+
+def _fields(record: Any, leave_out: tuple[str, ...] = ()) -> dict:
+    """A record's fields as its wire form holds them, but for `leave_out`."""
+    return {
+        f.name: _plain(getattr(record, f.name)) for f in fields(record) if f.name not in leave_out
+    }
+
+
+def _cpus(body: dict, key: str = "cpus") -> CPUSet | None:
+    """A wire list of CPUs or nodes back as a set; None where it is absent or null."""
+    value = body.get(key)
+    try:
+        return None if value is None else CPUSet.from_plain(value)
+    except ValueError as e:
+        raise BadReport(f"{key}: {e}") from None
+
+
 def _build(cls, body: Any, **typed):
     try:
         return cls(**(_known(cls, body) | typed))
@@ -44,7 +66,7 @@ class _Plain:
     """A record whose wire form is its fields, as they are."""
 
     def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return _fields(self)
 
     @classmethod
     def from_wire(cls, body: dict):
@@ -102,8 +124,7 @@ class Ready:
     name: str
     pool: str
     pid: int
-    cpus: tuple[int, ...] = ()
-    nodes: tuple[int, ...] = ()
+    binding: Binding = Binding()
     membind: str | None = None
     threads: int | None = None
     max_tokens: int | None = None
@@ -117,11 +138,8 @@ class Ready:
     dim: int | None = None  # an embedding's width
 
     def to_wire(self) -> dict:
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
-        return body | {
+        return _fields(self) | {
             "type": protocol.READY,
-            "cpus": list(self.cpus),
-            "nodes": list(self.nodes),
             "labels": list(self.labels),
             "model_path": self.model_path and self.model_path.to_wire(),
         }
@@ -140,11 +158,14 @@ class Ready:
             running = RunningPath.from_wire(path) if path else None
         except BadReport:
             running = None
+        try:
+            binding = Binding.from_plain(body.get("binding") or {})
+        except ValueError as e:
+            raise BadReport(f"READY: binding: {e}") from None
         return _build(
             cls,
             body,
-            cpus=tuple(body.get("cpus") or ()),
-            nodes=tuple(body.get("nodes") or ()),
+            binding=binding,
             labels=tuple(body.get("labels") or ()),
             model_path=running,
         )
@@ -155,8 +176,7 @@ _READY_FIELDS: dict[str, Any] = {
     "name": str,
     "pool": str,
     "pid": int,
-    "cpus": [int],
-    "nodes": [int],
+    "binding": dict,
     "membind": str,
     "threads": int,
     "max_tokens": int,
@@ -194,30 +214,27 @@ class SlotEntry:
     pool: str | None
     state: str
     pid: int | None
-    cpus: list[int] | None
-    nodes: list[int] | None
+    binding: Binding  # where it was placed; on the wire, as `cpus` and `nodes`
     # The supervisor's (SUPERVISED): None where none runs.
     model_name: str | None = None
     shard: int | None = None
     restarts: int | None = None
     last_exit: str | None = None
-    live_cpus: list[int] | None = None  # None: not read (no process, or it is gone)
+    live_cpus: CPUSet | None = None  # None: not read (no process, or it is gone)
 
     @property
     def affinity_ok(self) -> bool | None:
         """Whether the kernel lets it run where it was placed; None: not read."""
-        return None if self.live_cpus is None else self.live_cpus == self.cpus
+        return None if self.live_cpus is None else self.live_cpus == self.binding.cpus
 
     def to_wire(self) -> dict:
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in SUPERVISED or getattr(self, f.name) is not None
-        }
+        unsupervised = tuple(k for k in SUPERVISED if getattr(self, k) is None)
+        return _fields(self, ("binding", *unsupervised)) | self.binding.to_plain()
 
     @classmethod
     def from_wire(cls, body: dict) -> SlotEntry:
-        return _build(cls, body)
+        binding = Binding(_cpus(body) or CPUSet(), _cpus(body, "nodes") or CPUSet())
+        return _build(cls, body, binding=binding, live_cpus=_cpus(body, "live_cpus"))
 
 
 @dataclass(frozen=True)
@@ -241,7 +258,7 @@ class Routing:
     labels: list[str] | None = None  # a classifier's label names, in its output's order
 
     def to_wire(self) -> dict:
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body = _fields(self)
         return body | {"model_path": self.model_path and self.model_path.to_wire()}
 
     @classmethod
@@ -299,7 +316,11 @@ class Front(_Plain):
     name: str
     state: str
     pid: int | None
-    cpus: list[int]
+    cpus: CPUSet
+
+    @classmethod
+    def from_wire(cls, body: dict) -> Front:
+        return _build(cls, body, cpus=_cpus(body) or CPUSet())
 
 
 @dataclass(frozen=True)
@@ -316,7 +337,7 @@ class SupervisorInfo:
     seq: int | None = None
 
     def to_wire(self) -> dict:
-        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fronts"}
+        body = _fields(self, ("fronts",))
         body["fronts"] = [front.to_wire() for front in self.fronts]
         return {k: v for k, v in body.items() if v is not None}
 
@@ -335,7 +356,7 @@ class ShardLine:
 
     shard: int
     model_name: str | None
-    cpus: list[int] | None
+    cpus: CPUSet | None
     instances: int  # how many the merged table says it routes to
     requests: dict[str, int]
     pools: tuple[Pool, ...]
@@ -344,13 +365,14 @@ class ShardLine:
     metrics: dict | None  # router/metrics.py's wire form
 
     def to_wire(self) -> dict:
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body = _fields(self)
         return body | {"pools": [p.to_wire() for p in self.pools], "cache": self.cache.to_wire()}
 
     @classmethod
     def from_wire(cls, body: dict) -> ShardLine:
         pools = tuple(Pool.from_wire(p) for p in body.get("pools") or ())
-        return _build(cls, body, pools=pools, cache=Cache.from_wire(body.get("cache")))
+        cache = Cache.from_wire(body.get("cache"))
+        return _build(cls, body, pools=pools, cache=cache, cpus=_cpus(body))
 
 
 @dataclass(frozen=True)
@@ -362,7 +384,7 @@ class ShardReport:
     task: str
     model_name: str | None
     shard: int
-    cpus: list[int]
+    cpus: CPUSet
     model: str
     routing: tuple[Routing, ...]  # the processes it has heard READY from, by name
     pools: tuple[Pool, ...]
@@ -374,7 +396,7 @@ class ShardReport:
     metrics: dict | None  # router/metrics.py's wire form
 
     def to_wire(self) -> dict:
-        body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
+        body: dict = _fields(self)
         return body | _counts_to_wire(self) | {"routing": [r.to_wire() for r in self.routing]}
 
     @classmethod
@@ -382,7 +404,8 @@ class ShardReport:
         """Raises BadReport for anything but a shard report's shape."""
         try:
             routing = tuple(Routing.from_wire(r) for r in body["routing"])
-            return _build(cls, body, **_counts_from_wire(body), routing=routing)
+            cpus = _cpus(body) or CPUSet()
+            return _build(cls, body, **_counts_from_wire(body), routing=routing, cpus=cpus)
         except (KeyError, TypeError, AttributeError) as e:
             raise BadReport(f"not a shard's report: {e!r}") from None
 
@@ -408,7 +431,7 @@ class ServerReport:
     supervisor: SupervisorInfo | None = None  # none: no slot table yet, or none runs
 
     def to_wire(self) -> dict:
-        body: dict = {f.name: getattr(self, f.name) for f in fields(self)}
+        body: dict = _fields(self)
         return (
             body
             | _counts_to_wire(self)

@@ -31,7 +31,6 @@ from pathlib import Path
 from numaserve.config.ports import AS_WRITTEN, Ports
 from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import Config
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.ledger import Ledger, held_cpus
 from numaserve.host.placement import Plan
 from numaserve.host.topology import CPUTopology
@@ -340,11 +339,8 @@ class Supervisor:
         view = self.shards.of(child)
         if view is not None:
             self.shards.restarted(view)
-        where = f" on CPUs {format_cpulist(child.cpus)}" if child.cpus else ""
-        nodes = f", node(s) {format_cpulist(child.nodes)}" if child.nodes else ""
-        self.set_state(
-            child, State.STARTING, f"spawn {child.name} pid {child.pid}{where}{nodes}", "spawn"
-        )
+        where = f" on {child.binding}" if child.binding else ""
+        self.set_state(child, State.STARTING, f"spawn {child.name} pid {child.pid}{where}", "spawn")
 
     def terminate(self, child: Child, state: State = State.DRAINING) -> None:
         child.terminating(state, self.system.now())
@@ -524,7 +520,7 @@ class Supervisor:
                 started=identity["started"],
                 state=self.summary(),
                 fronts=tuple(  # for `numaserve status` to show
-                    Front(c.name, c.state.value, c.pid, list(c.cpus)) for c in self.roster.fronts
+                    Front(c.name, c.state.value, c.pid, c.binding.cpus) for c in self.roster.fronts
                 ),
                 seq=self.shards.sent,
             ),

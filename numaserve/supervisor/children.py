@@ -19,6 +19,7 @@ from enum import Enum
 from typing import TypeVar
 
 from numaserve.config.schema import DEFAULT_MODEL, SupervisorConfig
+from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.monitoring.snapshot import Process
 from numaserve.processes import exitcodes
 from numaserve.processes.specs import FrontendSpec, FrontSpec, RouterSpec, WorkerSpec
@@ -172,12 +173,8 @@ class Child:
         return self.spec.slot.pool if isinstance(self.spec, WorkerSpec) else None
 
     @property
-    def cpus(self) -> tuple[int, ...]:
-        return self.spec.cpus if self.spec is not None else ()
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return self.spec.nodes if self.spec is not None else ()
+    def binding(self) -> Binding:
+        return self.spec.binding if self.spec is not None else Binding()
 
     @property
     def shard(self) -> int:
@@ -317,15 +314,14 @@ class Child:
             self.change_state(State.STOPPED, now)
         return None
 
-    def slot(self, live_cpus: list[int] | None) -> SlotEntry:
+    def slot(self, live_cpus: CPUSet | None) -> SlotEntry:
         """Its entry in the slot table the shards get; `live_cpus`: its affinity, read now."""
         return SlotEntry(
             name=self.name,
             pool=self.pool,
             state=self.state.value,
             pid=self.pid,
-            cpus=list(self.cpus),
-            nodes=list(self.nodes),
+            binding=self.binding,
             model_name=self.model_name,
             shard=self.shard,
             restarts=self.restarts,
@@ -340,8 +336,7 @@ class Child:
             self.name,
             self.state.value,
             self.pid,
-            self.cpus,
-            self.nodes,
+            self.binding,
             self.pool,
             self.model_name,
             self.restarts,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.pinning import affinity_if_alive
 from numaserve.processes import procinfo
 
@@ -98,7 +99,7 @@ class System:
             exited.append((pid, os.waitstatus_to_exitcode(status)))
 
     @staticmethod
-    def affinity(pid: int) -> list[int] | None:
+    def affinity(pid: int) -> CPUSet | None:
         """The CPUs the kernel lets `pid` run on now; None for one that is gone."""
         return affinity_if_alive(pid)
 

@@ -80,8 +80,7 @@ def plan_reload(site: Site, running: Running, mood: Mood) -> Wanted | None:
                 site.deploy(_keep_shards(config, current), plan, running.deployment.shard_numbers())
             )
             if ledger and plan != running.plan:  # ours until the reload ends
-                both = {*held_cpus(running.plan, site.topo), *held_cpus(plan, site.topo)}
-                ledger.update(tuple(sorted(both)))
+                ledger.update(held_cpus(running.plan, site.topo) | held_cpus(plan, site.topo))
     except (ConfigError, PlacementError, OSError) as e:
         log.error("reload failed, keeping the running config: %s", e, extra={"event": "reload"})
         return None

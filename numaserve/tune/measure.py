@@ -154,14 +154,13 @@ def measure(
         probes = Probes()
         if ledger is not None:
             used = CPUSet.of(cpu for _, slot in placed for cpu in slot.cpus)
-            ledger.register("numaserve tune (measuring)", used.whole_cores(topo).sorted())
+            ledger.register("numaserve tune (measuring)", used.whole_cores(topo))
         try:
             for job, slot in placed:
                 spec = ProbeSpec(
                     job.model,
                     job.path,
-                    slot.cpus,
-                    slot.nodes,
+                    slot.binding,
                     lengths,
                     batches,
                     seconds_each,

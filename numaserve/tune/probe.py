@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
+from numaserve.host.cpuset import Binding
 from numaserve.host.pinning import thread_settings
 from numaserve.processes import exitcodes
 from numaserve.processes.begin import begin
@@ -45,8 +46,7 @@ class ProbeSpec(JSONSpec):
 
     model: ModelConfig  # with its backend and precision named (the path measured)
     path: str  # that path as processes.prepared.ModelPath spells it
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]
+    binding: Binding  # the slot's, as an instance's
     lengths: tuple[int, ...]
     batches: tuple[int, ...]
     seconds: float  # the time budget, after the model loads
@@ -102,7 +102,7 @@ def measure(spec: ProbeSpec, model, emit) -> None:
             emit(
                 {
                     "path": spec.path,
-                    "cores": len(spec.cpus),
+                    "cores": len(spec.binding.cpus),
                     "length": length,
                     "batch": batch,
                     "seconds": seconds,
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(began, int):
         return began
     spec = began.spec
-    threads, _ = thread_settings(len(spec.cpus), os.environ)
+    threads, _ = thread_settings(len(spec.binding.cpus), os.environ)
     from numaserve.backends import load_model  # imports the runtime: after pinning
 
     try:

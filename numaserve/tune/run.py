@@ -254,8 +254,7 @@ class Progress:
         self.say = say
 
     def started(self, job: Job, slot) -> None:
-        cpus = ",".join(map(str, slot.cpus))
-        self.say(f"measuring {job.path} on {job.cores} core(s): CPUs {cpus}, node(s) {slot.nodes}")
+        self.say(f"measuring {job.path} on {job.cores} core(s): {slot.binding}")
 
     def cell(self, cell) -> None:
         self.say(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from numaserve.config.ports import AS_WRITTEN, Ports
 from numaserve.config.schema import load_config
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import Ledger
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import read_topology
@@ -113,12 +114,12 @@ class FakeSystem:
     write_file = staticmethod(System.write_file)  # a real file, in the test's directory
     read_file = staticmethod(System.read_file)
 
-    def affinity(self, pid: int) -> list[int] | None:
+    def affinity(self, pid: int) -> CPUSet | None:
         """Where the process was placed: its spec's CPUs (a fake kernel keeps every pin)."""
         if pid not in self.running or "--spec" not in self.argv[pid]:
             return None
         spec = spec_of(self.argv[pid])
-        return (spec.get("slot") or spec).get("cpus")
+        return CPUSet((spec.get("slot") or spec)["binding"]["cpus"])
 
     def kill(self, pid: int, sig: int) -> None:
         if pid in self.running:

@@ -4,6 +4,7 @@ has a plain default."""
 
 from __future__ import annotations
 
+from numaserve.host.cpuset import CPUSet
 from numaserve.status.report import Cache, Instance, Pool, Routing, ShardReport, SlotEntry
 
 NO_CACHE = Cache(entries=0, capacity=10, hits=0, misses=0, hit_rate=0.0)
@@ -17,8 +18,9 @@ def pool(name: str = "main", model_name: str = "default", **fields) -> Pool:
 
 
 def slot(name: str, **fields) -> SlotEntry:
-    return SlotEntry(
-        **{"name": name, "pool": "main", "state": "ready", "pid": None, "cpus": [], "nodes": []}
+    """A slot as its wire form says it (CPUs and nodes as lists)."""
+    return SlotEntry.from_wire(
+        {"name": name, "pool": "main", "state": "ready", "pid": None, "cpus": [], "nodes": []}
         | fields
     )
 
@@ -41,7 +43,7 @@ def report(shard: int = 0, routed: tuple[Routing, ...] = (), **fields) -> ShardR
             "task": "embed",
             "model_name": model,
             "shard": shard,
-            "cpus": [shard],
+            "cpus": CPUSet.of([shard]),
             "model": "bundled:minilm",
             "routing": tuple(routed),
             "pools": (pool(model_name=model),),

@@ -15,6 +15,7 @@ import zmq
 
 from numaserve.config.runtimes import needs_prepare
 from numaserve.config.schema import ModelConfig
+from numaserve.host.cpuset import Binding
 from numaserve.host.placement import Slot
 from numaserve.host.topology import read_topology
 from numaserve.processes.specs import WorkerSpec
@@ -78,7 +79,7 @@ def worker_spec(router: RouterSide, cpus: tuple[int, ...] = (1,), **overrides) -
     `numaserve prepare` resolved for its model, as a server's supervisor tells it (prepared
     first, here in the test's process, where needed)."""
     spec = WorkerSpec(
-        slot=Slot(name="main-0", pool="main", cpus=cpus, nodes=(0,), threads=len(cpus)),
+        slot=Slot("main-0", "main", Binding.of(cpus, [0]), threads=len(cpus)),
         router=router.endpoint,
         max_tokens=64,
         isa=ISA,
