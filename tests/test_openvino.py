@@ -53,11 +53,18 @@ def test_bf16_minilm_embeddings_stay_within_cosine_0_995_of_fp32(cache):
         assert float(np.dot(a, b)) >= 0.995  # both unit length
 
 
-def test_bf16_on_a_cpu_without_bfloat16_is_refused_before_anything_is_built(cache, caplog):
+def test_bf16_on_a_cpu_without_bfloat16_is_refused_before_anything_is_built(
+    cache, caplog, monkeypatch
+):
     # The ISA is an argument: the refusal is checked on any CPU.
     config = ModelConfig(backend="openvino", quantize="bf16")
     with pytest.raises(ModelLoadError, match="bf16 needs a CPU with bfloat16 arithmetic"):
         load_model(config, ("avx2", "avx512f", "avx512_vnni"))
+
+    def judged(*args, **kwargs):  # the fp32 reference: a minute of torch on a slow CPU
+        raise AssertionError("prepare judged the precision before refusing it")
+
+    monkeypatch.setattr("numaserve.backends.choice.reference_gate", judged)
     assert not prepare_model(config, ("avx2",))
     assert "bf16 needs a CPU with bfloat16" in caplog.text and not cache.exists()
 

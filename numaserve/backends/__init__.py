@@ -90,17 +90,20 @@ def prepare_model(
         if config.quantize == "auto":
             choice = ensure_choice(config, isa, load_model, pools, batching or ALONE, digest=digest)
             chosen = {b.pool: choice.pools[b.pool] for b in pools}
+            judged = None
         else:
-            c = named(config)
-            path = ModelPath(c.backend, c.quantize, c.keep_fp32)
+            judged = named(config)
+            path = ModelPath(judged.backend, judged.quantize, judged.keep_fp32)
             chosen = {b.pool: PoolPath(path) for b in pools}
-            if c.quantize != "none":
-                accuracy = named_cost(c, isa, pools, load_model, digest)
+        # Built (or refused: a precision this CPU lacks) before a named one is judged, which
+        # runs the fp32 reference over the gate's texts first.
         built: dict[ModelPath, str | None] = {}
-        for c in chosen.values():
-            for p in c.held:
+        for pool in chosen.values():
+            for p in pool.held:
                 if p not in built:
                     built[p] = prepare_artifact(p.applied_to(config), isa, digest)
+        if judged is not None and judged.quantize != "none":
+            accuracy = named_cost(judged, isa, pools, load_model, digest)
     except ModelLoadError as e:
         log.error("fatal: %s", e, extra={"event": "fatal"})
         return None
