@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.topology import read_topology
 from tests.harness.console import numaserve
 
@@ -75,10 +76,10 @@ def test_plan_json_for_the_default_config_on_this_machine():
     # One single-CPU instance on each physical core we may use (SMT off), whatever the host.
     topo = read_topology()
     core_of = {cpu: core.id for core in topo.cores for cpu in core.cpus}
-    usable = {core.id for core in topo.cores if set(core.cpus) & topo.allowed_cpus}
+    usable = {core.id for core in topo.cores if CPUSet(core.cpus) & topo.allowed_cpus}
     cpus = [cpu for i in data["instances"] for cpu in i["cpus"]]
     assert all(len(i["cpus"]) == 1 for i in data["instances"])
-    assert set(cpus) <= topo.allowed_cpus
+    assert set(cpus) <= topo.allowed_cpus.ids
     assert sorted(core_of[c] for c in cpus) == sorted(usable)  # each core once
     assert all(
         set(i) == {"name", "model", "pool", "cpus", "node", "nodes", "threads"}

@@ -144,7 +144,7 @@ def test_a_second_server_plans_around_the_cores_another_holds(tmp_path, sysfs, h
 
     assert len(holders) == 1
     assert plan.slots and all(slot.node == 1 for slot in plan.slots)
-    assert not free.allowed_cpus & node0
+    assert not free.allowed_cpus & CPUSet(node0)
     assert len(plan.slots) == len(topo.cores_in_node(1))  # auto takes all that is left
 
 

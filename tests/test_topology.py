@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from numaserve.config.schema import PlacementConfig
 from numaserve.host.cpulist import parse_cpulist
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.isa import INTERESTING_ISA
 from numaserve.host.placement import plan_placement
 from numaserve.host.topology import (
@@ -145,7 +146,7 @@ def test_online_cpus_that_no_node_lists_are_left_out_not_given_a_made_up_node(sy
     topo = read_topology(sysfs("node0_offline"))
     assert [(n.id, n.cpus) for n in topo.nodes] == [(1, tuple(range(16, 32)))]
     assert {c.node for c in topo.cores} == {1}
-    assert topo.allowed_cpus == frozenset(range(16, 32))
+    assert topo.allowed_cpus == CPUSet(range(16, 32))
     assert len(topo.warnings) == 1
     assert "online CPUs 0-15 are in no node's cpulist" in topo.warnings[0]
 
@@ -202,7 +203,7 @@ def test_a_uniform_machine_has_one_core_type(sysfs):
 def test_nodes_whose_memory_is_not_allowed_leave_their_cpus_out(sysfs):
     # A pod whose cpuset allows node 1's memory only: node 0's instances could not bind.
     topo = read_topology(sysfs("xeon8260_2socket"), allowed_mems=[1])
-    assert topo.allowed_cpus == frozenset(topo.nodes[1].cpus)
+    assert topo.allowed_cpus == CPUSet(topo.nodes[1].cpus)
     assert topo.warnings == (
         "node 0's memory is not allowed to this process (allowed memory nodes: 1; "
         "cpuset.mems): its CPUs 0-23,48-71 are left out",
@@ -218,13 +219,13 @@ def test_this_process_memory_nodes_are_read_from_proc_self_status():
 
 def test_allowed_cpus_restrict_what_is_placeable(sysfs):
     topo = read_topology(sysfs("xeon8260_2socket"), allowed_cpus=range(24, 48))
-    assert topo.allowed_cpus == frozenset(range(24, 48))
+    assert topo.allowed_cpus == CPUSet(range(24, 48))
 
 
 def test_allowed_cpus_that_are_offline_are_left_out_with_a_warning(sysfs):
     # Common in containers: the cgroup's cpuset still names CPUs taken offline since.
     topo = read_topology(sysfs("xeon8380_cxl_offline"), allowed_cpus=[1, 38])
-    assert topo.allowed_cpus == {1}
+    assert topo.allowed_cpus == CPUSet([1])
     assert topo.warnings == (
         "allowed CPUs 38 are not online CPUs with a node (online: 0-37,40-49,51-77): left out",
     )
@@ -236,7 +237,7 @@ def test_this_machine_matches_lscpu_and_our_affinity():
         ["lscpu", "-p=CPU,CORE,SOCKET,NODE"], capture_output=True, text=True, check=True
     ).stdout
     assert topo.cores == cores_from_lscpu(lscpu, topo.online_cpus)
-    assert topo.allowed_cpus == frozenset(os.sched_getaffinity(0))
+    assert topo.allowed_cpus == CPUSet(os.sched_getaffinity(0))
     flags = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         key, _, value = line.partition(":")

@@ -12,14 +12,26 @@ record every plan, spec, report and status line holds for it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from numaserve.host.cpulist import format_cpulist, parse_cpulist
 
-if TYPE_CHECKING:
-    from numaserve.host.topology import CPUTopology
+
+class _Core(Protocol):
+    @property
+    def cpus(self) -> tuple[int, ...]: ...
+
+    @property
+    def node(self) -> int: ...
+
+
+class CPUTopology(Protocol):
+    """What a set is read against: topology.CPUTopology (which holds CPUSets itself)."""
+
+    @property
+    def cores(self) -> Sequence[_Core]: ...
 
 
 class CPUSet:

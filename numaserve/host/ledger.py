@@ -109,7 +109,7 @@ def held_cpus(plan: Plan, topo: CPUTopology) -> CPUSet:
 def without(topo: CPUTopology, holders: list[Holder]) -> CPUTopology:
     """The topology a server plans on: the CPUs other servers hold are not allowed."""
     held = CPUSet(cpu for h in holders for cpu in h.cpus)
-    return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held.ids)
+    return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held)
 
 
 def plan_around(

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from numaserve.config.schema import AUTO, DEFAULT_MODEL, PlacementConfig, PoolConfig, ServedModel
-from numaserve.host.cpulist import format_cpulist
 from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.host.topology import Core, CPUTopology
 
@@ -148,7 +147,7 @@ def plan_placement(
     usable = [c for c in topo.cores if any(cpu in topo.allowed_cpus for cpu in c.cpus)]
     if not usable:
         raise PlacementError(
-            f"no allowed CPUs to place on (allowed: {format_cpulist(topo.allowed_cpus) or 'none'})"
+            f"no allowed CPUs to place on (allowed: {topo.allowed_cpus or 'none'})"
         )
 
     def threads_of(core: Core) -> tuple[int, ...]:
@@ -181,14 +180,14 @@ def plan_placement(
             binding = Binding.on((cpu for c in cores for cpu in threads_of(c)), topo)
             name = f"{d.label}-{i}"
             slots.append(Slot(name, d.pool.name, binding, len(binding.cpus), d.model.name))
-    reserved_cpus = CPUSet(cpu for c in reserved for cpu in c.cpus) & CPUSet(topo.allowed_cpus)
+    reserved_cpus = CPUSet(cpu for c in reserved for cpu in c.cpus) & topo.allowed_cpus
     return Plan(tuple(slots), reserved_cpus, _idle(topo, slots, reserved_cpus), placement.smt)
 
 
 def _idle(topo: CPUTopology, slots: Iterable[Slot], reserved: CPUSet) -> CPUSet:
     """The allowed CPUs neither reserved nor in a slot."""
     used = CPUSet(cpu for s in slots for cpu in s.cpus) | reserved
-    return CPUSet(topo.allowed_cpus) - used
+    return topo.allowed_cpus - used
 
 
 class _Words(NamedTuple):
@@ -271,7 +270,7 @@ def replan(
     kept = [s for s in current.slots if s.model in names]
     added = tuple(m for m in models if m.name not in {s.model for s in kept})
     busy = CPUSet(cpu for s in kept for cpu in s.cpus) | current.reserved_cpus
-    free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo).ids)
+    free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo))
     new: tuple[Slot, ...] = ()
     if added:
         try:

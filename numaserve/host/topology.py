@@ -26,6 +26,7 @@ from numaserve.host.cpulist import (
     parse_cpulist,
     parse_cpumask,
 )
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.isa import detect_isa
 
 LIVE_SYSFS = Path("/sys")
@@ -66,7 +67,7 @@ class Node:
 class CPUTopology:
     cores: tuple[Core, ...]
     nodes: tuple[Node, ...]
-    allowed_cpus: frozenset[int]
+    allowed_cpus: CPUSet
     isa: tuple[str, ...]
     source: str
     warnings: tuple[str, ...] = ()  # what the reader left out or worked around, for the operator
@@ -103,7 +104,7 @@ class CPUTopology:
                 for c in self.cores
             ],
             "core_types": list(self.core_types),
-            "allowed_cpus": sorted(self.allowed_cpus),
+            "allowed_cpus": self.allowed_cpus.to_plain(),
             "isa": list(self.isa),
             "warnings": list(self.warnings),
         }
@@ -169,7 +170,7 @@ def read_topology(
     return CPUTopology(
         cores=cores,
         nodes=nodes,
-        allowed_cpus=frozenset(allowed & placeable),
+        allowed_cpus=CPUSet(allowed & placeable),
         isa=detect_isa() if live else (),
         source=source,
         warnings=tuple(warnings),
@@ -477,7 +478,7 @@ def format_topology(topo: CPUTopology) -> str:
     lines = [
         f"sockets: {len(topo.sockets)}   nodes: {len(topo.nodes)}   physical cores: "
         f"{len(topo.cores)}   threads per core: {threads}   online CPUs: {len(topo.online_cpus)}",
-        f"allowed CPUs: {format_cpulist(topo.allowed_cpus) or '-'}",
+        f"allowed CPUs: {topo.allowed_cpus or '-'}",
         f"ISA: {' '.join(topo.isa) or '-'}   (read from {topo.source})",
         "",
         f"{'node':>4}  {'socket':>6}  {'cores':>5}  {'memory':>10}  cpus",

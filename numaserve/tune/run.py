@@ -18,6 +18,7 @@ from numaserve.backends.race import in_turn
 from numaserve.config.paths import ModelPath, PoolPath
 from numaserve.config.runtimes import runtime
 from numaserve.config.schema import Config, PoolConfig, load_config
+from numaserve.host.cpuset import CPUSet
 from numaserve.host.ledger import Ledger, ledger_dir, plan_around, without
 from numaserve.host.placement import PlacementError
 from numaserve.host.topology import CPUTopology
@@ -100,7 +101,7 @@ def setup(config_path: str, texts: list[str], topo: CPUTopology, say) -> Tuning:
 def free_cores(topo: CPUTopology, ledger: Ledger | None) -> int:
     """Physical cores with a CPU no other server holds (servers hold whole cores)."""
     free = without(topo, ledger.holders() if ledger else [])
-    return sum(1 for c in free.cores if free.allowed_cpus & set(c.cpus))
+    return sum(1 for c in free.cores if free.allowed_cpus & CPUSet(c.cpus))
 
 
 def model_paths(
