@@ -117,6 +117,7 @@ def test_a_worker_that_said_bye_is_forgotten_without_a_warning(make_router, capl
         {"name": "odd-0", "pool": "main"},  # no pid
         {"name": "odd-0", "pool": "main", "pid": "12"},
         {"name": "odd-0", "pool": "main", "pid": 12, "binding": {"cpus": [0, "1"], "nodes": [0]}},
+        {"name": "odd-0", "pool": "main", "pid": 12, "binding": {"cpus": [0], "mems": [0]}},
         {"name": "odd-0", "pool": "main", "pid": 12, "labels": "POSITIVE"},
         {"name": 7, "pool": "main", "pid": 12},
     ],

@@ -50,6 +50,11 @@ class CPUSet:
         return cls(ids)
 
     @classmethod
+    def union(cls, sets: Iterable[CPUSet]) -> CPUSet:
+        """Every member of any of them: the CPUs of a plan's slots, of the ledger's holders."""
+        return cls(i for s in sets for i in s._ids)
+
+    @classmethod
     def parse(cls, text: str) -> CPUSet:
         """The kernel's list format: "0-3,8"; "" is the empty set. CPUListError otherwise."""
         return cls(parse_cpulist(text))
@@ -150,15 +155,6 @@ class Binding:
 
     def to_plain(self) -> dict[str, list[int]]:
         return {"cpus": self.cpus.to_plain(), "nodes": self.nodes.to_plain()}
-
-    @classmethod
-    def from_plain(cls, body: Any) -> Binding:
-        """From its wire form ({"cpus": [...], "nodes": [...]}); ValueError for another."""
-        if not isinstance(body, dict):
-            raise ValueError(f"expected a mapping of cpus and nodes, got {body!r}")
-        return cls(
-            CPUSet.from_plain(body.get("cpus", [])), CPUSet.from_plain(body.get("nodes", []))
-        )
 
 
 def plain(value: Any) -> Any:

@@ -102,13 +102,13 @@ def _made(path: Path) -> bool:
 def held_cpus(plan: Plan, topo: CPUTopology) -> CPUSet:
     """What a plan holds: every thread of every physical core it uses (an instance's core,
     or a reserved one), so that no other server gets an idle SMT sibling of our cores."""
-    used = CPUSet(cpu for slot in plan.slots for cpu in slot.cpus) | plan.reserved_cpus
+    used = CPUSet.union(slot.cpus for slot in plan.slots) | plan.reserved_cpus
     return used.whole_cores(topo)
 
 
 def without(topo: CPUTopology, holders: list[Holder]) -> CPUTopology:
     """The topology a server plans on: the CPUs other servers hold are not allowed."""
-    held = CPUSet(cpu for h in holders for cpu in h.cpus)
+    held = CPUSet.union(h.cpus for h in holders)
     return dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - held)
 
 

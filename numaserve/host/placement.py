@@ -186,7 +186,7 @@ def plan_placement(
 
 def _idle(topo: CPUTopology, slots: Iterable[Slot], reserved: CPUSet) -> CPUSet:
     """The allowed CPUs neither reserved nor in a slot."""
-    used = CPUSet(cpu for s in slots for cpu in s.cpus) | reserved
+    used = CPUSet.union(s.cpus for s in slots) | reserved
     return topo.allowed_cpus - used
 
 
@@ -269,7 +269,7 @@ def replan(
     names = {m.name for m in models}
     kept = [s for s in current.slots if s.model in names]
     added = tuple(m for m in models if m.name not in {s.model for s in kept})
-    busy = CPUSet(cpu for s in kept for cpu in s.cpus) | current.reserved_cpus
+    busy = CPUSet.union(s.cpus for s in kept) | current.reserved_cpus
     free = dataclasses.replace(topo, allowed_cpus=topo.allowed_cpus - busy.whole_cores(topo))
     new: tuple[Slot, ...] = ()
     if added:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from numaserve.config.paths import PoolPath
+from numaserve.config.schema import ConfigError, from_mapping
 from numaserve.host.cpuset import Binding, CPUSet
 from numaserve.wire import protocol
 
@@ -158,10 +159,10 @@ class Ready:
             running = RunningPath.from_wire(path) if path else None
         except BadReport:
             running = None
-        try:
-            binding = Binding.from_plain(body.get("binding") or {})
-        except ValueError as e:
-            raise BadReport(f"READY: binding: {e}") from None
+        try:  # the specs' own reading of a binding: both keys lists of numbers, no other key
+            binding = from_mapping(Binding, body.get("binding") or {}, "READY", "binding")
+        except ConfigError as e:
+            raise BadReport(str(e)) from None
         return _build(
             cls,
             body,

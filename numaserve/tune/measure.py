@@ -153,7 +153,7 @@ def measure(
     for placed in rounds(jobs, topo, ledger):
         probes = Probes()
         if ledger is not None:
-            used = CPUSet.of(cpu for _, slot in placed for cpu in slot.cpus)
+            used = CPUSet.union(slot.cpus for _, slot in placed)
             ledger.register("numaserve tune (measuring)", used.whole_cores(topo))
         try:
             for job, slot in placed:
