@@ -1,17 +1,15 @@
 """Boot a 2-socket, 2-node, SMT virtual machine and run the NUMA tests inside it.
 
-    .venv/bin/python -m tests.numa_vm [--init systemd] [--setup-only] [--timeout S] [PYTEST ARGS]
+    .venv/bin/python -m tests.numa_vm [--setup-only] [--timeout S] [PYTEST ARGS]
 
 The development and CI machines have one NUMA node; this shows, on a kernel with two, that a
 real server pins each worker to its planned CPUs and binds its memory to its node
-(tests/test_numa_vm.py). With `--init systemd` the guest boots with the real systemd as PID 1
-and runs tests/test_systemd_vm.py instead: the shipped unit started, reloaded, stopped and
-watched by it. Set-up is idempotent (as root, on Debian): Debian's qemu-system-x86, kmod,
-busybox-static and numactl (and udev, for systemd in the guest);
-a Debian kernel unpacked under the cache directory, with its modules in /lib/modules/<ver>;
-virtme-ng (`vng`) in this virtual environment; a tiny checkpoint for the server to load. The
-guest mounts the host's root filesystem read-only, so it runs this checkout and this virtual
-environment as they are. Exits with pytest's exit code from inside the guest.
+(tests/test_numa_vm.py). Set-up is idempotent (as root, on Debian): Debian's qemu-system-x86,
+kmod, busybox-static and numactl; a Debian kernel unpacked under the cache directory, with its
+modules in /lib/modules/<ver>; virtme-ng (`vng`) in this virtual environment; a tiny checkpoint
+for the server to load. The guest mounts the host's root filesystem read-only, so it runs this
+checkout and this virtual environment as they are. Exits with pytest's exit code from inside
+the guest.
 
 Software emulation (TCG): booting with KVM fails on these machines (`failed to set MSR 0x10a`
 under `-cpu host`). Haswell-noTSX has AVX2, so the int8 kernels run.
@@ -28,8 +26,9 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.harness.bed import SetupError, ensure_debian_packages, ensure_tiny_classifier, run
 
 REPO = Path(__file__).resolve().parents[1]
 # Inside the checkout (git ignores it): the guest sees the host's files, but not /var/cache.
@@ -56,71 +55,11 @@ GUEST_ISA = ("avx2",)
 # to the HPET, which qemu emulates slowly: every clock read then costs an MMIO exit, and the
 # guest crawls (seen here: a server that started in 5 minutes took over 20).
 KERNEL_ARGS = ["tsc=reliable"]
-TMPFILES_TMP_CONF = "/usr/lib/tmpfiles.d/tmp.conf"  # systemd's `D /tmp`
-
-
-@dataclass(frozen=True)
-class Mode:
-    """What the guest boots as its init, and the tests it runs under it."""
-
-    tests: str
-    marker: str
-    vng_args: tuple[str, ...] = ()
-    # Whether the guest boots in a namespace whose /tmp systemd-tmpfiles leaves alone
-    # (private_tmp).
-    empty_tmp: bool = False
-    kernel_args: tuple[str, ...] = ()
-    packages: dict[str, str] = field(default_factory=dict)  # like DEBIAN_PACKAGES
-
-
-MODES = {
-    "virtme": Mode("tests/test_numa_vm.py", "numa_vm"),
-    "systemd": Mode(
-        "tests/test_systemd_vm.py",
-        "systemd_vm",
-        vng_args=("--systemd",),
-        kernel_args=(
-            # The guest sees the host's root, and on a Docker host that holds /.dockerenv:
-            # systemd would take itself for a container and ignore the kernel command line.
-            # An empty `container` tells PID 1 that it is not in one.
-            "container=",
-            # Only sysinit and the serial console's getty, through which vng runs the tests:
-            # the host's own services (databases, Prometheus) have no business in this guest.
-            "systemd.unit=serial-getty@ttyS0.service",
-        ),
-        empty_tmp=True,
-        # The guest's systemd is the host's: Debian's systemd, and udev to find the serial
-        # console that the getty, and so the tests, run on.
-        packages={"systemctl": "systemd", "udevadm": "udev"},
-    ),
-}
-
-
-class SetupError(RuntimeError):
-    """A piece of the test bed cannot be had; the message says which and what to do."""
+BOOT_LOG = CACHE / "last-boot.log"  # the kernel's lines of the last boot
 
 
 def say(message: str) -> None:
     print(f"numa-vm: {message}", flush=True)
-
-
-def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)
-
-
-def ensure_debian_packages(packages: dict[str, str]) -> None:
-    missing = sorted({pkg for cmd, pkg in packages.items() if not shutil.which(cmd)})
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise SetupError(f"missing {', '.join(missing)}: install them (apt-get install ...)")
-    say(f"installing {' '.join(missing)} from Debian")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", *missing], env=env)
-    except subprocess.CalledProcessError as e:
-        raise SetupError(f"apt-get could not install {' '.join(missing)}:\n{e.stderr}") from None
 
 
 def kernel_version() -> str:
@@ -177,27 +116,8 @@ def ensure_vng() -> str:
 
 
 def ensure_model() -> Path:
-    """A tiny classifier saved on the host: the guest sees it, read-only, at the same path.
-    Readable by all: the unit's server runs as the numaserve user, and save_pretrained writes
-    model.safetensors for its owner alone (0600)."""
-    path = CACHE / "tiny-classifier"
-    if not (path / "config.json").exists():
-        say("saving a tiny checkpoint for the guest's server")
-        tmp = CACHE / "tiny-classifier.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        run(
-            [
-                sys.executable,
-                "-c",
-                f"from tests.harness.checkpoints import *; save_tiny_classifier({str(tmp)!r})",
-            ],
-            cwd=REPO,
-        )
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-    for file in path.iterdir():
-        file.chmod(0o644)
-    return path
+    """A tiny classifier saved on the host: the guest sees it, read-only, at the same path."""
+    return ensure_tiny_classifier(CACHE / "tiny-classifier", say)
 
 
 def ensure_artifacts(model: Path) -> Path:
@@ -206,8 +126,7 @@ def ensure_artifacts(model: Path) -> Path:
     spends minutes importing torch, then minutes more running it. The guest's `numaserve
     prepare` finds them, checks their digests and builds nothing. The guest is told where, as
     $NUMASERVE_VM_ARTIFACTS: tests/conftest.py gives each run a new $NUMASERVE_CACHE, which
-    tests/test_numa_vm.py points here (read-only), and tests/test_systemd_vm.py copies them
-    into the unit's cache, as an image built elsewhere would bring them."""
+    tests/test_numa_vm.py points here (read-only)."""
     cache = CACHE / "artifacts"
     say(f"the guest's artifacts, built or verified, in {cache}")
     script = "from tests.harness.vm_server import *; "
@@ -223,65 +142,33 @@ def ensure_artifacts(model: Path) -> Path:
     return cache
 
 
-def guest_command(
-    name: str, mode: Mode, model: Path, artifacts: Path, pytest_args: list[str]
-) -> str:
+def guest_command(model: Path, artifacts: Path, pytest_args: list[str]) -> str:
     """What the guest runs: a script in the cache, and a short command that runs it. vng passes
     the command on the kernel's command line, base64 and all, before the --append arguments,
     and the kernel cuts that line at 2,048 bytes: a long command silently cut off the
-    arguments after it (seen: `systemd.unit=serial-getty@ttyS0.se`)."""
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", mode.marker]
+    arguments after it."""
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "numa_vm"]
     pytest += ["--timeout=1500", "--durations=0"]  # emulation: torch takes minutes to import
-    pytest += [mode.tests, *pytest_args]  # only this module: imports are slow here
+    pytest += ["tests/test_numa_vm.py", *pytest_args]  # only this module: imports are slow here
     env = f"PYTHONDONTWRITEBYTECODE=1 HOME=/tmp NUMASERVE_VM_MODEL={shlex.quote(str(model))}"
     env += f" NUMASERVE_VM_ARTIFACTS={shlex.quote(str(artifacts))}"
-    script = CACHE / f"guest-{name}.sh"
+    script = CACHE / "guest.sh"
     script.write_text(
         f"cd {shlex.quote(str(REPO))} && export {env} && {shlex.join(pytest)}\necho {SENTINEL}$?\n"
     )
     return f"sh {shlex.quote(str(script))}"
 
 
-def private_tmp(argv: list[str]) -> list[str]:
-    """argv run in a mount namespace of its own, where systemd-tmpfiles finds no `D /tmp` rule
-    and /tmp is empty. At boot systemd-tmpfiles empties /tmp (`D /tmp` in tmp.conf), and the
-    guest's /tmp is an overlay of the host's: it would walk every file of the host's /tmp,
-    one 9p call at a time under emulation, deleting what it can (a whiteout each, the host's
-    files are safe): CI lost 7 minutes there, and a checkout under /tmp lost as much. The
-    rule is masked by an empty file bound over tmp.conf, which the guest reads through the
-    host's root. Masking the job on the kernel's command line does not reach it:
-    `container=`, which keeps PID 1 from taking /.dockerenv for a container, makes the
-    generators that read the masks take themselves for one, and read PID 1's argv instead.
-    /tmp is an empty tmpfs besides, where the checkout does not lie under it. Only as root."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return argv
-    empty = CACHE / "tmpfiles-without-tmp.conf"
-    empty.write_text("")
-    script = f"mount --bind {shlex.quote(str(empty))} {TMPFILES_TMP_CONF}"
-    if not (REPO.is_relative_to("/tmp") or CACHE.is_relative_to("/tmp")):
-        script += " && mount -t tmpfs -o mode=1777 tmpfs /tmp"
-    script += ' && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
-
-
-def boot_log(mode: Mode) -> Path:
-    """Where a boot's kernel lines go: one file a mode, so that both machines can boot at once."""
-    return CACHE / f"last-boot-{mode.marker}.log"
-
-
-def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int | None:
+def boot(vng: str, vmlinuz: Path, command: str, timeout: float) -> int | None:
     """Boot, stream the guest's own lines (kernel lines go to the log), return its exit code,
     or None when it never reported one. vng's own exit status is not the command's, hence
     the sentinel line."""
-    log_path = boot_log(mode)
-    kernel_args = " ".join([*KERNEL_ARGS, *mode.kernel_args])  # vng keeps one --append only
-    argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, *mode.vng_args, "--append", kernel_args]
+    argv = [vng, "--run", str(vmlinuz), *VNG_MACHINE, "--append", " ".join(KERNEL_ARGS)]
     argv += ["--exec", command]
-    argv = private_tmp(argv) if mode.empty_tmp else argv
-    say(f"booting (software emulation; kernel lines in {log_path})")
+    say(f"booting (software emulation; kernel lines in {BOOT_LOG})")
     began = time.monotonic()
     code = None
-    with log_path.open("w") as log:
+    with BOOT_LOG.open("w") as log:
         proc = subprocess.Popen(
             argv,
             env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
@@ -312,15 +199,15 @@ def boot(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> i
     return code
 
 
-def boot_until_it_reports(vng: str, vmlinuz: Path, mode: Mode, command: str, timeout: float) -> int:
+def boot_until_it_reports(vng: str, vmlinuz: Path, command: str, timeout: float) -> int:
     """qemu's software emulation now and then dies while booting (seen here: an assertion in
     its MSI-X emulation); that says nothing of numaserve, so boot again, up to BOOTS times."""
     deadline = time.monotonic() + timeout
     for attempt in range(1, BOOTS + 1):
-        code = boot(vng, vmlinuz, mode, command, deadline - time.monotonic())
+        code = boot(vng, vmlinuz, command, deadline - time.monotonic())
         if code is not None:
             return code
-        tail = "".join(boot_log(mode).read_text().splitlines(True)[-15:])
+        tail = "".join(BOOT_LOG.read_text().splitlines(True)[-15:])
         say(
             f"boot {attempt} of {BOOTS} ended with no exit code from the guest; last lines:\n{tail}"
         )
@@ -333,20 +220,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--init",
-        choices=sorted(MODES),
-        default="virtme",
-        help="the guest's PID 1: virtme-ng's own init (the NUMA tests) or systemd (the unit's)",
-    )
     parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
     parser.add_argument("--timeout", type=float, default=2400, help="seconds, all boots together")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="run these instead")
     args = parser.parse_args()
-    mode = MODES[args.init]
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
-        ensure_debian_packages({**DEBIAN_PACKAGES, **mode.packages})
+        ensure_debian_packages(DEBIAN_PACKAGES, say)
         vmlinuz = ensure_kernel()
         vng = ensure_vng()
         model = ensure_model()
@@ -355,8 +235,8 @@ def main() -> int:
             say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
             return 0
         extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        command = guest_command(args.init, mode, model, artifacts, extra)
-        return boot_until_it_reports(vng, vmlinuz, mode, command, args.timeout)
+        command = guest_command(model, artifacts, extra)
+        return boot_until_it_reports(vng, vmlinuz, command, args.timeout)
     except SetupError as e:
         say(f"error: {e}")
         return 2

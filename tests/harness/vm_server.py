@@ -1,6 +1,6 @@
-"""The server configs the suites in the 2-node virtual machine run (tests/numa_vm.py).
+"""The server configs the NUMA suite in the 2-node virtual machine runs (tests/numa_vm.py).
 
-CONFIG, which both suites run: on each node, one core reserved for its router shard
+CONFIG: on each node, one core reserved for its router shard
 (routers: auto), one single-core instance on the other, SMT siblings left idle. Emulation is
 slow: torch takes minutes to import (an ONNX export or a CTranslate2 conversion imports it),
 hence the generous start timeout and heartbeat, and named precisions: `quantize: auto` would
