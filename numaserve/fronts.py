@@ -35,8 +35,10 @@ from numaserve.router.process import context
 log = logging.getLogger("numaserve.front")
 STATS_EVERY_S = 1.0
 # A request a shard has not answered in this long is sent once more (the shard died holding
-# it): longer than any queue wait (server.max_queue_ms) and a long text's run.
+# it): longer than any queue wait (server.max_queue_ms) and a long text's run, and PER_TEXT_S
+# more for each of its texts, which may run one after another on one busy core.
 MIN_RETRY_AFTER_S = 10.0
+PER_TEXT_S = 0.1
 
 
 class Front:
@@ -45,7 +47,7 @@ class Front:
         self.ctx = context()
         retry = max(MIN_RETRY_AFTER_S, 2 * spec.server.max_queue_ms / 1000 + 5)
         shards = {m.name: m.shards for m in spec.models}
-        self.upstream = Upstream(self.ctx, shards, retry)
+        self.upstream = Upstream(self.ctx, shards, retry, PER_TEXT_S)
         self.keys = ApiKeys(spec.server.http_api_keys_file)
         self.stats = Stats(spec.index)
         self.tracing = start_tracing("front")

@@ -4,8 +4,11 @@ private socket of each of that model's shards, read from the asyncio loop.
 A request goes out as the protocol's own (docs/protocol.md) with an id of ours; the shard
 tokenizes it (the front never does) and answers. A DEALER hands each request to the next
 connected shard in turn. A request a shard took and never answered (it died holding it) is
-sent once more after `retry_after_s` (requests are idempotent: the zguide's Lazy Pirate), and
-after that answered `no_instance`; with no shard connected at all it is answered at once.
+sent once more after its window (requests are idempotent: the zguide's Lazy Pirate), and
+after that answered `no_instance`; with no shard connected at all it is answered at once. The
+window is `retry_after_s` and `per_text_s` more for each of its texts: a big request is
+queued a piece at a time and runs for as long as its texts take, and a busy server is not a
+dead shard.
 A request whose client hung up is cancelled at the shards (the protocol's `cancel`), so that
 texts still queued there never run: sent once to each shard, as a DEALER hands consecutive
 messages to its peers in turn.
@@ -34,6 +37,7 @@ class Call:
     model: str
     body: dict
     future: asyncio.Future
+    window: float  # how long a shard may hold it before it is sent again, or given up
     expires: float
     tries: int = 1
 
@@ -44,6 +48,7 @@ class Upstream:
         ctx: zmq.Context,
         shards: dict[str, tuple[str, ...]],
         retry_after_s: float,
+        per_text_s: float,
     ):
         """`shards`: each model's shards' private sockets, by model name."""
         self.sockets: dict[str, zmq.Socket] = {}
@@ -57,7 +62,7 @@ class Upstream:
                 sock.connect(endpoint)
             self.sockets[model] = sock
         self.fanout = {model: len(endpoints) for model, endpoints in shards.items()}
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.per_text_s = retry_after_s, per_text_s
         self.calls: dict[int, Call] = {}
         self.ids = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -90,7 +95,10 @@ class Upstream:
         future = self._loop().create_future()
         request_id = next(self.ids)
         body["id"] = request_id
-        call = Call(model, body, future, time.monotonic() + self.retry_after_s)
+        texts = body.get("texts")
+        count = len(texts) if isinstance(texts, list) else 1
+        window = self.retry_after_s + self.per_text_s * count
+        call = Call(model, body, future, window, time.monotonic() + window)
         if self._send(call):
             self.calls[request_id] = call
             future.add_done_callback(lambda f: self._cancel(request_id) if f.cancelled() else None)
@@ -148,11 +156,9 @@ class Upstream:
                 del self.calls[request_id]
                 if call.tries == 1:
                     log.warning(
-                        "request %s unanswered for %.0f s: sent again",
-                        request_id,
-                        self.retry_after_s,
+                        "request %s unanswered for %.0f s: sent again", request_id, call.window
                     )
-                    call.tries, call.expires = 2, now + self.retry_after_s
+                    call.tries, call.expires = 2, now + call.window
                     if self._send(call):
                         self.calls[request_id] = call
                 else:
