@@ -5,13 +5,28 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYSFS = FIXTURES / "sysfs"
+MAX_WORKERS = 4  # each test's server plans over every CPU: more workers only queue for them
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`pytest -n auto` (the README's command): the fast suite's tests wait on servers and
+    sockets much of the time, so two share 2 CPUs well; past 4 they only contend."""
+    return max(2, min(MAX_WORKERS, (os.cpu_count() or 1) // 2))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def onnx_cache(tmp_path_factory):
     """One ONNX artifact cache for the whole run, shared by every server and worker the tests
-    start (they inherit the environment), and never the user's own ~/.cache."""
-    yield from _set_for_the_run("NUMASERVE_CACHE", tmp_path_factory.mktemp("numaserve-cache"))
+    start (they inherit the environment), and never the user's own ~/.cache. A run split over
+    pytest-xdist's workers shares one too, beside their own temporary directories: each
+    artifact and choice is built once, not once a worker (builds of one artifact at once wait
+    for each other, as two instances' do)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "numaserve-cache"
+        shared.mkdir(exist_ok=True)
+        yield from _set_for_the_run("NUMASERVE_CACHE", shared)
+    else:
+        yield from _set_for_the_run("NUMASERVE_CACHE", tmp_path_factory.mktemp("numaserve-cache"))
 
 
 @pytest.fixture(scope="session", autouse=True)

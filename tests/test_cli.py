@@ -216,7 +216,7 @@ def test_prepare_goes_through_every_model(tmp_path):
     config = tmp_path / "two.yaml"
     config.write_text(TWO_MODELS)
 
-    r = numaserve("prepare", "--config", config)
+    r = numaserve("prepare", "--config", config, timeout=180)  # judges torch int8: 30 s alone
 
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [

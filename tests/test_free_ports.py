@@ -27,3 +27,12 @@ def test_a_free_port_is_free_to_listen_on():
 def test_no_port_is_handed_out_twice():
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports)
+
+
+def test_two_workers_of_a_split_run_pick_from_slices_that_do_not_meet(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    picked = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        picked[worker] = [free_port() for _ in range(200)]
+    assert max(picked["gw0"]) < min(picked["gw1"])
