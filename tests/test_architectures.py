@@ -13,6 +13,9 @@ from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.config.schema import ModelConfig
 from tests.harness.checkpoints import architectures, save_tiny_model
 
+# Outputs judged against reference libraries, nothing timed: CI runs the slow ones on two
+# workers (.ci/run).
+pytestmark = pytest.mark.outputs_only
 ARCHITECTURES = list(architectures())
 # Lengths differ, so a batch is padded and the mask matters.
 TEXTS = ["a short one", "a somewhat longer text to embed, with punctuation!", "x"]

@@ -17,6 +17,9 @@ from numaserve.testing.server import ENDPOINT, Server
 from tests.harness.checkpoints import embedders, save_tiny_embedder
 from tests.test_architectures import TEXTS, served
 
+# Outputs judged against reference libraries, nothing timed: CI runs the slow ones on two
+# workers (.ci/run).
+pytestmark = pytest.mark.outputs_only
 EMBEDDERS = sorted(embedders())
 # EmbeddingGemma's prompts, as its sentence-transformers config names them.
 GEMMA_PROMPTS = {

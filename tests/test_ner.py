@@ -25,6 +25,9 @@ from tests.harness.checkpoints import (
 )
 from tests.harness.console import numaserve
 
+# Outputs judged against reference libraries, nothing timed: CI runs the slow ones on two
+# workers (.ci/run).
+pytestmark = pytest.mark.outputs_only
 TEXTS = [
     "Ada Lovelace lived in London with Charles Babbage.",
     "unaffable John's e-mail: x@y.org, 1234 [MASK] café naïve",  # subwords, [UNK], accents

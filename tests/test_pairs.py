@@ -30,6 +30,9 @@ from tests.harness.checkpoints import (
 )
 from tests.harness.console import numaserve
 
+# Outputs judged against reference libraries, nothing timed: CI runs the slow ones on two
+# workers (.ci/run).
+pytestmark = pytest.mark.outputs_only
 PAIRS = [
     ("what is a fox", "a fox is an animal of the dog family"),
     ("what is a fox", "the weather is nice today"),
