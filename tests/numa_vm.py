@@ -18,7 +18,6 @@ Environment: NUMASERVE_VM_CACHE (default .cache/numa-vm in the checkout; the gue
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -28,7 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness.bed import SetupError, ensure_debian_packages, ensure_tiny_classifier, run
+from tests.harness.bed import (
+    SetupError,
+    ensure_debian_packages,
+    ensure_tiny_classifier,
+    parse_arguments,
+    run,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # Inside the checkout (git ignores it): the guest sees the host's files, but not /var/cache.
@@ -217,13 +222,7 @@ def boot_until_it_reports(vng: str, vmlinuz: Path, command: str, timeout: float)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
-    parser.add_argument("--timeout", type=float, default=2400, help="seconds, all boots together")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="run these instead")
-    args = parser.parse_args()
+    args = parse_arguments(__doc__, 2400, "seconds, all boots together")
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
         ensure_debian_packages(DEBIAN_PACKAGES, say)
@@ -234,8 +233,7 @@ def main() -> int:
         if args.setup_only:
             say(f"ready: kernel {vmlinuz}, vng {vng}, model {model}")
             return 0
-        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        command = guest_command(model, artifacts, extra)
+        command = guest_command(model, artifacts, args.pytest_args)
         return boot_until_it_reports(vng, vmlinuz, command, args.timeout)
     except SetupError as e:
         say(f"error: {e}")

@@ -14,7 +14,6 @@ Environment: NUMASERVE_UNIT_CACHE (default .cache/systemd-unit in the checkout).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
@@ -25,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.harness.bed import SetupError, ensure_debian_packages, ensure_tiny_classifier, run
+from tests.harness import bed
+from tests.harness.bed import SetupError
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("NUMASERVE_UNIT_CACHE", REPO / ".cache/systemd-unit"))
@@ -51,7 +51,7 @@ def say(message: str) -> None:
 
 def ensure_config() -> tuple[Path, Path]:
     """The unit's config, and the model it serves."""
-    model = ensure_tiny_classifier(CACHE / "tiny-classifier", say)
+    model = bed.ensure_tiny_classifier(CACHE / "tiny-classifier", say)
     config = CACHE / "numaserve.yaml"
     config.write_text(CONFIG.format(model=model))
     config.chmod(0o644)
@@ -64,7 +64,7 @@ def ensure_artifacts(config: Path) -> Path:
     cache = CACHE / "artifacts"
     say(f"the unit's artifacts, built or verified, in {cache}")
     try:
-        run(
+        bed.run(
             [str(VENV_BIN / "numaserve"), "prepare", "--config", str(config)],
             env={**os.environ, "NUMASERVE_CACHE": str(cache)},
         )
@@ -125,11 +125,11 @@ def host_root() -> Iterator[Path]:
     """The host's root file system bound at a new directory, for systemd-nspawn to boot.
     Unbound and removed with rmdir after: never anything that deletes what lies under it."""
     root = Path(tempfile.mkdtemp(prefix="numaserve-unit-root-"))
-    run(["mount", "--bind", "/", str(root)])
+    bed.run(["mount", "--bind", "/", str(root)])
     try:
         yield root
     finally:
-        run(["umount", "--lazy", str(root)])
+        bed.run(["umount", "--lazy", str(root)])
         root.rmdir()
 
 
@@ -179,25 +179,18 @@ def run_tests(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds for the tests")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="more pytest arguments")
-    args = parser.parse_args()
+    args = bed.parse_arguments(__doc__, 1200, "seconds for the tests")
     try:
         if os.geteuid() != 0:
             raise SetupError("a container with systemd as PID 1 needs root")
         CACHE.mkdir(parents=True, exist_ok=True)
-        ensure_debian_packages(DEBIAN_PACKAGES, say)
+        bed.ensure_debian_packages(DEBIAN_PACKAGES, say)
         config, model = ensure_config()
         artifacts = ensure_artifacts(config)
         if args.setup_only:
             say(f"ready: config {config}, artifacts {artifacts}")
             return 0
-        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        return run_tests(config, model, artifacts, extra, args.timeout)
+        return run_tests(config, model, artifacts, args.pytest_args, args.timeout)
     except SetupError as e:
         say(f"error: {e}")
         return 2

@@ -4,6 +4,7 @@ Each step is idempotent and says what it does; what cannot be had is a SetupErro
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -57,3 +58,18 @@ def ensure_tiny_classifier(path: Path, say) -> Path:
     for file in path.iterdir():
         file.chmod(0o644)
     return path
+
+
+def parse_arguments(doc: str, timeout: float, timeout_help: str) -> argparse.Namespace:
+    """A test bed's command line: --setup-only, --timeout, and pytest's own arguments after
+    them (`pytest_args`, a leading `--` dropped)."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--setup-only", action="store_true", help="set up, do not boot")
+    parser.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="more pytest arguments")
+    args = parser.parse_args()
+    if args.pytest_args[:1] == ["--"]:
+        args.pytest_args = args.pytest_args[1:]
+    return args
