@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from tests.harness.bed import (
+    REPO,
     SetupError,
     ensure_debian_packages,
     ensure_tiny_classifier,
@@ -35,7 +36,6 @@ from tests.harness.bed import (
     run,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 # Inside the checkout (git ignores it): the guest sees the host's files, but not /var/cache.
 CACHE = Path(os.environ.get("NUMASERVE_VM_CACHE", REPO / ".cache/numa-vm"))
 SENTINEL = "NUMASERVE-VM-EXIT="

@@ -27,7 +27,7 @@ from pathlib import Path
 from tests.harness import bed
 from tests.harness.bed import SetupError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = bed.REPO
 CACHE = Path(os.environ.get("NUMASERVE_UNIT_CACHE", REPO / ".cache/systemd-unit"))
 VENV_BIN = Path(sys.executable).parent
 DEBIAN_PACKAGES = {"systemd-nspawn": "systemd-container", "nsenter": "util-linux"}
