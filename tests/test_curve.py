@@ -260,6 +260,7 @@ def test_the_cli_wants_both_keys_or_none(cluster, keys):
 
 
 SHARDED = """
+model: {{backend: onnxruntime, quantize: int8}}
 server:
   endpoint: "@ENDPOINT@"
   routers: 2
