@@ -14,14 +14,16 @@ from tests.harness.console import numaserve
 
 pytestmark = pytest.mark.slow
 
-TWO_MODELS = """
-models:
-  - {{name: embed, path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8,
-      pools: [{{name: main, max_tokens: 128, instances: 1}}]}}
-  - {{name: toxicity, path: "{classifier}", task: classify, max_length: 64, backend: onnxruntime, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server: {{endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}}
+EMBED = """
+  - {name: embed, path: "bundled:minilm", max_length: 128, backend: onnxruntime, quantize: int8,
+      pools: [{name: main, max_tokens: 128, instances: 1}]}"""
+TOXICITY = """
+  - {name: toxicity, path: "@CLASSIFIER@", task: classify, max_length: 64, backend: onnxruntime, quantize: int8,
+      pools: [{name: main, max_tokens: 64, instances: 1}]}"""
+SERVER = """
+server: {endpoint: "@ENDPOINT@", heartbeat_ms: 200, max_batch: 1}
 """
+
 # Batch 1 in both, so that their answers can be compared bit for bit: under int8 a text's
 # result depends on the texts batched with it (docs/configuration.md#micro-batching).
 ONE_MODEL = """
@@ -32,9 +34,13 @@ placement: {{pools: [{{name: main, max_tokens: {length}, instances: 1}}]}}
 TEXTS = [f"text {i}: the quick brown fox jumps over {i} lazy dogs" for i in range(40)]
 
 
+def two_models(classifier) -> str:
+    return ("models:" + EMBED + TOXICITY + SERVER).replace("@CLASSIFIER@", str(classifier))
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, classifier_dir):
-    s = server_.Server(tmp_path_factory.mktemp("two"), TWO_MODELS.format(classifier=classifier_dir))
+    s = server_.Server(tmp_path_factory.mktemp("two"), two_models(classifier_dir))
     s.wait_ready()
     yield s
     s.stop()
@@ -143,7 +149,7 @@ def test_a_reload_that_removes_a_model_and_adds_another_fails_nothing_on_the_kep
 ):
     """Two cores: the added model takes the removed one's, once it has stopped. The kept
     model serves throughout, from the same process."""
-    s = server_.Server(tmp_path, TWO_MODELS.format(classifier=classifier_dir))
+    s = server_.Server(tmp_path, two_models(classifier_dir))
     try:
         s.wait_ready()
         before = s.instances()
@@ -167,5 +173,34 @@ def test_a_reload_that_removes_a_model_and_adds_another_fails_nothing_on_the_kep
         ):
             client.classify("no longer served")
         assert "removing model(s) toxicity; adding model(s) spam" in s.log()
+    finally:
+        s.stop()
+
+
+def test_one_reload_adds_a_model_on_the_free_core_and_rolls_the_changed_one_in_place(
+    tmp_path, classifier_dir
+):
+    """Two cores, one model on the first: the reload adds the classifier, on the second, and
+    changes the embedder, whose replacement takes its slot while it serves on."""
+    s = server_.Server(tmp_path, "models:" + EMBED + SERVER)
+    try:
+        s.wait_ready()
+        before = s.instances()
+        assert sorted(before) == ["embed.main-0"]
+        with server_.calls_meanwhile(s.endpoint, "embed", "embed", TEXTS[0]) as outcomes:
+            toxicity = TOXICITY.replace("@CLASSIFIER@", str(classifier_dir))
+            config = s.config.read_text().replace("\nserver:", toxicity + "\nserver:", 1)
+            s.config.write_text(config.replace("name: embed,", "name: embed, padding: max_length,"))
+            s.reload_logged()
+            s.wait_replaced("embed.main-0", before["embed.main-0"]["pid"])
+
+        after = s.instances()
+        assert sorted(after) == ["embed.main-0", "toxicity.main-0"]
+        assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+        live = [os.sched_getaffinity(i["pid"]) for i in after.values()]
+        assert all(live) and not set.intersection(*live)
+        with Client(s.endpoint, timeout=30, model="toxicity") as client:
+            assert client.classify(TEXTS[:2])
+        assert "adding model(s) toxicity" in s.log()
     finally:
         s.stop()

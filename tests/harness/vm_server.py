@@ -19,21 +19,6 @@ placement:
   pools: [{{name: main, max_tokens: 64, cores_per_instance: 1, instances: auto}}]
 """
 
-# The reload test's: two models, then a third ADDED (tests/test_numa_vm.py).
-MODELS = """
-models:
-  - {{name: kept, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-  - {{name: changed, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server: {{endpoint: "@ENDPOINT@", http: "", heartbeat_ms: 2000, heartbeat_liveness: 10}}
-supervisor: {{start_timeout_s: 900}}
-placement: {{reserved_cores: 1, smt: false}}
-"""
-ADDED = """  - {{name: added, path: "{model}", task: classify, max_length: 64, quantize: int8,
-      pools: [{{name: main, max_tokens: 64, instances: 1}}]}}
-server:"""
-
 
 def prepare_every_model(model: str, isa: tuple[str, ...]) -> None:
     """What `numaserve prepare` builds for every model of these configs on a CPU with `isa`,
@@ -41,13 +26,8 @@ def prepare_every_model(model: str, isa: tuple[str, ...]) -> None:
     from numaserve.backends import prepare_model
     from numaserve.config.schema import parse_config, with_checkpoint_lengths
 
-    texts = (CONFIG, MODELS, MODELS.replace("server:", ADDED, 1))
-    for text in texts:
-        endpoint = "tcp://127.0.0.1:5555"
-        config = with_checkpoint_lengths(
-            parse_config(
-                text.format(model=model, endpoint=endpoint).replace("@ENDPOINT@", endpoint)
-            )
-        )
-        for served in config.models:
-            assert prepare_model(served.model, isa), f"{served.name} could not be prepared"
+    config = with_checkpoint_lengths(
+        parse_config(CONFIG.format(model=model, endpoint="tcp://127.0.0.1:5555"))
+    )
+    for served in config.models:
+        assert prepare_model(served.model, isa), f"{served.name} could not be prepared"
