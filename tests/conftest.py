@@ -20,8 +20,12 @@ def onnx_cache(tmp_path_factory):
     start (they inherit the environment), and never the user's own ~/.cache. A run split over
     pytest-xdist's workers shares one too, beside their own temporary directories: each
     artifact and choice is built once, not once a worker (builds of one artifact at once wait
-    for each other, as two instances' do)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    for each other, as two instances' do). NUMASERVE_TEST_CACHE names one that several runs
+    share (CI's test steps: the slow ones find what the fast one built and chose)."""
+    if named := os.environ.get("NUMASERVE_TEST_CACHE"):
+        Path(named).mkdir(parents=True, exist_ok=True)
+        yield from _set_for_the_run("NUMASERVE_CACHE", Path(named))
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "numaserve-cache"
         shared.mkdir(exist_ok=True)
         yield from _set_for_the_run("NUMASERVE_CACHE", shared)
