@@ -55,15 +55,16 @@ def test_a_short_list_asks_no_limits_and_goes_as_one_request(router):
     assert requests_served(router) == 1
 
 
-def pieces(texts, max_texts=0, max_message_bytes=0, **fields):
+def pieces(texts, max_texts=0, max_message_bytes=0, op="embed", **fields):
     calls = Calls.__new__(Calls)  # the splitting alone: no sockets
     calls.max_texts, calls.max_message_bytes = max_texts, max_message_bytes
-    return calls.pieces(texts, fields)
+    return calls.pieces(op, texts, fields)
 
 
 def test_pieces_hold_at_most_max_texts_and_token_vectors_64():
     assert [len(p) for p in pieces(["t"] * 250, max_texts=100)] == [100, 100, 50]
     assert [len(p) for p in pieces(["t"] * 150, 2048, token_vectors=True)] == [64, 64, 22]
+    assert [len(p) for p in pieces(["t"] * 100, 2048, op="multivector")] == [64, 36]
     assert pieces(["only"], max_texts=0) == [["only"]]
 
 

@@ -22,7 +22,9 @@ from numaserve.config.schema import ConfigError, ModelConfig, parse_config
 from numaserve.front.errors import FROM_CODE, ApiError
 from numaserve.grpc_api.calls import in_order, status_of
 from numaserve.grpc_api.proto import HERE
+from numaserve.grpc_api.services import MODEL_TYPES
 from numaserve.processes.specs import FrontModel, FrontSpec
+from numaserve.tasks import TASKS
 from numaserve.testing.ports import free_port
 from numaserve.wire.protocol import ErrorCode
 from tests.harness.stand_in import InProcessRouter
@@ -361,3 +363,7 @@ def test_start_refuses_the_grpc_api_where_grpcio_is_not_installed(monkeypatch):
     ):
         start.check_front_ports(config)
     start.check_front_ports(parse_config('server: {grpc: "", http: ""}'))  # off: none needed
+
+
+def test_every_task_has_the_tei_model_type_info_names():
+    assert set(MODEL_TYPES) == set(TASKS)

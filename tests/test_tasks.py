@@ -47,9 +47,11 @@ def test_every_task_key_is_a_request_key():
 
 def test_a_key_several_tasks_take_means_the_same_to_each():
     shared = [key for key, owners in OWNERS.items() if len(owners) > 1]
-    assert shared  # raw_scores: classify's and rerank's; max_chunks_per_doc: embed's and rerank's
+    # raw_scores: classify's and rerank's; max_chunks_per_doc: embed's and rerank's;
+    # prompt_name: embed's and multivector's
+    assert shared
     for key in shared:
-        value = {"max_chunks_per_doc": 4}.get(key, True)
+        value = {"max_chunks_per_doc": 4, "prompt_name": "query"}.get(key, True)
         options = []
         for op in OWNERS[key]:
             body = {"id": 1, "op": op, "texts": ["a"], key: value}

@@ -155,7 +155,7 @@ class Model:
         return None
 
     def _arrays(
-        self, batch: list[list[int]], segments: list[int] | None
+        self, batch: list[list[int]], segments: list[int] | None, attended: list[int] | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if self.config.padding == "max_length":
             width = self.config.max_length
@@ -166,7 +166,7 @@ class Model:
         types = np.zeros((len(batch), width), dtype=np.int64) if self.token_types else None
         for row, seq in enumerate(batch):
             ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
+            mask[row, : len(seq) if attended is None else attended[row]] = 1
             if types is not None and segments and segments[row]:
                 types[row, segments[row] : len(seq)] = 1
         return ids, mask, types
@@ -184,7 +184,7 @@ class Model:
         `segments`: for each input, where the second text of a pair begins (0: a single text);
         `whole`: the inputs whose result is the output's own rows, one per token (embed's
         token vectors), not the head's."""
-        ids, mask, types = self._arrays(batch, segments)
+        ids, mask, types = self._arrays(batch, segments, self.head.attended(batch))
         out = self.forward(ids, mask, types)
         rows = {i: out[i, : len(batch[i])].copy() for i in whole}  # before a head works in place
         started = time.perf_counter()

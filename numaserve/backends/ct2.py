@@ -44,6 +44,12 @@ class Ct2Model(Model):
         self.artifact, facts = prepared(config, artifact)
         self.converted = Converted(self.artifact, COMPUTE_TYPES[config.quantize], threads)
         super().__init__(config, facts, width=self.converted.width)
+        if self.head.hides_tokens:
+            raise ModelLoadError(
+                f"{config.path}: its queries' expansion tokens are read but not attended to "
+                "(query_expansion attend: false), and CTranslate2 attends to every token of an "
+                "input up to its length: serve it with onnxruntime, openvino or torch"
+            )
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> np.ndarray:
         return self.converted.forward(ids, mask, types)

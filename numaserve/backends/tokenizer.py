@@ -101,6 +101,7 @@ class Tokenizer:
     def __init__(
         self, model_path: str, max_length: int, truncate: bool = True, memo_bytes: int = 0
     ):
+        self.path = model_path
         self.raw = load_fast_tokenizer(model_path)
         self.raw.no_padding()
         self.raw.enable_truncation(max_length)

@@ -13,7 +13,8 @@ from numaserve.checkpoint.paths import resolve_model_path
 def checkpoint_max_length(path: str, task: str = "embed") -> tuple[int, str, str] | None:
     """The length the checkpoint's own library cuts texts to, and what says so: the
     `max_seq_length` of a sentence-transformers checkpoint's Transformer module
-    (sentence_bert_config.json, what its `encode` cuts to); for a reranker without one, its
+    (sentence_bert_config.json, what its `encode` cuts to; a late-interaction model's
+    `document_length` first); for a reranker without one, its
     tokenizer's `model_max_length` within the model's positions (what CrossEncoder cuts
     to): (length, its key, its file). None: the checkpoint does not say, or is not a directory here (its load will say
     why)."""
@@ -22,15 +23,15 @@ def checkpoint_max_length(path: str, task: str = "embed") -> tuple[int, str, str
     except ModelLoadError:
         return None
     config = _transformer_directory(root) / "sentence_bert_config.json"
-    if config.is_file():
-        data = read_json(config)
-        value = data.get("max_seq_length") if isinstance(data, dict) else None
+    data = read_json(config) if config.is_file() else {}
+    # A late-interaction model cuts its documents to their own length (queries are shorter).
+    keys = ("document_length", "max_seq_length") if task == "multivector" else ("max_seq_length",)
+    for key in keys:
+        value = data.get(key) if isinstance(data, dict) else None
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelLoadError(
-                    f"{config}: max_seq_length must be a positive integer; got {value!r}"
-                )
-            return value, "max_seq_length", "sentence_bert_config.json"
+                raise ModelLoadError(f"{config}: {key} must be a positive integer; got {value!r}")
+            return value, key, "sentence_bert_config.json"
     if task == "rerank":
         return _tokenizer_max_length(root)
     return None

@@ -30,7 +30,14 @@ from numaserve.tasks.ner import AGGREGATIONS, DEFAULT_AGGREGATION
 
 
 def _result_json(result) -> dict:
-    from numaserve.client import Embedding, Entities, Ranked, SparseEmbedding, TokenEmbedding
+    from numaserve.client import (
+        Embedding,
+        Entities,
+        MultiVectors,
+        Ranked,
+        SparseEmbedding,
+        TokenEmbedding,
+    )
 
     if isinstance(result, Entities):
         fields = {
@@ -40,8 +47,9 @@ def _result_json(result) -> dict:
         }
     elif isinstance(result, Embedding):
         fields = {"embedding": [round(float(x), 7) for x in result.vector]}
-    elif isinstance(result, TokenEmbedding):
-        fields = {"token_vectors": [[round(float(x), 7) for x in row] for row in result.vectors]}
+    elif isinstance(result, (TokenEmbedding, MultiVectors)):
+        key = "token_vectors" if isinstance(result, TokenEmbedding) else "vectors"
+        fields = {key: [[round(float(x), 7) for x in row] for row in result.vectors]}
     elif isinstance(result, SparseEmbedding):
         fields = {
             "indices": result.indices.tolist(),
@@ -88,6 +96,24 @@ def embed(
     batch = read_texts(texts, file)
     method = "embed_tokens" if token_vectors else "embed"
     results = call_server(endpoints, timeout, method, batch, prompt_name=prompt_name)
+    print_results([_result_json(r) for r in results])
+
+
+@main.command("embed-multi")
+@sends_texts
+@click.option(
+    "--prompt-name",
+    type=click.Choice(["query", "document"]),
+    default="document",
+    show_default=True,
+    help="Read TEXTS as queries or as documents.",
+)
+def embed_multi(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) -> None:
+    """Print a late-interaction (ColBERT) model's vectors of TEXTS as JSON, a line per text:
+    one per token that counts (a server with model.task: multivector; '-': one text from
+    standard input)."""
+    batch = read_texts(texts, file)
+    results = call_server(endpoints, timeout, "embed_multi", batch, prompt_name=prompt_name)
     print_results([_result_json(r) for r in results])
 
 

@@ -18,7 +18,9 @@ A classify model that reads pairs (NLI) takes each pair as a tuple: `classify(("
 cross-encoder scores documents for a query: `rerank("query", ["doc 1", "doc 2"], top_k=1)`. A
 token classifier finds entities: `ner("Ada Lovelace lived in London")`. A SPLADE model gives
 sparse embeddings: `sparse("a text")` is a SparseEmbedding, its vocabulary indices and weights.
-An embedding model's token vectors, unpooled: `embed_tokens("a text").vectors`.
+An embedding model's token vectors, unpooled: `embed_tokens("a text").vectors`. A
+late-interaction (ColBERT) model's vectors, one per token that counts, as a query or as a
+document: `embed_multi("a question", prompt_name="query").vectors`.
 
 A server with `server.curve` admits only clients holding an authorised key pair:
 
@@ -63,6 +65,7 @@ from numaserve.client.errors import (
 # The results each task returns, importable from here: `from numaserve.client import Embedding`.
 from numaserve.tasks.classify import Classification
 from numaserve.tasks.embed import Embedding, TokenEmbedding
+from numaserve.tasks.multivector import MultiVectors
 from numaserve.tasks.ner import Entities, Entity
 from numaserve.tasks.rerank import Ranked
 from numaserve.tasks.sparse import SparseEmbedding
@@ -80,6 +83,7 @@ __all__ = [
     "Entity",
     "HandshakeFailed",
     "InternalError",
+    "MultiVectors",
     "NoInstance",
     "NumaserveError",
     "Overloaded",

@@ -59,6 +59,17 @@ class AsyncClient(Calls):
             "embed", await self.call_texts("embed", batch, deadline_ms, **fields), single
         )
 
+    async def embed_multi(
+        self,
+        texts: str | Sequence[str],
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        batch, single = as_batch(texts, pairs=False)
+        fields = prompt_field(prompt_name)
+        body = await self.call_texts("multivector", batch, deadline_ms, **fields)
+        return results("multivector", body, single)
+
     async def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         batch, single = as_batch(texts, pairs=False)
         return results("sparse", await self.call_texts("sparse", batch, deadline_ms), single)
@@ -108,7 +119,7 @@ class AsyncClient(Calls):
         `deadline_ms` holds for each request."""
         if self.texts_unknown(texts):
             self.learn(await self.call("ping"))
-        pieces = self.pieces(texts, fields)
+        pieces = self.pieces(op, texts, fields)
         return joined([await self.call(op, p, deadline_ms, **fields) for p in pieces])
 
     async def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:

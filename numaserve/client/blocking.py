@@ -62,6 +62,20 @@ class Client(Calls):
         fields = {"token_vectors": True, **prompt_field(prompt_name)}
         return results("embed", self.call_texts("embed", batch, deadline_ms, **fields), single)
 
+    def embed_multi(
+        self,
+        texts: str | Sequence[str],
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        """One MultiVectors for a string (a late-interaction model's vector of each token
+        that counts), a list of them for a list: read as queries where `prompt_name` is
+        "query", as documents otherwise, as MultiVectorEncoder's encode_query and
+        encode_document read them. Never from the cache."""
+        batch, single = as_batch(texts, pairs=False)
+        body = self.call_texts("multivector", batch, deadline_ms, **prompt_field(prompt_name))
+        return results("multivector", body, single)
+
     def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):
         """One SparseEmbedding for a string (a SPLADE model's non-zero weights, by vocabulary
         index), a list of them for a list."""
@@ -121,7 +135,7 @@ class Client(Calls):
         `deadline_ms` holds for each request."""
         if self.texts_unknown(texts):
             self.learn(self.call("ping"))
-        pieces = self.pieces(texts, fields)
+        pieces = self.pieces(op, texts, fields)
         return joined([self.call(op, p, deadline_ms, **fields) for p in pieces])
 
     def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:

@@ -26,7 +26,7 @@ from numaserve.client.errors import (
 from numaserve.client.linkwatch import LinkWatch
 from numaserve.client.probes import Probes
 from numaserve.client.trace_context import caller_trace, propagation
-from numaserve.tasks.requests import PRIORITIES, TOKEN_VECTOR_TEXTS
+from numaserve.tasks.requests import PRIORITIES, TOKEN_VECTOR_TEXTS, per_token
 from numaserve.wire import protocol
 from numaserve.wire.curve import ClientKeys
 
@@ -270,12 +270,12 @@ class Calls:
             )
         )
 
-    def pieces(self, texts: list, fields: dict) -> list[list]:
+    def pieces(self, op: str, texts: list, fields: dict) -> list[list]:
         """`texts` as requests the server takes: at most its max_texts each (64 where they
         ask for token vectors), and each within its max_message_bytes (a text over that is
         sent alone, and refused as such)."""
         most = self.max_texts or len(texts)
-        if fields.get("token_vectors"):
+        if per_token(op, fields):
             most = min(most, TOKEN_VECTOR_TEXTS)
         budget = (self.max_message_bytes or 0) - REQUEST_FIELDS_BYTES
         pieces, piece, size = [], [], 0

@@ -105,6 +105,8 @@ def model_type(model: FrontModel) -> dict:
         from numaserve.tasks.pooling import Pooling
 
         return {"embedding": {"pooling": "+".join(Pooling.read(resolve_model_path(path)).modes)}}
+    if task == "multivector":  # a vector per token: none pooled
+        return {"embedding": {"pooling": "multivector"}}
     names = labels(path)
     id2label = {str(i): name for i, name in enumerate(names)}
     kinds = {"rerank": "reranker"}

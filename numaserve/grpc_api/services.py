@@ -18,10 +18,12 @@ from numaserve.grpc_api.calls import Calls, GrpcExchange, checked
 from numaserve.grpc_api.proto import tei
 from numaserve.processes.specs import FrontModel
 from numaserve.tasks.embed import EMBED
+from numaserve.tasks.multivector import MULTIVECTOR
 from numaserve.tasks.prompts import PromptError, Prompts
 from numaserve.tasks.sparse import weights
 
-MODEL_TYPES = {"embed": 0, "sparse": 0, "classify": 1, "ner": 1, "rerank": 2}  # TEI's ModelType
+# TEI's ModelType of each task: embedding, classifier, reranker
+MODEL_TYPES = {"embed": 0, "sparse": 0, "multivector": 0, "classify": 1, "ner": 1, "rerank": 2}
 DIRECTIONS = ("right", "left")  # TEI's TruncationDirection, by its number
 
 
@@ -122,14 +124,28 @@ class Methods:
         return self.pb.EmbedSparseResponse(sparse_embeddings=sparse, metadata=self.metadata(call))
 
     async def embed_all(self, call, request):
-        model = self.model(call, "embed", "EmbedAll")
+        """An embedding model's token vectors, unpooled; a late-interaction model's, one per
+        token that counts, read as a query or a document (`prompt_name`)."""
+        model = self.model(call, None, "EmbedAll")
         prompt = request.prompt_name if request.HasField("prompt_name") else None
-        (result,) = await self.run(
-            call, model, "embed", [request.inputs], request, prompt_name=prompt, token_vectors=True
-        )
-        vectors = [
-            self.pb.TokenEmbedding(embeddings=v) for v in EMBED.from_wire(result).vectors.tolist()
-        ]
+        if model.model.task == "multivector":
+            (result,) = await self.run(
+                call, model, "multivector", [request.inputs], request, prompt_name=prompt
+            )
+            rows = MULTIVECTOR.from_wire(result).vectors
+        else:
+            self.model(call, "embed", "EmbedAll")
+            (result,) = await self.run(
+                call,
+                model,
+                "embed",
+                [request.inputs],
+                request,
+                prompt_name=prompt,
+                token_vectors=True,
+            )
+            rows = EMBED.from_wire(result).vectors
+        vectors = [self.pb.TokenEmbedding(embeddings=v) for v in rows.tolist()]
         return self.pb.EmbedAllResponse(token_embeddings=vectors, metadata=self.metadata(call))
 
     # -- Predict ---------------------------------------------------------------------------

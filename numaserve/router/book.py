@@ -83,7 +83,8 @@ class RequestBook:
         self.windowed = TASKS[task].reads_windows
         self.windows_by_default = TASKS[task].windows_by_default
         self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
-        self.answers = TASKS[task].answers(tokenizer)  # what the task adds to its results
+        self.answers = TASKS[task].answers(tokenizer, prompts)  # what the task adds to results
+        self.cached = TASKS[task].cached
         # Results are cached under the key of the model that computed them, and looked up
         # under those of the live instances: after a reload that changed the model, the old
         # one's results stop answering once its last instance is gone.
@@ -170,7 +171,8 @@ class RequestBook:
         if self.tagged:  # a tagger's inputs are texts, never pairs
             texts = cast(list[str], inputs)
             return self.tokenizer.encode_tagged(texts, request.truncate, request.cuts_left)
-        return self.tokenizer.encode(inputs, request.truncate, request.cuts_left)
+        encoded = self.tokenizer.encode(inputs, request.truncate, request.cuts_left)
+        return self.prompts.fitted(request.options.get("prompt_name"), encoded)
 
     def feed(self, now: float) -> None:
         """Queue the next piece of each big request whose queued texts went to instances,
@@ -233,11 +235,12 @@ class RequestBook:
         the cache is bounded in entries."""
         misses = []
         whole = bool(pending.request.options.get("token_vectors"))
+        uncached = whole or not self.cached
         bulk = pending.request.bulk
         for i, enc in enumerate(pending.encoded):
             for ids in enc.windows:  # one, but for a long document read in windows
                 hit = None
-                for key in () if whole else self.live_keys:
+                for key in () if uncached else self.live_keys:
                     hit = self.cache.get((key, ids, enc.second))
                     if hit is not None:
                         break
@@ -303,7 +306,7 @@ class RequestBook:
     def _job_done(self, job: Job[Pending], results: list, computed_by: str, pass_s) -> None:
         """`pass_s`: the instance's forward pass, in seconds (as its RESULT says)."""
         for item, result in zip(job.items, results, strict=True):
-            if not item.whole:
+            if self.cached and not item.whole:
                 self.cache.put((computed_by, item.ids, item.second), result)
             pending = item.owner
             if pending.done:

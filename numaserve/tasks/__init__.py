@@ -1,5 +1,5 @@
 """The tasks numaserve serves, one module each (`embed.py`, `classify.py`, `rerank.py`,
-`ner.py`, `sparse.py`): what its requests carry, what its model's head computes, what its
+`ner.py`, `sparse.py`, `multivector.py`): what its requests carry, what its model's head computes, what its
 worker sends, what its router adds and what its client returns.
 
 A new task is a module here (a `Task`, base.py) and its line in TASKS. Beside them:
@@ -15,9 +15,12 @@ from __future__ import annotations
 from numaserve.tasks.base import Task
 from numaserve.tasks.classify import CLASSIFY
 from numaserve.tasks.embed import EMBED
+from numaserve.tasks.multivector import MULTIVECTOR
 from numaserve.tasks.ner import NER
 from numaserve.tasks.rerank import RERANK
 from numaserve.tasks.sparse import SPARSE
 
-TASKS: dict[str, Task] = {task.name: task for task in (EMBED, CLASSIFY, RERANK, NER, SPARSE)}
+TASKS: dict[str, Task] = {
+    task.name: task for task in (EMBED, CLASSIFY, RERANK, NER, SPARSE, MULTIVECTOR)
+}
 NAMES = tuple(TASKS)

@@ -20,8 +20,8 @@ class Verdict:
     figure: str  # what was measured against what the bar is, for the log and the refusal
 
 
-def cosine_verdict(candidate: Sequence, reference: Sequence) -> Verdict:
-    """Vectors, one per text."""
+def cosine_verdict(candidate: Sequence, reference: Sequence, what: str = "texts") -> Verdict:
+    """Vectors, one per text (or per token: `what` names them)."""
     import numpy as np
 
     a, b = np.stack(candidate), np.stack(reference)
@@ -29,7 +29,7 @@ def cosine_verdict(candidate: Sequence, reference: Sequence) -> Verdict:
     share, lowest = float((cosine >= COSINE_BAR).mean()), float(cosine.min())
     return Verdict(
         share >= COSINE_SHARE and lowest >= COSINE_FLOOR,
-        f"cosine to fp32 >= {COSINE_BAR} on {share:.1%} of {len(cosine)} texts (bar "
+        f"cosine to fp32 >= {COSINE_BAR} on {share:.1%} of {len(cosine)} {what} (bar "
         f"{COSINE_SHARE:.0%}), lowest {lowest:.4f} (bar {COSINE_FLOOR}), median "
         f"{float(np.median(cosine)):.4f}",
     )

@@ -36,6 +36,7 @@ class Tokenizer(Protocol):
     """What a task asks of the router's tokenizer (backends/tokenizer.py)."""
 
     word_aware: bool  # whole words known from the pieces (ner's aggregation)
+    path: str  # the model's, as the config names it
 
     def encode(self, texts: list, truncate: bool | None = None, left: bool = False) -> list: ...
 
@@ -67,6 +68,7 @@ class Head:
     """How a model's output becomes a task's results, in the worker (numpy arrays in)."""
 
     labels: tuple[str, ...] = ()
+    hides_tokens = False  # some inputs' tokens are read but not attended to (`attended`)
 
     def __call__(self, out, mask, batch: list[list[int]]) -> list:
         """One result per input of the batch: `out` is the model's output (float32), `mask`
@@ -76,6 +78,10 @@ class Head:
     def describe(self) -> dict:
         """What a worker's READY says about the model beyond its task (labels, dim)."""
         return {}
+
+    def attended(self, batch: list[list[int]]) -> list[int] | None:
+        """How many of each input's tokens the encoder attends to; None: all of them."""
+        return None
 
 
 class Answers:
@@ -150,6 +156,8 @@ class Task:
     # max_chunks_per_doc), or where a request asks (embed's texts).
     reads_windows = False
     windows_by_default = False
+    cached = True  # its results may answer the same text again, from the router's cache
+    answers_per_token = False  # a vector per token, hundreds of times a pooled vector's size
 
     def options(self, body: dict, bad: Bad) -> dict[str, Any]:
         """This task's own request fields, checked, with their defaults filled in."""
@@ -176,7 +184,8 @@ class Task:
         """One result of the head, as the worker sends it to the router."""
         raise NotImplementedError
 
-    def answers(self, tokenizer: Tokenizer) -> Answers:
+    def answers(self, tokenizer: Tokenizer, prompts: Prompts) -> Answers:
+        """What its router shard adds to results; `prompts`: what `prompts` read."""
         return Answers()
 
     def from_wire(self, result: dict):

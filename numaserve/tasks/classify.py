@@ -80,7 +80,7 @@ class Classify(Task):
     def to_wire(self, result: ClassifyResult) -> dict:
         return {"label": result.label, "probs": list(result.probs), "logits": list(result.logits)}
 
-    def answers(self, tokenizer) -> Logits:
+    def answers(self, tokenizer, prompts) -> Logits:
         return Logits()
 
     def from_wire(self, result: dict) -> Classification:

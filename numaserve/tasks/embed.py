@@ -86,7 +86,7 @@ class Embed(Task):
             raise bad("token_vectors reads a text once: max_chunks_per_doc cannot go with it")
         return {"prompt_name": name, "token_vectors": whole, "max_chunks_per_doc": chunks}
 
-    def answers(self, tokenizer) -> Windows:
+    def answers(self, tokenizer, prompts) -> Windows:
         return Windows()
 
     def prompts(self, directory: Path) -> Prompts:

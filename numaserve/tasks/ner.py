@@ -96,7 +96,7 @@ class Ner(Task):
     def to_wire(self, result) -> dict:
         return {"scores": protocol.embedding_to_wire(result.ravel())}  # row by row, float32
 
-    def answers(self, tokenizer) -> Answers:
+    def answers(self, tokenizer, prompts) -> Answers:
         return Found(tokenizer.word_aware)
 
     def from_wire(self, result: dict) -> Entities:

@@ -32,6 +32,7 @@ LEGACY_KEYS = {  # its config files before v5: one boolean per mode
 # The module types numaserve runs, by class name (their module path moved between versions:
 # sentence_transformers.models.Pooling, ...sentence_transformer.modules.pooling.Pooling).
 TRANSFORMER, POOLING, DENSE, NORMALIZE = "Transformer", "Pooling", "Dense", "Normalize"
+LATE_INTERACTION = "MultiVectorMask"  # a MultiVectorEncoder's: task multivector's
 # A Dense module's activation, by its torch class's name, as numpy computes it.
 ACTIVATIONS = {
     "Identity": lambda x: x,
@@ -57,7 +58,8 @@ class Dense:
         return self.weight.shape[0]
 
     @classmethod
-    def read(cls, directory: Path, name: str) -> Dense:
+    def read(cls, directory: Path, name: str, reads: str = "sentence_embedding") -> Dense:
+        """`reads`: what the module must project (a pooled vector, or token vectors)."""
         config = read_json(directory / "config.json")
         given = str(config.get("activation_function", "torch.nn.modules.activation.Tanh"))
         activation = given.rsplit(".", 1)[-1]
@@ -66,10 +68,10 @@ class Dense:
                 f"{directory}: Dense module {name!r} applies {given}, which numaserve cannot "
                 f"compute (it computes {', '.join(ACTIVATIONS)})"
             )
-        if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        if config.get("module_input_name", reads) != reads:
             raise ModelLoadError(
                 f"{directory}: Dense module {name!r} reads {config['module_input_name']!r}; "
-                "numaserve runs Dense modules on the pooled vector only"
+                f"numaserve runs this model's Dense modules on {reads!r}"
             )
         weights = _weights(directory, name)
         use_residual = bool(config.get("use_residual", False))
@@ -132,6 +134,11 @@ class Pooling:
             return cls()
         modules = read_json(path)
         kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        if LATE_INTERACTION in kinds:
+            raise ModelLoadError(
+                f"{path}: a late-interaction (ColBERT) model, one vector per token "
+                f"({LATE_INTERACTION}): serve it with task: multivector"
+            )
         for module, kind in zip(modules, kinds, strict=True):
             if kind not in (TRANSFORMER, POOLING, DENSE, NORMALIZE):
                 raise ModelLoadError(

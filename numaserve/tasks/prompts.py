@@ -59,5 +59,10 @@ class Prompts:
         prompt = self.table[name]
         return [prompt + t if isinstance(t, str) else t for t in texts] if prompt else texts
 
+    def fitted(self, name: str | None, encoded: list) -> list:
+        """The tokenized texts as the model reads them: as they are (a late-interaction
+        model's queries are cut and expanded: tasks/multivector.py)."""
+        return encoded
+
 
 NO_PROMPTS = Prompts()

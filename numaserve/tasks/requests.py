@@ -159,9 +159,9 @@ def parse_request(body: dict, max_texts: int) -> Request:
         owners = " and ".join(OWNERS[misplaced[0]])
         raise bad(f"{keys} {verb} for {owners}, not {task.name}")
     options = task.options(body, bad)
-    if options.get("token_vectors") and len(texts) > TOKEN_VECTOR_TEXTS:
+    if per_token(op, options) and len(texts) > TOKEN_VECTOR_TEXTS:
         raise bad(
-            f"{len(texts)} texts ask for token_vectors; the limit is {TOKEN_VECTOR_TEXTS} a "
+            f"{len(texts)} texts ask for token vectors; the limit is {TOKEN_VECTOR_TEXTS} a "
             "request (a text's token vectors are up to max_length times its vector's size)"
         )
     bulk = priority == "bulk"
@@ -171,6 +171,11 @@ def parse_request(body: dict, max_texts: int) -> Request:
     return Request(
         request_id, op, texts, deadline, model, options, truncate, direction, bulk, trace, timings
     )
+
+
+def per_token(op: str, options: dict) -> bool:
+    """Whether a request's answer holds a vector per token (TOKEN_VECTOR_TEXTS bounds it)."""
+    return TASKS[op].answers_per_token or bool(options.get("token_vectors"))
 
 
 def _trace(parent: object, state: object) -> tuple[str, str] | None:

@@ -130,7 +130,7 @@ class Rerank(Task):
     def to_wire(self, result: Scored) -> dict:
         return {"score": result.score, "logit": result.logit}
 
-    def answers(self, tokenizer) -> Ranking:
+    def answers(self, tokenizer, prompts) -> Ranking:
         return Ranking()
 
     def from_wire(self, result: dict) -> Ranked:

@@ -286,3 +286,76 @@ def sparse_encoder_weights(path: Path, texts: list[str]):
 
         encoder = SparseEncoder(str(path), device="cpu")
         return encoder.encode(texts, convert_to_tensor=True).to_dense().numpy()
+
+
+def save_tiny_colbert(
+    path: Path,
+    expansion: dict | None = None,
+    skiplist: bool = True,
+    query_length: int | None = 32,
+    document_length: int | None = 180,
+    dense: int | None = 48,
+    prompts: dict | None = None,
+) -> Path:
+    """A 2-layer, 64-wide BertModel (random weights, fixed seed) saved as sentence-transformers
+    6's MultiVectorEncoder saves a ColBERT model: the Transformer with its query and document
+    lengths and query expansion (ColBERT's by default: fixed at 32, not attended), a Dense
+    projection without bias, Normalize on token vectors, and a MultiVectorMask with the
+    punctuation skiplist; prompts "[Q] " and "[D] " unless `prompts` says otherwise."""
+    import string
+    import warnings
+
+    import torch
+    from transformers import AutoModel, AutoTokenizer, BertConfig
+
+    from numaserve.checkpoint.paths import resolve_model_path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import MultiVectorEncoder
+        from sentence_transformers.base.modules import Dense, Normalize, Transformer
+        from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+    )
+    AutoModel.from_config(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+    if expansion is None:
+        expansion = {"strategy": "fixed", "length": 32}
+    transformer = Transformer(
+        str(path),
+        query_length=query_length,
+        document_length=document_length,
+        query_expansion=expansion or None,
+    )
+    modules = [transformer]
+    if dense:
+        modules.append(
+            Dense(
+                64,
+                dense,
+                bias=False,
+                activation_function=torch.nn.Identity(),
+                module_input_name="token_embeddings",
+                module_output_name="token_embeddings",
+            )
+        )
+    modules.append(Normalize(module_input_name="token_embeddings"))
+    modules.append(MultiVectorMask(list(string.punctuation) if skiplist else None))
+    if prompts is None:
+        prompts = {"query": "[Q] ", "document": "[D] "}
+    MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu").save(str(path))
+    return path
+
+
+def multi_vector_encoder(path: Path):
+    """sentence-transformers' own MultiVectorEncoder of a checkpoint, on the CPU."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import MultiVectorEncoder
+
+        return MultiVectorEncoder(str(path), device="cpu")

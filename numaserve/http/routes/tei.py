@@ -18,6 +18,7 @@ from numaserve.http.connection import Request, Response
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.processes.specs import FrontModel
 from numaserve.tasks.embed import EMBED
+from numaserve.tasks.multivector import MULTIVECTOR
 from numaserve.tasks.sparse import weights
 from numaserve.wire.protocol import TRUNCATION_DIRECTIONS
 
@@ -31,6 +32,7 @@ BY_TASK = {
     "rerank": "/rerank",
     "ner": "/ner",
     "sparse": "/embed_sparse",
+    "multivector": "/embed_all",
 }
 
 
@@ -68,9 +70,17 @@ async def embed(app: App, request: Request) -> Response:
 
 
 async def embed_all(app: App, request: Request) -> Response:
-    """Each text's token vectors, unpooled (TEI)."""
+    """Each text's token vectors (TEI): an embedding model's, unpooled; a late-interaction
+    model's, one per token that counts, read as a query or a document (`prompt_name`)."""
     body = json_body(request)
     model = app.model_of(request, body)
+    if model.model.task == "multivector":
+        texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
+        prompt = body.get("prompt_name")
+        results = await app.core.run(
+            request, model, "multivector", texts, prompt_name=prompt, **cutting(body)
+        )
+        return ok([MULTIVECTOR.from_wire(r).vectors.tolist() for r in results])
     check_task(model, "/embed")
     texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
     results = await app.core.run(
@@ -257,7 +267,11 @@ ROUTES = (
     _post("/embed", embed, "Embeddings of texts (TEI)"),
     _post("/predict", predict, "A classifier's labels and scores for texts or pairs (TEI)"),
     _post("/rerank", rerank, "A cross-encoder's scores for a query and texts, best first (TEI)"),
-    _post("/embed_all", embed_all, "Each text's token vectors, unpooled (TEI)"),
+    _post(
+        "/embed_all",
+        embed_all,
+        "Each text's token vectors (TEI): unpooled, or a late-interaction model's",
+    ),
     _post("/embed_sparse", embed_sparse, "A SPLADE model's sparse embeddings of texts (TEI)"),
     _post("/similarity", similarity, "Each sentence's cosine to a source sentence (TEI)"),
     _post("/tokenize", tokenize, "The model's tokens of texts (TEI)"),

@@ -1,0 +1,363 @@
+"""multivector: late interaction (ColBERT). Each text becomes one vector per token, as
+sentence-transformers' MultiVectorEncoder saves such a model: its Transformer, Dense
+projections of every token vector, Normalize, then a MultiVectorMask that says which tokens
+count. A query scores a document by MaxSim: each query vector's best match, summed.
+
+A text is read on one of two sides, as `encode_query` and `encode_document` read it: a request's
+`prompt_name` "query", else "document". Each side has its own prompt, its own length, and its
+own treatment:
+- a query is cut to its length and, with query expansion, padded to it with the expansion
+  token (the tokenizer's [MASK]): those positions are scored, and attended to by the encoder
+  only where the checkpoint says `attend` (the router does the cut and the padding; the worker
+  reads the trailing expansion tokens of an input as such: `Multi.attended`);
+- a document is cut to its length, and loses the skiplist's tokens (punctuation, as ColBERT
+  has it) from its vectors (the router drops them from the worker's rows: `Kept`).
+
+Rows travel as little-endian float32 bytes, `tokens` of them, `dim` wide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import read_json
+from numaserve.tasks.agreement import Verdict, cosine_verdict
+from numaserve.tasks.base import Answers, Bad, Head, Output, Task
+from numaserve.tasks.prompts import PROMPTS_FILE, Prompts, Text
+from numaserve.wire import protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from numaserve.tasks.pooling import Dense
+
+QUERY, DOCUMENT = "query", "document"
+SIDES = (QUERY, DOCUMENT)
+# encode_document's prompt: the first of these the model has (sentence-transformers' order).
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")
+# The module types of a MultiVectorEncoder numaserve runs, by class name.
+TRANSFORMER, DENSE, NORMALIZE, MASK = "Transformer", "Dense", "Normalize", "MultiVectorMask"
+STRATEGIES = ("fixed", "min")
+
+
+@dataclass(frozen=True)
+class MultiVectors:
+    """A text's vectors: one row per token that counts (`vectors.shape[0]`)."""
+
+    vectors: np.ndarray  # float32, (rows, dim); unit length where the model normalizes
+    tokens: int  # the tokens the model read
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """ColBERT's query expansion (sentence-transformers' QueryExpansionConfig): a query shorter
+    than `length` tokens is padded to it with `token_id`; `fixed` also cuts longer ones."""
+
+    strategy: str
+    attend: bool
+    token_id: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Sides:
+    """How a late-interaction checkpoint reads a text on each side, from its own files."""
+
+    prompts: dict[str, str]  # the model's prompts, by name
+    query_length: int | None
+    document_length: int | None
+    expansion: Expansion | None
+    skip_ids: frozenset[int]  # the skiplist's tokens, by id
+    skip_sides: tuple[str, ...]  # the sides whose vectors leave them out
+    dense: tuple[Dense, ...]
+    normalize: bool
+
+    @classmethod
+    def read(cls, directory: Path, path: str) -> Sides:
+        root = Path(directory)
+        modules = _modules(root, path)
+        kinds = [_kind(m) for m in modules]
+        transformer = _json(root / _path(modules[0]) / "sentence_bert_config.json")
+        mask = _json(root / _path(modules[-1]) / "config.json")
+        if mask.get("keep_only_token_ids"):
+            raise ModelLoadError(
+                f"{path}: its MultiVectorMask keeps only some token ids (an image model's "
+                "patches); numaserve serves text models"
+            )
+        vocabulary = _Vocabulary.read(root, path)
+        skiplist = [vocabulary.id_of(w) for w in mask.get("skiplist_words") or ()]
+        skip_sides = mask.get("skiplist_tasks") or [DOCUMENT]
+        config = _json(root / PROMPTS_FILE)
+        from numaserve.tasks.pooling import Dense  # numpy: only once the process is pinned
+
+        dense = tuple(
+            Dense.read(root / _path(m), _path(m), reads="token_embeddings")
+            for m, kind in zip(modules, kinds, strict=True)
+            if kind == DENSE
+        )
+        return cls(
+            dict(config.get("prompts") or {}),
+            _length(transformer, "query_length", path),
+            _length(transformer, "document_length", path),
+            _expansion(transformer.get("query_expansion"), vocabulary, path),
+            frozenset(i for i in skiplist if i is not None),
+            (skip_sides,) if isinstance(skip_sides, str) else tuple(skip_sides),
+            dense,
+            NORMALIZE in kinds,
+        )
+
+    def query_cut(self) -> int | None:
+        """The tokens a query keeps at most."""
+        expansion = self.expansion
+        if expansion is not None and expansion.strategy == "fixed":
+            return expansion.length
+        return self.query_length
+
+    def prompt(self, side: str) -> str:
+        if side == QUERY:
+            return self.prompts.get(QUERY, "")
+        return next((self.prompts[n] for n in DOCUMENT_PROMPTS if n in self.prompts), "")
+
+
+class SidedPrompts(Prompts):
+    """The router's view of a late-interaction model's inputs: the side's prompt before each
+    text, then, once tokenized, the side's cut and a query's expansion."""
+
+    def __init__(self, sides: Sides):
+        super().__init__(sides.prompts, None)
+        self.sides = sides
+
+    def applied(self, name: str | None, texts: list[Text]) -> list[Text]:
+        prompt = self.sides.prompt(side_of(name))
+        return [prompt + t if isinstance(t, str) else t for t in texts] if prompt else texts
+
+    def fitted(self, name: str | None, encoded: list) -> list:
+        sides = self.sides
+        cut = sides.query_cut() if side_of(name) == QUERY else sides.document_length
+        encoded = [_cut(e, cut) for e in encoded] if cut else encoded
+        expansion = sides.expansion
+        if side_of(name) != QUERY or expansion is None:
+            return encoded
+        pad = expansion.token_id
+        return [replace(e, ids=e.ids + (pad,) * (expansion.length - len(e.ids))) for e in encoded]
+
+
+def side_of(prompt_name: str | None) -> str:
+    return QUERY if prompt_name == QUERY else DOCUMENT
+
+
+def _cut(encoded, length: int):
+    """A text cut to `length` tokens as the tokenizer cuts it: its first tokens, then its
+    closing special token (single texts: [CLS] ... [SEP])."""
+    ids = encoded.ids
+    if len(ids) <= length:
+        return encoded
+    return replace(encoded, ids=ids[: length - 1] + ids[-1:], truncated=True)
+
+
+class Multi(Head):
+    """Every token vector of each input, projected and normalized as the checkpoint's modules
+    say; the router keeps those that count."""
+
+    def __init__(self, sides: Sides, width: int):
+        self.sides = sides
+        self.dim = sides.dense[-1].out_features if sides.dense else width
+        self.hides_tokens = sides.expansion is not None and not sides.expansion.attend
+
+    def attended(self, batch: list[list[int]]) -> list[int] | None:
+        """How many of each input's tokens the encoder attends to: a query's expansion tokens
+        at its end are read but not attended, unless the checkpoint says `attend`."""
+        expansion = self.sides.expansion
+        if expansion is None or expansion.attend:
+            return None
+        pad = expansion.token_id
+        counts = []
+        for ids in batch:
+            n = len(ids)
+            while n > 1 and ids[n - 1] == pad:
+                n -= 1
+            counts.append(n)
+        return counts
+
+    def __call__(self, out, mask, batch):
+        import numpy as np
+
+        results = []
+        for row, ids in zip(out, batch, strict=True):
+            vectors = row[: len(ids)]
+            for layer in self.sides.dense:
+                vectors = layer(vectors.astype(np.float32, copy=False))
+            if self.sides.normalize:
+                norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+                vectors = vectors / np.maximum(norms, 1e-12)
+            results.append(np.ascontiguousarray(vectors, dtype=np.float32))
+        return results
+
+    def describe(self) -> dict:
+        return {"dim": self.dim}
+
+
+class Kept(Answers):
+    """Drops the rows of skiplisted tokens on the sides the skiplist applies to."""
+
+    def __init__(self, sides: Sides):
+        self.sides = sides
+
+    def finish(self, request, encoded, results):
+        import numpy as np
+
+        side = side_of(request.options.get("prompt_name"))
+        if side not in self.sides.skip_sides or not self.sides.skip_ids:
+            return results
+        skip = self.sides.skip_ids
+        for result, enc in zip(results, encoded, strict=True):
+            keep = [i for i, token in enumerate(enc.ids) if token not in skip]
+            if len(keep) < len(enc.ids):
+                rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
+                result["vectors"] = protocol.embedding_to_wire(rows[np.array(keep, dtype=int)])
+        return results
+
+
+class MultiVector(Task):
+    name = "multivector"
+    output = Output.HIDDEN_STATE
+    option_keys = ("prompt_name",)
+    cached = False  # a text's vectors are a hundred times a pooled vector's size
+    answers_per_token = True
+
+    def options(self, body: dict, bad: Bad) -> dict:
+        name = body.get("prompt_name")
+        if name is not None and name not in SIDES:
+            raise bad('prompt_name must be "query" or "document" (the default)')
+        return {"prompt_name": name}
+
+    def prompts(self, directory: Path) -> Prompts:
+        return SidedPrompts(Sides.read(directory, str(directory)))
+
+    def answers(self, tokenizer, prompts: Prompts) -> Answers:
+        assert isinstance(prompts, SidedPrompts)
+        return Kept(prompts.sides)
+
+    def check_checkpoint(self, directory: Path, path: str) -> None:
+        Sides.read(directory, path)
+
+    def head(self, facts, width: int, directory: Path, path: str) -> Head:
+        return Multi(Sides.read(Path(directory), path), width)
+
+    def to_wire(self, result) -> dict:
+        return {"vectors": protocol.embedding_to_wire(result), "dim": result.shape[1]}
+
+    def from_wire(self, result: dict) -> MultiVectors:
+        rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
+        return MultiVectors(rows, result["tokens"], result["truncated"])
+
+    def gate_inputs(self, tokenizer, texts: list[str]) -> list:
+        """Each text as a document, and as a query: expanded, where the model expands them."""
+        from numaserve.checkpoint.paths import resolve_model_path
+
+        prompts = SidedPrompts(Sides.read(Path(resolve_model_path(tokenizer.path)), tokenizer.path))
+        return [
+            e
+            for side in SIDES
+            for e in prompts.fitted(side, tokenizer.encode(prompts.applied(side, texts)))
+        ]
+
+    def gate_verdict(self, answers: list, reference: list) -> Verdict:
+        """Every token vector of every text against fp32's."""
+        rows = [r for matrix in answers for r in matrix]
+        return cosine_verdict(rows, [r for matrix in reference for r in matrix], "token vectors")
+
+
+MULTIVECTOR = MultiVector()
+
+
+# -- reading the checkpoint --------------------------------------------------------------------
+
+
+def _modules(root: Path, path: str) -> list[dict]:
+    modules_file = root / "modules.json"
+    if not modules_file.is_file():
+        raise ModelLoadError(
+            f"{path} has no modules.json: task: multivector serves a late-interaction model as "
+            "sentence-transformers' MultiVectorEncoder saves it"
+        )
+    modules = read_json(modules_file)
+    kinds = [_kind(m) for m in modules]
+    body = kinds[1:-1]
+    expected = [*[DENSE] * body.count(DENSE), *[NORMALIZE] * (NORMALIZE in body)]
+    if kinds[:1] != [TRANSFORMER] or kinds[-1:] != [MASK] or body != expected:
+        raise ModelLoadError(
+            f"{modules_file}: its modules run {' -> '.join(kinds) or 'nothing'}; numaserve runs "
+            f"a MultiVectorEncoder of {TRANSFORMER}, any {DENSE} modules, {NORMALIZE}, then "
+            f"{MASK}, in that order"
+        )
+    return modules
+
+
+def _kind(module: dict) -> str:
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _path(module: dict) -> str:
+    return str(module.get("path", ""))
+
+
+def _json(path: Path) -> dict:
+    data = read_json(path) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
+
+
+def _length(config: dict, key: str, path: str) -> int | None:
+    value = config.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+        raise ModelLoadError(f"{path}: {key} must be an integer of at least 2; got {value!r}")
+    return value
+
+
+def _expansion(config, vocabulary: _Vocabulary, path: str) -> Expansion | None:
+    if config is None:
+        return None
+    strategy, length = config.get("strategy"), config.get("length")
+    if strategy not in STRATEGIES or not isinstance(length, int) or length < 2:
+        raise ModelLoadError(
+            f"{path}: query_expansion must have a strategy of {' or '.join(STRATEGIES)} and a "
+            f"length of at least 2; got {config!r}"
+        )
+    token = config.get("token") or vocabulary.mask
+    token_id = vocabulary.id_of(token) if token else None
+    if token_id is None:
+        raise ModelLoadError(
+            f"{path}: query_expansion's token {token!r} is not in the tokenizer's vocabulary"
+        )
+    return Expansion(strategy, bool(config.get("attend", False)), token_id, length)
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    """The checkpoint's tokens by id, and its mask token, read without transformers."""
+
+    ids: dict[str, int]
+    mask: str | None
+
+    @classmethod
+    def read(cls, root: Path, path: str) -> _Vocabulary:
+        saved = root / "tokenizer.json"
+        if not saved.is_file():
+            raise ModelLoadError(
+                f"{path}: task: multivector reads the skiplist's and the expansion's tokens from "
+                "its tokenizer.json, which it lacks (save the model with a fast tokenizer)"
+            )
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(saved))
+        config = _json(root / "tokenizer_config.json")
+        mask = config.get("mask_token")
+        mask = mask.get("content") if isinstance(mask, dict) else mask
+        return cls(tokenizer.get_vocab(with_added_tokens=True), mask)
+
+    def id_of(self, token: str) -> int | None:
+        return self.ids.get(token)

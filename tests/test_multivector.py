@@ -1,0 +1,228 @@
+"""Late interaction (task: multivector): a ColBERT checkpoint as sentence-transformers 6's
+MultiVectorEncoder saves it, served by a real router shard and worker, its vectors against
+MultiVectorEncoder's own encode_query and encode_document."""
+
+import json
+
+import numpy as np
+import pytest
+
+from numaserve.backends import load_model
+from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.client import BadRequest, MultiVectors
+from numaserve.config.schema import ModelConfig
+from numaserve.tasks.multivector import SidedPrompts, Sides
+from numaserve.testing.cluster import Cluster
+from tests.harness.checkpoints import multi_vector_encoder, save_tiny_colbert
+from tests.harness.console import numaserve
+
+CONFIG = """
+model: {{path: "{path}", task: multivector, backend: torch, quantize: none}}
+server: {{heartbeat_ms: 200}}
+placement:
+  pools: [{{name: main, max_tokens: 256, instances: 1}}]
+"""
+QUERIES = [
+    "what is the capital of france?",
+    "who wrote the origin of species, and when?",
+    "a",
+    "a question far longer than the query length of thirty two tokens, which a fixed "
+    "expansion cuts to its length before it pads nothing at all, as colbert does",
+]
+DOCUMENTS = [
+    "Paris is the capital of France. It is, indeed, a large city!",
+    "Darwin's book (1859) changed biology; its full title is longer.",
+    "x",
+    "no punctuation here at all",
+]
+
+
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory):
+    return save_tiny_colbert(tmp_path_factory.mktemp("colbert"))
+
+
+@pytest.fixture(scope="module")
+def reference(colbert):
+    return multi_vector_encoder(colbert)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, colbert):
+    c = Cluster(tmp_path_factory.mktemp("multivector"), CONFIG.format(path=colbert))
+    c.start()
+    yield c
+    c.stop()
+
+
+def assert_same_vectors(served: list[MultiVectors], expected) -> None:
+    for got, want in zip(served, expected, strict=True):
+        want = want.numpy()
+        assert got.vectors.shape == want.shape
+        cosine = (got.vectors * want).sum(1) / (
+            np.linalg.norm(got.vectors, axis=1) * np.linalg.norm(want, axis=1)
+        )
+        assert cosine.min() >= 0.9999, cosine.min()
+
+
+def test_queries_are_encode_querys_vectors_expanded_to_the_query_length(cluster, reference):
+    served = cluster.client().embed_multi(QUERIES, prompt_name="query")
+    assert [len(s.vectors) for s in served] == [32] * len(QUERIES)
+    assert_same_vectors(served, reference.encode_query(QUERIES))
+    assert served[-1].truncated and not served[0].truncated
+
+
+def test_documents_are_encode_documents_vectors_without_the_skiplists_tokens(cluster, reference):
+    served = cluster.client().embed_multi(DOCUMENTS)
+    assert_same_vectors(served, reference.encode_document(DOCUMENTS))
+    assert len(served[0].vectors) < served[0].tokens  # its punctuation is left out
+    assert len(served[3].vectors) == served[3].tokens - 2  # only "[D]"'s two brackets
+
+
+def test_document_is_the_default_side(cluster):
+    client = cluster.client()
+    one = client.embed_multi("a text")
+    two = client.embed_multi("a text", prompt_name="document")
+    assert np.array_equal(one.vectors, two.vectors)
+
+
+def test_the_cli_prints_a_querys_vectors_as_json(cluster, reference):
+    out = numaserve("embed-multi", "--prompt-name", "query", "--endpoint", cluster.endpoint, "hi")
+    assert out.returncode == 0, out.stderr
+    (printed,) = json.loads(out.stdout)["results"]
+    assert printed["tokens"] == 32 and not printed["truncated"]
+    want = reference.encode_query(["hi"])[0].numpy()
+    np.testing.assert_allclose(printed["vectors"], want, atol=1e-6)
+
+
+def test_a_prompt_name_other_than_query_or_document_is_refused(cluster):
+    with pytest.raises(BadRequest, match='prompt_name must be "query" or "document"'):
+        cluster.client().embed_multi("a text", prompt_name="passage")
+
+
+# -- the model's own settings, on torch in one process -------------------------------------
+
+
+def encode(path, texts, side: str) -> list[np.ndarray]:
+    """What a router and a worker make of `texts` on `side`, in one process (torch, fp32)."""
+    from numaserve.backends.tokenizer import Tokenizer
+
+    config = ModelConfig(path=str(path), task="multivector", backend="torch", quantize="none")
+    model = load_model(config)
+    prompts = SidedPrompts(Sides.read(path, str(path)))
+    encoded = prompts.fitted(side, Tokenizer(str(path), 256).encode(prompts.applied(side, texts)))
+    rows = [model.run([list(e.ids)])[0] for e in encoded]
+    skip = prompts.sides.skip_ids if side in prompts.sides.skip_sides else frozenset()
+    return [r[[t not in skip for t in e.ids]] for r, e in zip(rows, encoded, strict=True)]
+
+
+@pytest.mark.parametrize(
+    "expansion",
+    [
+        {"strategy": "min", "length": 16},
+        {"strategy": "fixed", "length": 24, "attend": True},
+        {},  # none: a query is read as it is, cut to query_length
+    ],
+    ids=["min", "attended", "none"],
+)
+def test_each_query_expansion_reads_queries_as_encode_query(tmp_path, expansion):
+    path = save_tiny_colbert(tmp_path, expansion=expansion, query_length=40)
+    got = encode(path, QUERIES, "query")
+    want = multi_vector_encoder(path).encode_query(QUERIES)
+    assert [len(g) for g in got] == [len(w) for w in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
+
+
+def test_a_model_without_prompts_dense_or_skiplist_reads_both_sides_as_it_says(tmp_path):
+    path = save_tiny_colbert(tmp_path, skiplist=False, dense=None, prompts={})
+    reference = multi_vector_encoder(path)
+    for side, want in (
+        ("query", reference.encode_query(DOCUMENTS)),
+        ("document", reference.encode_document(DOCUMENTS)),
+    ):
+        for g, w in zip(encode(path, DOCUMENTS, side), want, strict=True):
+            np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
+
+
+def test_ctranslate2_is_refused_where_queries_expansion_is_not_attended_to(colbert):
+    config = ModelConfig(
+        path=str(colbert), task="multivector", backend="ctranslate2", quantize="none"
+    )
+    with pytest.raises(ModelLoadError, match=r"attend: false.*onnxruntime, openvino or torch"):
+        load_model(config)
+
+
+def test_a_colbert_served_as_an_embedding_model_is_refused_naming_the_task(colbert):
+    with pytest.raises(ModelLoadError, match="serve it with task: multivector"):
+        load_model(ModelConfig(path=str(colbert), task="embed", backend="torch", quantize="none"))
+
+
+def test_modules_in_another_order_are_refused_naming_them(colbert, tmp_path):
+    modules = json.loads((colbert / "modules.json").read_text())
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for entry in colbert.iterdir():
+        (broken / entry.name).symlink_to(entry)
+    (broken / "modules.json").unlink()
+    (broken / "modules.json").write_text(json.dumps([modules[0], modules[3], modules[1]]))
+    with pytest.raises(ModelLoadError, match="Transformer -> MultiVectorMask -> Dense"):
+        Sides.read(broken, "broken")
+
+
+# -- through `numaserve start`: each path `quantize: auto` may keep, HTTP and gRPC ----------
+
+SERVED = """
+model: {{path: "{path}", task: multivector, backend: {backend}, quantize: {quantize}}}
+server: {{endpoint: "@ENDPOINT@", grpc: "{grpc}"}}
+placement:
+  pools: [{{name: main, max_tokens: 256, instances: 1}}]
+"""
+
+
+def cosines(served_rows, expected) -> np.ndarray:
+    a, b = np.asarray(served_rows, dtype=np.float32), expected.numpy()
+    assert a.shape == b.shape
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "quantize"), [("onnxruntime", "none"), ("auto", "auto")])
+def test_every_path_answers_encode_querys_and_encode_documents_vectors_over_http_and_grpc(
+    tmp_path, colbert, reference, backend, quantize
+):
+    """fp32 within 1e-4 of cosine 1; what `auto` keeps, within the accuracy gate's bars for
+    token vectors (cosine >= 0.98 for every vector)."""
+    import grpc
+    import httpx
+
+    from numaserve.grpc_api.proto import tei
+    from numaserve.testing.ports import free_port
+    from tests.harness.server import Server
+
+    address = f"127.0.0.1:{free_port()}"
+    config = SERVED.format(path=colbert, backend=backend, quantize=quantize, grpc=address)
+    server = Server(tmp_path, config)
+    try:
+        server.wait_ready(timeout=600)
+        floor = 0.9999 if quantize == "none" else 0.98
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            body = {"inputs": QUERIES, "prompt_name": "query"}
+            queries = http.post("/embed_all", json=body).json()
+            documents = http.post("/embed_all", json={"inputs": DOCUMENTS}).json()
+            assert http.get("/info").json()["model_type"] == {
+                "embedding": {"pooling": "multivector"}
+            }
+        expected = reference.encode_query(QUERIES), reference.encode_document(DOCUMENTS)
+        for got, want in zip([*queries, *documents], [*expected[0], *expected[1]], strict=True):
+            assert cosines(got, want).min() >= floor
+        pb, stubs = tei()
+        with grpc.insecure_channel(address) as channel:
+            request = pb.EmbedAllRequest(inputs=QUERIES[0], prompt_name="query")
+            answer = stubs.EmbedStub(channel).EmbedAll(request)
+            info = stubs.InfoStub(channel).Info(pb.InfoRequest())
+        assert info.model_type == pb.MODEL_TYPE_EMBEDDING
+        rows = [t.embeddings for t in answer.token_embeddings]
+        assert cosines(rows, expected[0][0]).min() >= floor  # alone: int8 reads batches apart
+    finally:
+        server.stop()
