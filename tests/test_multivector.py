@@ -13,7 +13,11 @@ from numaserve.client import BadRequest, MultiVectors
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks.multivector import SidedPrompts, Sides
 from numaserve.testing.cluster import Cluster
-from tests.harness.checkpoints import multi_vector_encoder, save_tiny_colbert
+from tests.harness.checkpoints import (
+    multi_vector_encoder,
+    save_tiny_colbert,
+    save_tiny_pylate_v3,
+)
 from tests.harness.console import numaserve
 
 CONFIG = """
@@ -145,6 +149,22 @@ def test_a_model_without_prompts_dense_or_skiplist_reads_both_sides_as_it_says(t
             np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "prefixes", [("[unused0]", "[unused1]"), ("[Q] ", "[D] ")], ids=["in-vocabulary", "added"]
+)
+def test_pylates_older_saves_read_as_multi_vector_encoder_converts_them(tmp_path, prefixes):
+    path = save_tiny_pylate_v3(tmp_path, *prefixes)
+    reference = multi_vector_encoder(path)
+    for side, want in (
+        ("query", reference.encode_query(QUERIES)),
+        ("document", reference.encode_document(DOCUMENTS)),
+    ):
+        got = encode(path, QUERIES if side == "query" else DOCUMENTS, side)
+        assert [len(g) for g in got] == [len(w) for w in want], side
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
+
+
 def test_ctranslate2_is_refused_where_queries_expansion_is_not_attended_to(colbert):
     config = ModelConfig(
         path=str(colbert), task="multivector", backend="ctranslate2", quantize="none"
@@ -187,6 +207,7 @@ def cosines(served_rows, expected) -> np.ndarray:
 
 
 @pytest.mark.slow
+@pytest.mark.outputs_only
 @pytest.mark.parametrize(("backend", "quantize"), [("onnxruntime", "none"), ("auto", "auto")])
 def test_every_path_answers_encode_querys_and_encode_documents_vectors_over_http_and_grpc(
     tmp_path, colbert, reference, backend, quantize

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from numaserve.backends.wordpiece_memo import WordPieceMemo
 from numaserve.checkpoint.errors import ModelLoadError
+from numaserve.checkpoint.files import prefix_tokens
 from numaserve.checkpoint.paths import resolve_model_path
 from numaserve.tasks.tokens import Tokens
 
@@ -27,6 +28,33 @@ class TooLongError(ValueError):
 
 
 def load_fast_tokenizer(model_path: str) -> FastTokenizer:
+    """The checkpoint's fast tokenizer, with an older late-interaction save's markers read as
+    one token each (`with_prefix_tokens`)."""
+    return with_prefix_tokens(_load_fast_tokenizer(model_path), prefix_tokens(model_path))
+
+
+def with_prefix_tokens(tokenizer: FastTokenizer, prefixes: tuple[str, ...]) -> FastTokenizer:
+    """`tokenizer` reading each marker (or its first word) that it knows but splits into
+    pieces as one special token, as sentence-transformers' MultiVectorEncoder registers a
+    legacy checkpoint's: "[unused0]" in BERT's vocabulary is otherwise "[", "unused", "##0",
+    "]"."""
+    from tokenizers import AddedToken
+
+    vocabulary = tokenizer.get_vocab(with_added_tokens=True)
+    added = []
+    for value in prefixes:
+        for prefix in (value, value.split(None, 1)[0]):
+            if prefix not in vocabulary:
+                continue
+            if tokenizer.encode(prefix, add_special_tokens=False).tokens != [prefix]:
+                added.append(AddedToken(prefix, normalized=False, special=True))
+            break
+    if added:
+        tokenizer.add_special_tokens(added)
+    return tokenizer
+
+
+def _load_fast_tokenizer(model_path: str) -> FastTokenizer:
     directory = resolve_model_path(model_path)
     path = Path(directory) / "tokenizer.json"
     if path.is_file():

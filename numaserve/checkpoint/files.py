@@ -23,18 +23,36 @@ def checkpoint_max_length(path: str, task: str = "embed") -> tuple[int, str, str
     except ModelLoadError:
         return None
     config = _transformer_directory(root) / "sentence_bert_config.json"
-    data = read_json(config) if config.is_file() else {}
-    # A late-interaction model cuts its documents to their own length (queries are shorter).
-    keys = ("document_length", "max_seq_length") if task == "multivector" else ("max_seq_length",)
-    for key in keys:
+    places = [(config, "max_seq_length")]
+    if task == "multivector":  # documents are cut to their own length (queries are shorter)
+        top = root / "config_sentence_transformers.json"  # where PyLate's older saves say it
+        places = [(config, "document_length"), (top, "document_length"), *places]
+    for file, key in places:
+        data = read_json(file) if file.is_file() else {}
         value = data.get(key) if isinstance(data, dict) else None
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelLoadError(f"{config}: {key} must be a positive integer; got {value!r}")
-            return value, key, "sentence_bert_config.json"
+                raise ModelLoadError(f"{file}: {key} must be a positive integer; got {value!r}")
+            return value, key, file.name
     if task == "rerank":
         return _tokenizer_max_length(root)
     return None
+
+
+def prefix_tokens(path: str) -> tuple[str, ...]:
+    """The query and document markers an older late-interaction save inserts as tokens
+    (PyLate's top-level `query_prefix` and `document_prefix`: "[Q] ", "[unused0]"), which
+    its tokenizer must read as one token each, as sentence-transformers registers them."""
+    try:
+        root = Path(resolve_model_path(path))
+    except ModelLoadError:
+        return ()
+    top = root / "config_sentence_transformers.json"
+    data = read_json(top) if top.is_file() else {}
+    if not isinstance(data, dict):
+        return ()
+    found = (data.get(key) for key in ("query_prefix", "document_prefix"))
+    return tuple(p for p in found if isinstance(p, str) and p.strip())
 
 
 def _tokenizer_max_length(root: Path) -> tuple[int, str, str] | None:

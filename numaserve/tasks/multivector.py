@@ -18,6 +18,7 @@ Rows travel as little-endian float32 bytes, `tokens` of them, `dim` wide.
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +42,18 @@ DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 # The module types of a MultiVectorEncoder numaserve runs, by class name.
 TRANSFORMER, DENSE, NORMALIZE, MASK = "Transformer", "Dense", "Normalize", "MultiVectorMask"
 STRATEGIES = ("fixed", "min")
+PYLATE_V3 = "ColBERT"  # config_sentence_transformers.json's model_type in PyLate's older saves
+# The top-level keys of those saves' config_sentence_transformers.json.
+PYLATE_KEYS = (
+    "query_length",
+    "document_length",
+    "do_query_expansion",
+    "attend_to_expansion_tokens",
+    "attend_to_mask_tokens",
+    "query_prefix",
+    "document_prefix",
+    "skiplist_words",
+)
 
 
 @dataclass(frozen=True)
@@ -78,11 +91,22 @@ class Sides:
 
     @classmethod
     def read(cls, directory: Path, path: str) -> Sides:
+        """A save of sentence-transformers 6, or PyLate's older one (its settings at the top
+        of config_sentence_transformers.json, and only a Transformer and a Dense), read as
+        MultiVectorEncoder converts it: the punctuation skiplist on documents unless it names
+        another, and Normalize."""
         root = Path(directory)
-        modules = _modules(root, path)
+        config = _json(root / PROMPTS_FILE)
+        legacy = config.get("model_type") == PYLATE_V3
+        modules = _modules(root, path, legacy)
         kinds = [_kind(m) for m in modules]
-        transformer = _json(root / _path(modules[0]) / "sentence_bert_config.json")
-        mask = _json(root / _path(modules[-1]) / "config.json")
+        saved = _json(root / _path(modules[0]) / "sentence_bert_config.json")
+        transformer = {**_legacy_knobs(config), **saved}  # the module's own file wins
+        if legacy:
+            words = config.get("skiplist_words")
+            mask = {"skiplist_words": list(string.punctuation) if words is None else words}
+        else:
+            mask = _json(root / _path(modules[-1]) / "config.json")
         if mask.get("keep_only_token_ids"):
             raise ModelLoadError(
                 f"{path}: its MultiVectorMask keeps only some token ids (an image model's "
@@ -91,7 +115,6 @@ class Sides:
         vocabulary = _Vocabulary.read(root, path)
         skiplist = [vocabulary.id_of(w) for w in mask.get("skiplist_words") or ()]
         skip_sides = mask.get("skiplist_tasks") or [DOCUMENT]
-        config = _json(root / PROMPTS_FILE)
         from numaserve.tasks.pooling import Dense  # numpy: only once the process is pinned
 
         dense = tuple(
@@ -100,14 +123,14 @@ class Sides:
             if kind == DENSE
         )
         return cls(
-            dict(config.get("prompts") or {}),
+            _prompts(config),
             _length(transformer, "query_length", path),
             _length(transformer, "document_length", path),
             _expansion(transformer.get("query_expansion"), vocabulary, path),
             frozenset(i for i in skiplist if i is not None),
             (skip_sides,) if isinstance(skip_sides, str) else tuple(skip_sides),
             dense,
-            NORMALIZE in kinds,
+            legacy or NORMALIZE in kinds,
         )
 
     def query_cut(self) -> int | None:
@@ -278,7 +301,7 @@ MULTIVECTOR = MultiVector()
 # -- reading the checkpoint --------------------------------------------------------------------
 
 
-def _modules(root: Path, path: str) -> list[dict]:
+def _modules(root: Path, path: str, legacy: bool) -> list[dict]:
     modules_file = root / "modules.json"
     if not modules_file.is_file():
         raise ModelLoadError(
@@ -287,6 +310,8 @@ def _modules(root: Path, path: str) -> list[dict]:
         )
     modules = read_json(modules_file)
     kinds = [_kind(m) for m in modules]
+    if legacy and kinds[:1] == [TRANSFORMER] and set(kinds[1:]) <= {DENSE}:
+        return modules
     body = kinds[1:-1]
     expected = [*[DENSE] * body.count(DENSE), *[NORMALIZE] * (NORMALIZE in body)]
     if kinds[:1] != [TRANSFORMER] or kinds[-1:] != [MASK] or body != expected:
@@ -296,6 +321,36 @@ def _modules(root: Path, path: str) -> list[dict]:
             f"{MASK}, in that order"
         )
     return modules
+
+
+def _legacy_knobs(config: dict) -> dict:
+    """The Transformer's settings an older save keeps at its top level (PyLate's
+    `query_length`, `document_length`, `do_query_expansion`, `attend_to_expansion_tokens`),
+    in sentence-transformers 6's shape: expansion on, fixed at `query_length` (32 unless it
+    says), unless `do_query_expansion` is false."""
+    knobs = {k: config[k] for k in ("query_length", "document_length") if config.get(k) is not None}
+    if "query_expansion" in config:
+        return {**knobs, "query_expansion": config["query_expansion"]}
+    if not any(key in config for key in PYLATE_KEYS):
+        return knobs
+    if config.get("do_query_expansion") is False:
+        return {**knobs, "query_expansion": None}
+    attend = config.get("attend_to_expansion_tokens", config.get("attend_to_mask_tokens"))
+    length = knobs.pop("query_length", None) or 32
+    return {
+        **knobs,
+        "query_expansion": {"strategy": "fixed", "attend": bool(attend), "length": length},
+    }
+
+
+def _prompts(config: dict) -> dict[str, str]:
+    """The model's prompts, an older save's query and document markers before its own."""
+    prompts = dict(config.get("prompts") or {})
+    for key, side in (("query_prefix", QUERY), ("document_prefix", DOCUMENT)):
+        if key in config:
+            prefix = config[key] or ""
+            prompts[side] = prefix + (prompts.get(side) or "").removeprefix(prefix)
+    return prompts
 
 
 def _kind(module: dict) -> str:

@@ -359,3 +359,62 @@ def multi_vector_encoder(path: Path):
         from sentence_transformers import MultiVectorEncoder
 
         return MultiVectorEncoder(str(path), device="cpu")
+
+
+def save_tiny_pylate_v3(path: Path, query_prefix: str = "[unused0]", document_prefix="[unused1]"):
+    """A 2-layer, 64-wide BertModel (random weights, fixed seed) in the shape of PyLate's
+    older ColBERT saves (answerai-colbert-small-v1's, for one): only a Transformer and a
+    PyLate Dense in modules.json, and the late-interaction settings at the top of
+    config_sentence_transformers.json (`model_type: ColBERT`, the prefixes, query and document
+    lengths, `attend_to_expansion_tokens`, the punctuation skiplist). A prefix the vocabulary
+    lacks ("[Q] ") is added to the tokenizer, as PyLate adds it."""
+    import json
+    import string
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModel, AutoTokenizer, BertConfig
+
+    from numaserve.checkpoint.paths import resolve_model_path
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+    )
+    model = AutoModel.from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm"))
+    new = [p for p in (query_prefix, document_prefix) if p not in tokenizer.get_vocab()]
+    if new:
+        tokenizer.add_tokens(new)
+        model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "sentence_bert_config.json").write_text(
+        '{"max_seq_length": 179, "do_lower_case": false}'
+    )
+    dense = path / "1_Dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(
+        '{"in_features": 64, "out_features": 48, "bias": false, '
+        '"activation_function": "torch.nn.modules.linear.Identity"}'
+    )
+    save_file({"linear.weight": torch.randn(48, 64) / 8}, str(dense / "model.safetensors"))
+    top = {
+        "model_type": "ColBERT",
+        "prompts": {},
+        "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim",
+        "query_prefix": query_prefix,
+        "document_prefix": document_prefix,
+        "query_length": 32,
+        "document_length": 180,
+        "attend_to_expansion_tokens": False,
+        "skiplist_words": list(string.punctuation),
+    }
+    (path / "config_sentence_transformers.json").write_text(json.dumps(top))
+    return path
