@@ -99,6 +99,24 @@ def test_the_cli_prints_a_querys_vectors_as_json(cluster, reference):
     np.testing.assert_allclose(printed["vectors"], want, atol=1e-6)
 
 
+def test_rerank_scores_each_document_by_maxsim_as_multi_vector_encoders_similarity(
+    cluster, reference
+):
+    query = QUERIES[0]
+    expected = reference.similarity(
+        reference.encode_query([query]), reference.encode_document(DOCUMENTS)
+    )[0].numpy()
+    client = cluster.client()
+    every = client.rerank(query, DOCUMENTS, raw_scores=True)
+    assert [r.index for r in every] == list(range(len(DOCUMENTS)))
+    np.testing.assert_allclose([r.logit for r in every], expected, rtol=1e-4)
+    # the score: the mean of the query vectors' best cosines, MaxSim over their count
+    np.testing.assert_allclose([r.score for r in every], expected / 32, rtol=1e-4)
+    best = client.rerank(query, DOCUMENTS, top_k=2)
+    assert [r.index for r in best] == list(np.argsort(-expected)[:2])
+    assert all(r.logit is None for r in best)
+
+
 def test_a_prompt_name_other_than_query_or_document_is_refused(cluster):
     with pytest.raises(BadRequest, match='prompt_name must be "query" or "document"'):
         cluster.client().embed_multi("a text", prompt_name="passage")
@@ -234,6 +252,16 @@ def test_every_path_answers_encode_querys_and_encode_documents_vectors_over_http
             assert http.get("/info").json()["model_type"] == {
                 "embedding": {"pooling": "multivector"}
             }
+            body = {"query": QUERIES[0], "texts": DOCUMENTS}
+            ranks = {r["index"]: r["score"] for r in http.post("/rerank", json=body).json()}
+            v2 = {"query": QUERIES[0], "documents": DOCUMENTS}
+            cohere = http.post("/v2/rerank", json=v2).json()
+        maxsim = reference.similarity(
+            reference.encode_query(QUERIES[:1]), reference.encode_document(DOCUMENTS)
+        )[0].numpy()
+        mean_best = maxsim / 32  # the score: MaxSim over the query's 32 vectors
+        np.testing.assert_allclose([ranks[i] for i in range(len(DOCUMENTS))], mean_best, atol=0.02)
+        assert [r["index"] for r in cohere["results"]] == sorted(ranks, key=lambda i: -ranks[i])
         expected = reference.encode_query(QUERIES), reference.encode_document(DOCUMENTS)
         for got, want in zip([*queries, *documents], [*expected[0], *expected[1]], strict=True):
             assert cosines(got, want).min() >= floor

@@ -17,6 +17,7 @@ from numaserve.front.errors import ApiError
 from numaserve.grpc_api.calls import Calls, GrpcExchange, checked
 from numaserve.grpc_api.proto import tei
 from numaserve.processes.specs import FrontModel
+from numaserve.tasks import serves
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.multivector import MULTIVECTOR
 from numaserve.tasks.prompts import PromptError, Prompts
@@ -38,7 +39,7 @@ class Methods:
         """The model the call names (its `model` metadata), or the only one; one of `task`
         where the service runs one."""
         model = self.core.model(call.model, "the `model` metadata")
-        if task is not None and model.model.task != task:
+        if task is not None and not serves(model.model.task, task):
             raise ApiError(
                 424,
                 f"model {model.name!r} serves {model.model.task}; {service} is for {task} models",

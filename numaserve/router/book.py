@@ -79,6 +79,7 @@ class RequestBook:
         self.max_queue_ms = max_queue_ms
         self.max_windows = max_windows
         self.hold_until = hold_until
+        self.task = TASKS[task]
         self.tagged = TASKS[task].needs_tokens
         self.windowed = TASKS[task].reads_windows
         self.windows_by_default = TASKS[task].windows_by_default
@@ -164,6 +165,8 @@ class RequestBook:
     def _encode(self, request: Request) -> list:
         """The request's inputs, its model's prompt before each, tokenized (in windows,
         where its task reads a long document so)."""
+        if request.op != self.task.name:  # another task's request (serves_also)
+            return self.task.encode_for(request, self.tokenizer, self.prompts)
         inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
         windows = self._windows(request)
         if windows > 1:

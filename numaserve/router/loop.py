@@ -37,7 +37,7 @@ from numaserve.router.metrics import RouterMetrics
 from numaserve.router.process import EVENTS, NOBLOCK, POLLIN, context, send
 from numaserve.router.traces import RequestTraces
 from numaserve.status.report import BadReport, Ready, ServerReport, ShardReport, SlotTable
-from numaserve.tasks import TASKS
+from numaserve.tasks import TASKS, serves
 from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.tasks.requests import Request, RequestError, parse_request
 from numaserve.wire import curve, protocol
@@ -302,7 +302,7 @@ class Router:
                 ErrorCode.BAD_REQUEST,
                 f"no model {request.model!r} here; this server serves {name!r}",
             )
-        if request.op != task:
+        if not serves(task, request.op):
             return ErrorCode.BAD_REQUEST, f"this server's model does {task}, not {request.op}"
         return None
 

@@ -24,3 +24,8 @@ TASKS: dict[str, Task] = {
     task.name: task for task in (EMBED, CLASSIFY, RERANK, NER, SPARSE, MULTIVECTOR)
 }
 NAMES = tuple(TASKS)
+
+
+def serves(task: str, op: str) -> bool:
+    """Whether a model of `task` answers requests of `op` (its own, or one it serves also)."""
+    return op == task or op in TASKS[task].serves_also

@@ -158,6 +158,9 @@ class Task:
     windows_by_default = False
     cached = True  # its results may answer the same text again, from the router's cache
     answers_per_token = False  # a vector per token, hundreds of times a pooled vector's size
+    # Other tasks' requests its model answers too (a late-interaction model's rerank, by
+    # MaxSim), their inputs read by `encode_for`.
+    serves_also: tuple[str, ...] = ()
 
     def options(self, body: dict, bad: Bad) -> dict[str, Any]:
         """This task's own request fields, checked, with their defaults filled in."""
@@ -170,6 +173,11 @@ class Task:
     def prompts(self, directory: Path) -> Prompts:
         """The checkpoint's own prompts a request may name (an embedding model's)."""
         return NO_PROMPTS
+
+    def encode_for(self, request: Request, tokenizer: Tokenizer, prompts: Prompts) -> list:
+        """The tokenized inputs of a request of another task this one serves (serves_also),
+        as its model reads them."""
+        raise NotImplementedError(f"{self.name} serves no other task's requests")
 
     def check_checkpoint(self, directory: Path, path: str) -> None:
         """Refuse, with a ModelLoadError, a checkpoint this task cannot serve: at prepare,

@@ -28,6 +28,7 @@ from numaserve.checkpoint.files import read_json
 from numaserve.tasks.agreement import Verdict, cosine_verdict
 from numaserve.tasks.base import Answers, Bad, Head, Output, Task
 from numaserve.tasks.prompts import PROMPTS_FILE, Prompts, Text
+from numaserve.tasks.rerank import RERANK, Ranking
 from numaserve.wire import protocol
 
 if TYPE_CHECKING:
@@ -225,24 +226,51 @@ class Multi(Head):
 
 
 class Kept(Answers):
-    """Drops the rows of skiplisted tokens on the sides the skiplist applies to."""
+    """Drops the rows of skiplisted tokens on the sides the skiplist applies to; for a
+    rerank, scores each document by MaxSim against the query."""
 
     def __init__(self, sides: Sides):
         self.sides = sides
 
     def finish(self, request, encoded, results):
+        if request.op == RERANK.name:  # the query first, then the documents (encode_for)
+            sides = [QUERY] + [DOCUMENT] * (len(results) - 1)
+        else:
+            sides = [side_of(request.options.get("prompt_name"))] * len(results)
+        for result, enc, side in zip(results, encoded, sides, strict=True):
+            if side in self.sides.skip_sides and self.sides.skip_ids:
+                self._skip(result, enc)
+        if request.op != RERANK.name:
+            return results
+        return Ranking().finish(request, encoded[1:], maxsim(results[0], results[1:]))
+
+    def _skip(self, result: dict, encoded) -> None:
         import numpy as np
 
-        side = side_of(request.options.get("prompt_name"))
-        if side not in self.sides.skip_sides or not self.sides.skip_ids:
-            return results
-        skip = self.sides.skip_ids
-        for result, enc in zip(results, encoded, strict=True):
-            keep = [i for i, token in enumerate(enc.ids) if token not in skip]
-            if len(keep) < len(enc.ids):
-                rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
-                result["vectors"] = protocol.embedding_to_wire(rows[np.array(keep, dtype=int)])
-        return results
+        keep = [i for i, token in enumerate(encoded.ids) if token not in self.sides.skip_ids]
+        if len(keep) < len(encoded.ids):
+            rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
+            result["vectors"] = protocol.embedding_to_wire(rows[np.array(keep, dtype=int)])
+
+
+def maxsim(query: dict, documents: list[dict]) -> list[dict]:
+    """Each document's MaxSim against the query (each query vector's best match among the
+    document's, summed) as its `logit`, and that sum over the query's vectors as its `score`:
+    the mean best cosine, from -1 to 1, where the model normalizes."""
+    q = protocol.embedding_from_wire(query["vectors"]).reshape(-1, query["dim"])
+    scored = []
+    for document in documents:
+        d = protocol.embedding_from_wire(document["vectors"]).reshape(-1, document["dim"])
+        total = float((q @ d.T).max(axis=1).sum()) if len(d) else 0.0
+        scored.append(
+            {
+                "score": total / max(len(q), 1),
+                "logit": total,
+                "tokens": document["tokens"],
+                "truncated": document["truncated"],
+            }
+        )
+    return scored
 
 
 class MultiVector(Task):
@@ -251,6 +279,7 @@ class MultiVector(Task):
     option_keys = ("prompt_name",)
     cached = False  # a text's vectors are a hundred times a pooled vector's size
     answers_per_token = True
+    serves_also = (RERANK.name,)  # by MaxSim
 
     def options(self, body: dict, bad: Bad) -> dict:
         name = body.get("prompt_name")
@@ -264,6 +293,18 @@ class MultiVector(Task):
     def answers(self, tokenizer, prompts: Prompts) -> Answers:
         assert isinstance(prompts, SidedPrompts)
         return Kept(prompts.sides)
+
+    def encode_for(self, request, tokenizer, prompts) -> list:
+        """A rerank's query, read as a query, then its documents, read as documents."""
+        cut = dict(truncate=request.truncate, left=request.cuts_left)
+        query = [request.options["query"]]
+        documents = list(request.texts)
+        return [
+            *prompts.fitted(QUERY, tokenizer.encode(prompts.applied(QUERY, query), **cut)),
+            *prompts.fitted(
+                DOCUMENT, tokenizer.encode(prompts.applied(DOCUMENT, documents), **cut)
+            ),
+        ]
 
     def check_checkpoint(self, directory: Path, path: str) -> None:
         Sides.read(directory, path)

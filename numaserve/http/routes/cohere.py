@@ -17,6 +17,7 @@ from numaserve.front.errors import ApiError
 from numaserve.http import api_errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.routing import Route, flag, json_body, ok
+from numaserve.tasks import serves
 from numaserve.tasks.prompts import Prompts
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 async def ranked(app: App, request: Request, body: dict, documents: list[str]) -> list[dict]:
     """The reranker's results for `documents`, best first (top_n of them, where given)."""
     model = _model(app, body)
-    if model.model.task != "rerank":
+    if not serves(model.model.task, "rerank"):
         raise ApiError(422, f"model {model.name!r} serves {model.model.task}, not rerank")
     top_n = body.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):

@@ -17,6 +17,7 @@ from numaserve.http import api_errors
 from numaserve.http.connection import Request, Response
 from numaserve.http.routing import Route, flag, json_body, ok
 from numaserve.processes.specs import FrontModel
+from numaserve.tasks import serves
 from numaserve.tasks.embed import EMBED
 from numaserve.tasks.multivector import MULTIVECTOR
 from numaserve.tasks.sparse import weights
@@ -187,7 +188,8 @@ def predict_inputs(value: object) -> tuple[list, bool]:
 async def rerank(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
-    check_task(model, "/rerank")
+    if not serves(model.model.task, "rerank"):  # a cross-encoder, or late interaction's MaxSim
+        check_task(model, "/rerank")
     documents, raw = body.get("texts"), body.get("raw_scores")
     results = await app.core.run(
         request,
