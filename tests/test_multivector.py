@@ -249,6 +249,8 @@ def test_every_path_answers_encode_querys_and_encode_documents_vectors_over_http
             body = {"inputs": QUERIES, "prompt_name": "query"}
             queries = http.post("/embed_all", json=body).json()
             documents = http.post("/embed_all", json={"inputs": DOCUMENTS}).json()
+            many = http.post("/embed_all", json={"inputs": DOCUMENTS * 40}).json()  # 3 pieces
+            assert [len(m) for m in many] == [len(d) for d in documents] * 40
             assert http.get("/info").json()["model_type"] == {
                 "embedding": {"pooling": "multivector"}
             }

@@ -185,7 +185,7 @@ def test_an_op_the_model_does_not_do_is_a_bad_request(client):
         ),
         (
             {"id": 41, "op": "embed", "texts": ["x"] * 65, "token_vectors": True},
-            "65 texts ask for token_vectors; the limit is 64",
+            "65 texts ask for token vectors; the limit is 64",
         ),
         (
             {"id": 42, "op": "embed", "texts": ["x"], "priority": "urgent"},

@@ -8,6 +8,7 @@ wire into an `Exchange` and texts, runs them here, and writes the results its ow
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -19,7 +20,7 @@ from numaserve.front.errors import ApiError
 from numaserve.front.keys import ApiKeys
 from numaserve.front.upstream import Upstream
 from numaserve.processes.specs import FrontModel, FrontSpec
-from numaserve.tasks.requests import PRIORITIES
+from numaserve.tasks.requests import PRIORITIES, TOKEN_VECTOR_TEXTS, per_token
 
 log = logging.getLogger("numaserve.front")
 
@@ -93,13 +94,25 @@ class Core:
         if self.spec.named:
             body["model"] = model.name
         body.update((k, v) for k, v in options.items() if v is not None)
-        future = self.upstream.call(model.name, body)
-        call.waiting_on(future)
-        reply = await future
-        if reply.get("status") != "ok":
-            raise errors.from_reply(reply.get("error") or {})
-        results = reply["results"]
-        for key, ms in (reply.get("timings") or {}).items():
+        # Token vectors travel in pieces the shards take (TOKEN_VECTOR_TEXTS texts each), run
+        # at once, and are answered whole.
+        size = TOKEN_VECTOR_TEXTS if per_token(op, options) else max(len(texts), 1)
+        starts = range(0, max(len(texts), 1), size)
+        futures = [
+            self.upstream.call(model.name, {**body, "texts": texts[i : i + size]}) for i in starts
+        ]
+        gathered = asyncio.gather(*futures)
+        call.waiting_on(gathered)
+        replies = await gathered
+        results = []
+        timings: dict[str, float] = {}
+        for reply in replies:
+            if reply.get("status") != "ok":
+                raise errors.from_reply(reply.get("error") or {})
+            results += reply["results"]
+            for key, ms in (reply.get("timings") or {}).items():
+                timings[key] = max(timings.get(key, 0.0), ms)  # the pieces ran side by side
+        for key, ms in timings.items():
             call.timings[key] = call.timings.get(key, 0.0) + ms
         call.characters += sum(map(characters, texts))
         call.tokens += sum(r.get("tokens", 0) for r in results)
