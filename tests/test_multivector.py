@@ -2,7 +2,9 @@
 MultiVectorEncoder saves it, served by a real router shard and worker, its vectors against
 MultiVectorEncoder's own encode_query and encode_document."""
 
+import base64
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -122,6 +124,22 @@ def test_a_prompt_name_other_than_query_or_document_is_refused(cluster):
         cluster.client().embed_multi("a text", prompt_name="passage")
 
 
+def test_each_stored_type_packs_vectors_as_sentence_transformers_and_cohere_do():
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from numaserve.front.inputs import stored
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(5, 48)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    for kind in ("binary", "ubinary"):
+        np.testing.assert_array_equal(stored(rows, kind), quantize_embeddings(rows, kind))
+    np.testing.assert_allclose(stored(rows, "float16").astype(np.float32), rows, atol=1e-3)
+    assert stored(rows, "int8").dtype == np.int8 and stored(rows, "uint8").dtype == np.uint8
+    np.testing.assert_allclose(stored(rows, "int8") / 127, rows, atol=0.5 / 127 + 1e-6)
+    np.testing.assert_allclose(stored(rows, "uint8") / 127.5 - 1, rows, atol=0.5 / 127.5 + 1e-6)
+
+
 # -- the model's own settings, on torch in one process -------------------------------------
 
 
@@ -218,62 +236,105 @@ placement:
 """
 
 
+@dataclass
+class Served:
+    http: object  # an httpx.Client on its HTTP API
+    grpc: str  # its gRPC API's address
+    floor: float  # the lowest cosine to MultiVectorEncoder's vectors its path must reach
+
+
+@pytest.fixture(
+    scope="module", params=[("onnxruntime", "none"), ("auto", "auto")], ids=["fp32", "auto"]
+)
+def served(request, tmp_path_factory, colbert):
+    """fp32 within 1e-4 of cosine 1; what `auto` keeps, within the accuracy gate's bars for
+    token vectors (cosine >= 0.98 for every vector)."""
+    import httpx
+
+    from numaserve.testing.ports import free_port
+    from tests.harness.server import Server
+
+    backend, quantize = request.param
+    address = f"127.0.0.1:{free_port()}"
+    config = SERVED.format(path=colbert, backend=backend, quantize=quantize, grpc=address)
+    server = Server(tmp_path_factory.mktemp("served"), config)
+    try:
+        server.wait_ready(timeout=600)
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            yield Served(http, address, 0.9999 if quantize == "none" else 0.98)
+    finally:
+        server.stop()
+
+
 def cosines(served_rows, expected) -> np.ndarray:
-    a, b = np.asarray(served_rows, dtype=np.float32), expected.numpy()
+    a = np.asarray(served_rows, dtype=np.float32)
+    b = expected.numpy() if hasattr(expected, "numpy") else np.asarray(expected)
     assert a.shape == b.shape
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.mark.slow
 @pytest.mark.outputs_only
-@pytest.mark.parametrize(("backend", "quantize"), [("onnxruntime", "none"), ("auto", "auto")])
-def test_every_path_answers_encode_querys_and_encode_documents_vectors_over_http_and_grpc(
-    tmp_path, colbert, reference, backend, quantize
-):
-    """fp32 within 1e-4 of cosine 1; what `auto` keeps, within the accuracy gate's bars for
-    token vectors (cosine >= 0.98 for every vector)."""
+def test_embed_all_answers_encode_querys_and_encode_documents_vectors(served, reference):
+    queries = served.http.post("/embed_all", json={"inputs": QUERIES, "prompt_name": "query"})
+    documents = served.http.post("/embed_all", json={"inputs": DOCUMENTS})
+    expected = [*reference.encode_query(QUERIES), *reference.encode_document(DOCUMENTS)]
+    for got, want in zip([*queries.json(), *documents.json()], expected, strict=True):
+        assert cosines(got, want).min() >= served.floor
+    info = served.http.get("/info").json()
+    assert info["model_type"] == {"embedding": {"pooling": "multivector"}}
+
+
+@pytest.mark.slow
+@pytest.mark.outputs_only
+def test_embed_all_of_more_texts_than_a_shard_takes_at_once_is_answered_whole(served):
+    one = served.http.post("/embed_all", json={"inputs": DOCUMENTS}).json()
+    many = served.http.post("/embed_all", json={"inputs": DOCUMENTS * 40}).json()  # 3 pieces
+    assert [len(m) for m in many] == [len(d) for d in one] * 40
+
+
+@pytest.mark.slow
+@pytest.mark.outputs_only
+def test_embed_all_answers_the_types_a_vector_store_keeps_in_base64(served):
+    body = {"inputs": DOCUMENTS, "embedding_type": "ubinary", "encoding_format": "base64"}
+    floats = served.http.post("/embed_all", json={"inputs": DOCUMENTS}).json()
+    bits = served.http.post("/embed_all", json=body).json()
+    halves = served.http.post("/embed_all", json={**body, "embedding_type": "float16"}).json()
+    for vectors, rows, half in zip(floats, bits, halves, strict=True):
+        decoded = [np.frombuffer(base64.b64decode(r), np.uint8) for r in rows]
+        np.testing.assert_array_equal(decoded, np.packbits(np.array(vectors) > 0, axis=-1))
+        values = [np.frombuffer(base64.b64decode(r), "<f2") for r in half]
+        np.testing.assert_allclose(values, vectors, atol=1e-3)
+    wrong = served.http.post("/embed_all", json={**body, "embedding_type": "int4"})
+    assert wrong.status_code == 422 and "embedding_type must be one of" in wrong.text
+
+
+@pytest.mark.slow
+@pytest.mark.outputs_only
+def test_teis_and_coheres_rerank_score_by_maxsim(served, reference):
+    maxsim = reference.similarity(
+        reference.encode_query(QUERIES[:1]), reference.encode_document(DOCUMENTS)
+    )[0].numpy()
+    body = {"query": QUERIES[0], "texts": DOCUMENTS}
+    ranks = {r["index"]: r["score"] for r in served.http.post("/rerank", json=body).json()}
+    v2 = served.http.post("/v2/rerank", json={"query": QUERIES[0], "documents": DOCUMENTS})
+    mean_best = maxsim / 32  # the score: MaxSim over the query's 32 vectors
+    np.testing.assert_allclose([ranks[i] for i in range(len(DOCUMENTS))], mean_best, atol=0.02)
+    assert [r["index"] for r in v2.json()["results"]] == sorted(ranks, key=lambda i: -ranks[i])
+
+
+@pytest.mark.slow
+@pytest.mark.outputs_only
+def test_grpc_embed_all_reads_a_query_and_info_names_an_embedding_model(served, reference):
     import grpc
-    import httpx
 
     from numaserve.grpc_api.proto import tei
-    from numaserve.testing.ports import free_port
-    from tests.harness.server import Server
 
-    address = f"127.0.0.1:{free_port()}"
-    config = SERVED.format(path=colbert, backend=backend, quantize=quantize, grpc=address)
-    server = Server(tmp_path, config)
-    try:
-        server.wait_ready(timeout=600)
-        floor = 0.9999 if quantize == "none" else 0.98
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            body = {"inputs": QUERIES, "prompt_name": "query"}
-            queries = http.post("/embed_all", json=body).json()
-            documents = http.post("/embed_all", json={"inputs": DOCUMENTS}).json()
-            many = http.post("/embed_all", json={"inputs": DOCUMENTS * 40}).json()  # 3 pieces
-            assert [len(m) for m in many] == [len(d) for d in documents] * 40
-            assert http.get("/info").json()["model_type"] == {
-                "embedding": {"pooling": "multivector"}
-            }
-            body = {"query": QUERIES[0], "texts": DOCUMENTS}
-            ranks = {r["index"]: r["score"] for r in http.post("/rerank", json=body).json()}
-            v2 = {"query": QUERIES[0], "documents": DOCUMENTS}
-            cohere = http.post("/v2/rerank", json=v2).json()
-        maxsim = reference.similarity(
-            reference.encode_query(QUERIES[:1]), reference.encode_document(DOCUMENTS)
-        )[0].numpy()
-        mean_best = maxsim / 32  # the score: MaxSim over the query's 32 vectors
-        np.testing.assert_allclose([ranks[i] for i in range(len(DOCUMENTS))], mean_best, atol=0.02)
-        assert [r["index"] for r in cohere["results"]] == sorted(ranks, key=lambda i: -ranks[i])
-        expected = reference.encode_query(QUERIES), reference.encode_document(DOCUMENTS)
-        for got, want in zip([*queries, *documents], [*expected[0], *expected[1]], strict=True):
-            assert cosines(got, want).min() >= floor
-        pb, stubs = tei()
-        with grpc.insecure_channel(address) as channel:
-            request = pb.EmbedAllRequest(inputs=QUERIES[0], prompt_name="query")
-            answer = stubs.EmbedStub(channel).EmbedAll(request)
-            info = stubs.InfoStub(channel).Info(pb.InfoRequest())
-        assert info.model_type == pb.MODEL_TYPE_EMBEDDING
-        rows = [t.embeddings for t in answer.token_embeddings]
-        assert cosines(rows, expected[0][0]).min() >= floor  # alone: int8 reads batches apart
-    finally:
-        server.stop()
+    pb, stubs = tei()
+    with grpc.insecure_channel(served.grpc) as channel:
+        request = pb.EmbedAllRequest(inputs=QUERIES[0], prompt_name="query")
+        answer = stubs.EmbedStub(channel).EmbedAll(request)
+        info = stubs.InfoStub(channel).Info(pb.InfoRequest())
+    rows = [t.embeddings for t in answer.token_embeddings]
+    assert cosines(rows, reference.encode_query(QUERIES[:1])[0]).min() >= served.floor
+    assert info.model_type == pb.MODEL_TYPE_EMBEDDING

@@ -112,21 +112,33 @@ def embeddings(results: list[dict], dimensions: int | None, normalize: bool) -> 
 
 
 def quantized(vectors: list[np.ndarray], kind: str) -> list[list]:
-    """Unit vectors as a vector database stores them (Cohere's embedding types): float; int8,
-    each value x as round(127 x); uint8, round(127.5 (x + 1)); binary and ubinary, one bit a
-    dimension (x > 0), eight to a byte, most significant first, as sentence-transformers'
+    """Unit vectors as a vector database stores them (Cohere's embedding types), as JSON's
+    numbers: `stored`'s values."""
+    if kind == "float":
+        return [v.tolist() for v in vectors]
+    import numpy as np
+
+    return stored(np.stack(vectors), kind).tolist()
+
+
+STORED_TYPES = ("float", "float16", "int8", "uint8", "binary", "ubinary")
+
+
+def stored(matrix: np.ndarray, kind: str) -> np.ndarray:
+    """Unit vectors (rows) in one of STORED_TYPES: float, as float32; float16; int8, each value
+    x as round(127 x); uint8, round(127.5 (x + 1)); binary and ubinary, one bit a dimension
+    (x > 0), eight to a byte, most significant first, as sentence-transformers'
     quantize_embeddings packs them (binary's bytes less 128, as signed ones)."""
     import numpy as np
 
-    if kind == "float":
-        return [v.tolist() for v in vectors]
-    matrix = np.stack(vectors)
+    if kind in ("float", "float16"):
+        return matrix.astype("<f4" if kind == "float" else "<f2")
     if kind in ("binary", "ubinary"):
-        packed = np.packbits(matrix > 0, axis=-1).astype(np.int16)
-        return (packed - 128 if kind == "binary" else packed).tolist()
+        packed = np.packbits(matrix > 0, axis=-1)
+        return (packed.astype(np.int16) - 128).astype(np.int8) if kind == "binary" else packed
     if kind == "int8":
-        return np.clip(np.rint(matrix * 127), -128, 127).astype(np.int16).tolist()
-    return np.clip(np.rint((matrix + 1) * 127.5), 0, 255).astype(np.int16).tolist()
+        return np.clip(np.rint(matrix * 127), -128, 127).astype(np.int8)
+    return np.clip(np.rint((matrix + 1) * 127.5), 0, 255).astype(np.uint8)
 
 
 def prompt_tokens(results: list[dict]) -> int:

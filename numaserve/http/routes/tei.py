@@ -9,6 +9,7 @@ an embedding model's own prompts; `raw_scores` answers the model's logits as the
 
 from __future__ import annotations
 
+import base64
 from typing import TYPE_CHECKING
 
 from numaserve.front import facts, inputs
@@ -76,12 +77,7 @@ async def embed_all(app: App, request: Request) -> Response:
     body = json_body(request)
     model = app.model_of(request, body)
     if model.model.task == "multivector":
-        texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
-        prompt = body.get("prompt_name")
-        results = await app.core.run(
-            request, model, "multivector", texts, prompt_name=prompt, **cutting(body)
-        )
-        return ok([MULTIVECTOR.from_wire(r).vectors.tolist() for r in results])
+        return await _multi_vectors(app, request, body, model)
     check_task(model, "/embed")
     texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
     results = await app.core.run(
@@ -94,6 +90,27 @@ async def embed_all(app: App, request: Request) -> Response:
         **cutting(body),
     )
     return ok([EMBED.from_wire(r).vectors.tolist() for r in results])
+
+
+async def _multi_vectors(app: App, request: Request, body: dict, model: FrontModel) -> Response:
+    """A late-interaction model's vectors of each text, in the type a vector store keeps
+    (`embedding_type`: float, float16, int8, uint8, binary, ubinary), as JSON's numbers or
+    (`encoding_format: base64`) each vector's little-endian bytes in base64."""
+    kind = body.get("embedding_type") or "float"
+    if kind not in inputs.STORED_TYPES:
+        raise ApiError(422, f"embedding_type must be one of {', '.join(inputs.STORED_TYPES)}")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise ApiError(422, "encoding_format must be float (numbers) or base64 (bytes)")
+    texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
+    prompt = body.get("prompt_name")
+    results = await app.core.run(
+        request, model, "multivector", texts, prompt_name=prompt, **cutting(body)
+    )
+    rows = [inputs.stored(MULTIVECTOR.from_wire(r).vectors, kind) for r in results]
+    if encoding == "base64":
+        return ok([[base64.b64encode(row.tobytes()).decode() for row in m] for m in rows])
+    return ok([m.tolist() for m in rows])
 
 
 async def embed_sparse(app: App, request: Request) -> Response:
