@@ -1,0 +1,235 @@
+"""Late interaction (ColBERT) through the server, against sentence-transformers'
+MultiVectorEncoder in one process on the same cores.
+
+A ColBERT of a published shape (random weights, seed 0, over MiniLM's vocabulary), saved as
+MultiVectorEncoder saves it (query expansion fixed at 32, a Dense projection without bias,
+Normalize, the punctuation skiplist, prompts "[Q] " and "[D] "), served by `numaserve start`
+with `quantize: auto` over every core. Measured, the sides in turns, round after round:
+- documents a second at saturation: clients sending 16 documents a request to the server,
+  against `MultiVectorEncoder.encode_document` (batch 32, torch with a thread a core);
+- reranking 100 documents of about 200 tokens for a query, ms a query: by MaxSim on this
+  server, against a cross-encoder of the same backbone served the same way;
+- a 1,000-document /embed_all: its reply's bytes and time, as float32 numbers, int8 and
+  binary, as numbers and in base64.
+
+Run:  .venv/bin/python -m benchmarks.colbert [--shape answerai-small] [--rounds 3] [--seconds 20]
+          [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import string
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import machine
+
+# name: (layers, width, heads, feed-forward, projection, document length)
+SHAPES = {
+    "answerai-small": (12, 384, 12, 1536, 96, 300),  # answerai-colbert-small-v1
+    "colbert-v2": (12, 768, 12, 3072, 128, 180),  # colbert-ir/colbertv2.0
+    "tiny": (2, 64, 2, 128, 48, 180),  # to check the script itself in a minute
+}
+PER_REQUEST = 16
+CONFIG = """
+model: {{path: "{path}", task: {task}, max_length: {length}}}
+server: {{endpoint: "@ENDPOINT@"}}
+"""
+
+
+def save_colbert(shape: str, path: Path) -> Path:
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    backbone(shape, path)
+    _, width, _, _, out, length = SHAPES[shape]
+    expansion = {"strategy": "fixed", "length": 32}
+    transformer = Transformer(str(path), document_length=length, query_expansion=expansion)
+    dense = Dense(
+        width,
+        out,
+        bias=False,
+        activation_function=torch.nn.Identity(),
+        module_input_name="token_embeddings",
+        module_output_name="token_embeddings",
+    )
+    modules = [
+        transformer,
+        dense,
+        Normalize(module_input_name="token_embeddings"),
+        MultiVectorMask(list(string.punctuation)),
+    ]
+    prompts = {"query": "[Q] ", "document": "[D] "}
+    MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu").save(str(path))
+    return path
+
+
+def save_cross_encoder(shape: str, path: Path) -> Path:
+    """The same backbone with one score, as sentence-transformers' CrossEncoder saves it."""
+    from sentence_transformers import CrossEncoder
+
+    backbone(shape, path, labels=1)
+    CrossEncoder(str(path), num_labels=1, device="cpu", max_length=512).save(str(path))
+    return path
+
+
+def backbone(shape: str, path: Path, labels: int | None = None) -> None:
+    import torch
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+    )
+
+    from numaserve.checkpoint.paths import resolve_model_path
+
+    layers, width, heads, ffn, _, _ = SHAPES[shape]
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=ffn, num_labels=labels or 2,
+    )  # fmt: skip
+    loader = AutoModelForSequenceClassification if labels else AutoModel
+    loader.from_config(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_model_path("bundled:minilm")).save_pretrained(path)
+
+
+def documents(count: int) -> list[str]:
+    """Passages of about 200 tokens."""
+    from numaserve.corpus import stdlib_passages
+
+    passages = stdlib_passages()
+    return [
+        " ".join(passages[(i + k) % len(passages)] for k in range(3))[:900] for i in range(count)
+    ]
+
+
+def served_rate(endpoint: str, docs: list[str], clients: int, seconds: float) -> float:
+    """Documents a second, `clients` clients each sending PER_REQUEST a request."""
+    from numaserve.client import Client
+
+    done = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def load(i: int) -> None:
+        with Client(endpoint, timeout=120) as client:
+            while time.monotonic() < stop:
+                start = (done[i] * PER_REQUEST + i * 97) % (len(docs) - PER_REQUEST)
+                client.embed_multi(docs[start : start + PER_REQUEST])
+                done[i] += 1
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) * PER_REQUEST / (time.monotonic() - began)
+
+
+def local_rate(model, docs: list[str], seconds: float) -> float:
+    count, began = 0, time.monotonic()
+    while time.monotonic() - began < seconds:
+        start = (count * 32) % (len(docs) - 32)
+        model.encode_document(docs[start : start + 32], batch_size=32)
+        count += 32
+    return count / (time.monotonic() - began)
+
+
+def rerank_ms(endpoint: str, query: str, docs: list[str], times: int) -> float:
+    from numaserve.client import Client
+
+    with Client(endpoint, timeout=120) as client:
+        client.rerank(query, docs)  # warm
+        spent = []
+        for _ in range(times):
+            began = time.perf_counter()
+            client.rerank(query, docs)
+            spent.append(time.perf_counter() - began)
+    return round(statistics.median(spent) * 1000, 1)
+
+
+def replies(url: str, docs: list[str]) -> dict:
+    """A 1,000-document /embed_all in each stored type: its bytes and seconds."""
+    import httpx
+
+    out = {}
+    with httpx.Client(base_url=url, timeout=600) as http:
+        for kind in ("float", "int8", "binary"):
+            for encoding in ("float", "base64"):
+                body = {"inputs": docs, "embedding_type": kind, "encoding_format": encoding}
+                began = time.perf_counter()
+                reply = http.post("/embed_all", json=body)
+                reply.raise_for_status()
+                seconds = time.perf_counter() - began
+                out[f"{kind}/{encoding}"] = {"bytes": len(reply.content), "s": round(seconds, 2)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="answerai-small", choices=SHAPES)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--out", default="benchmarks/results/colbert.json")
+    args = parser.parse_args()
+    import os
+
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+
+    from numaserve.testing.server import Server
+
+    result: dict = {"machine": machine.topology(), "shape": args.shape}
+    work = Path(tempfile.mkdtemp(prefix="colbert-bench-"))
+    length = SHAPES[args.shape][5]
+    colbert = save_colbert(args.shape, work / "colbert")
+    docs = documents(2000)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    reference = MultiVectorEncoder(str(colbert), device="cpu")
+    for name in ("served", "ranker-served"):
+        (work / name).mkdir()
+    server = Server(work / "served", CONFIG.format(path=colbert, task="multivector", length=length))
+    try:
+        began = time.monotonic()
+        server.wait_ready(timeout=3600)
+        result["ready_s"] = round(time.monotonic() - began, 1)
+        rates: dict[str, list[float]] = {"numaserve": [], "MultiVectorEncoder": []}
+        for _ in range(args.rounds):
+            rates["numaserve"].append(
+                served_rate(server.endpoint, docs, args.clients, args.seconds)
+            )
+            rates["MultiVectorEncoder"].append(local_rate(reference, docs, args.seconds))
+        ratios = [
+            a / b for a, b in zip(rates["numaserve"], rates["MultiVectorEncoder"], strict=True)
+        ]
+        result["documents_a_second"] = {k: [round(v, 1) for v in r] for k, r in rates.items()}
+        result["speedup"] = round(statistics.median(ratios), 2)
+        result["speedup_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+        query = "how does a module keep its state between calls?"
+        result["rerank_100_ms"] = {"maxsim": rerank_ms(server.endpoint, query, docs[:100], 10)}
+        result["replies_1000"] = replies(server.url, docs[:1000])
+    finally:
+        server.stop()
+    ranker = save_cross_encoder(args.shape, work / "ranker")
+    server = Server(work / "ranker-served", CONFIG.format(path=ranker, task="rerank", length=512))
+    try:
+        server.wait_ready(timeout=3600)
+        result["rerank_100_ms"]["cross_encoder"] = rerank_ms(server.endpoint, query, docs[:100], 10)
+    finally:
+        server.stop()
+    print(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
