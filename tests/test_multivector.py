@@ -119,6 +119,19 @@ def test_rerank_scores_each_document_by_maxsim_as_multi_vector_encoders_similari
     assert all(r.logit is None for r in best)
 
 
+def test_token_pooling_pools_documents_as_hierarchical_token_pooling(cluster, reference):
+    from sentence_transformers.multi_vector_encoder.modules import HierarchicalTokenPooling
+
+    client = cluster.client()
+    served = client.embed_multi(DOCUMENTS, pool_factor=2)
+    pooling = HierarchicalTokenPooling(pool_factor=2)
+    assert_same_vectors(served, reference.encode_document(DOCUMENTS, token_pooling=pooling))
+    whole = client.embed_multi(DOCUMENTS)
+    assert [len(s.vectors) for s in served] == [1 + (len(w.vectors) - 1) // 2 for w in whole]
+    query = client.embed_multi(QUERIES[0], prompt_name="query", pool_factor=2)
+    assert len(query.vectors) == 32  # queries are not pooled, as sentence-transformers has it
+
+
 def test_a_prompt_name_other_than_query_or_document_is_refused(cluster):
     with pytest.raises(BadRequest, match='prompt_name must be "query" or "document"'):
         cluster.client().embed_multi("a text", prompt_name="passage")

@@ -108,12 +108,21 @@ def embed(
     show_default=True,
     help="Read TEXTS as queries or as documents.",
 )
-def embed_multi(texts, file, endpoints, timeout: float, as_json: bool, prompt_name) -> None:
+@click.option(
+    "--pool-factor",
+    type=click.FloatRange(1, 32),
+    help="Pool a document's vectors into about this many times fewer (hierarchical pooling).",
+)
+def embed_multi(
+    texts, file, endpoints, timeout: float, as_json: bool, prompt_name, pool_factor
+) -> None:
     """Print a late-interaction (ColBERT) model's vectors of TEXTS as JSON, a line per text:
     one per token that counts (a server with model.task: multivector; '-': one text from
     standard input)."""
     batch = read_texts(texts, file)
-    results = call_server(endpoints, timeout, "embed_multi", batch, prompt_name=prompt_name)
+    results = call_server(
+        endpoints, timeout, "embed_multi", batch, prompt_name=prompt_name, pool_factor=pool_factor
+    )
     print_results([_result_json(r) for r in results])
 
 

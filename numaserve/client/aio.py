@@ -15,6 +15,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     chunks_field,
+    pool_field,
     prompt_field,
     raw_scores_field,
     rerank_fields,
@@ -64,9 +65,10 @@ class AsyncClient(Calls):
         texts: str | Sequence[str],
         deadline_ms: float | None = None,
         prompt_name: str | None = None,
+        pool_factor: float | None = None,
     ):
         batch, single = as_batch(texts, pairs=False)
-        fields = prompt_field(prompt_name)
+        fields = prompt_field(prompt_name) | pool_field(pool_factor)
         body = await self.call_texts("multivector", batch, deadline_ms, **fields)
         return results("multivector", body, single)
 

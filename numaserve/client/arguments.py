@@ -89,6 +89,17 @@ def raw_scores_field(raw_scores) -> dict:
     return {"raw_scores": True} if raw_scores else {}
 
 
+def pool_field(pool_factor) -> dict:
+    """A multivector request's pool_factor where one is given."""
+    if pool_factor is None:
+        return {}
+    if isinstance(pool_factor, bool) or not isinstance(pool_factor, int | float):
+        raise TypeError(
+            f"pool_factor: a number of at least 1, or None; got {_describe(pool_factor)}"
+        )
+    return {"pool_factor": pool_factor}
+
+
 def prompt_field(prompt_name) -> dict:
     """The request's prompt_name where one is given: none leaves the model's default."""
     if prompt_name is None:

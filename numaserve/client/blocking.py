@@ -14,6 +14,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     chunks_field,
+    pool_field,
     prompt_field,
     raw_scores_field,
     rerank_fields,
@@ -67,13 +68,17 @@ class Client(Calls):
         texts: str | Sequence[str],
         deadline_ms: float | None = None,
         prompt_name: str | None = None,
+        pool_factor: float | None = None,
     ):
         """One MultiVectors for a string (a late-interaction model's vector of each token
         that counts), a list of them for a list: read as queries where `prompt_name` is
         "query", as documents otherwise, as MultiVectorEncoder's encode_query and
-        encode_document read them. Never from the cache."""
+        encode_document read them. `pool_factor`: a document's vectors pooled into about
+        that many times fewer (sentence-transformers' HierarchicalTokenPooling). Never from
+        the cache."""
         batch, single = as_batch(texts, pairs=False)
-        body = self.call_texts("multivector", batch, deadline_ms, **prompt_field(prompt_name))
+        fields = prompt_field(prompt_name) | pool_field(pool_factor)
+        body = self.call_texts("multivector", batch, deadline_ms, **fields)
         return results("multivector", body, single)
 
     def sparse(self, texts: str | Sequence[str], deadline_ms: float | None = None):

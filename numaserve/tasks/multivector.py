@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass, replace
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 # The module types of a MultiVectorEncoder numaserve runs, by class name.
 TRANSFORMER, DENSE, NORMALIZE, MASK = "Transformer", "Dense", "Normalize", "MultiVectorMask"
 STRATEGIES = ("fixed", "min")
+MAX_POOL_FACTOR = 32  # token pooling keeps a document's vectors over this, at least
 PYLATE_V3 = "ColBERT"  # config_sentence_transformers.json's model_type in PyLate's older saves
 # The top-level keys of those saves' config_sentence_transformers.json.
 PYLATE_KEYS = (
@@ -237,9 +239,13 @@ class Kept(Answers):
             sides = [QUERY] + [DOCUMENT] * (len(results) - 1)
         else:
             sides = [side_of(request.options.get("prompt_name"))] * len(results)
+        factor = request.options.get("pool_factor")
         for result, enc, side in zip(results, encoded, sides, strict=True):
             if side in self.sides.skip_sides and self.sides.skip_ids:
                 self._skip(result, enc)
+            if factor and factor > 1 and side == DOCUMENT:
+                rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
+                result["vectors"] = protocol.embedding_to_wire(token_pooled(rows, factor))
         if request.op != RERANK.name:
             return results
         return Ranking().finish(request, encoded[1:], maxsim(results[0], results[1:]))
@@ -251,6 +257,29 @@ class Kept(Answers):
         if len(keep) < len(encoded.ids):
             rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
             result["vectors"] = protocol.embedding_to_wire(rows[np.array(keep, dtype=int)])
+
+
+def token_pooled(rows: np.ndarray, factor: float, protected: int = 1) -> np.ndarray:
+    """A document's vectors pooled as sentence-transformers' HierarchicalTokenPooling pools
+    them: the first `protected` ([CLS]) kept, the rest clustered by Ward's linkage on cosine
+    distance into len // factor clusters, each the mean of its vectors; all made unit length.
+    What a store keeps shrinks by the factor, and MaxSim barely moves."""
+    import numpy as np
+    from scipy.cluster import hierarchy
+    from scipy.spatial.distance import squareform
+
+    kept, rest = rows[:protected], rows[protected:]
+    clusters = max(int(len(rest) // factor), 1)
+    if clusters < len(rest):
+        distance = np.clip(1 - rest @ rest.T, 0, 2)
+        linkage = hierarchy.linkage(squareform(distance, checks=False), method="ward")
+        labels = hierarchy.fcluster(linkage, t=clusters, criterion="maxclust")
+        _, cluster = np.unique(labels, return_inverse=True)
+        sums = np.zeros((cluster.max() + 1, rows.shape[1]), dtype=np.float32)
+        np.add.at(sums, cluster, rest)
+        rest = sums / np.bincount(cluster)[:, None]
+    pooled = np.concatenate([kept, rest]).astype(np.float32)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
 
 def maxsim(query: dict, documents: list[dict]) -> list[dict]:
@@ -276,16 +305,26 @@ def maxsim(query: dict, documents: list[dict]) -> list[dict]:
 class MultiVector(Task):
     name = "multivector"
     output = Output.HIDDEN_STATE
-    option_keys = ("prompt_name",)
+    option_keys = ("prompt_name", "pool_factor")
     cached = False  # a text's vectors are a hundred times a pooled vector's size
     answers_per_token = True
     serves_also = (RERANK.name,)  # by MaxSim
 
     def options(self, body: dict, bad: Bad) -> dict:
-        name = body.get("prompt_name")
+        name, factor = body.get("prompt_name"), body.get("pool_factor")
         if name is not None and name not in SIDES:
             raise bad('prompt_name must be "query" or "document" (the default)')
-        return {"prompt_name": name}
+        if factor is not None and (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not 1 <= factor <= MAX_POOL_FACTOR
+        ):
+            raise bad(f"pool_factor must be a number of 1-{MAX_POOL_FACTOR}")
+        if factor is not None and factor > 1 and find_spec("scipy") is None:
+            raise bad(
+                "pool_factor clusters with scipy, which this server lacks (pip install scipy)"
+            )
+        return {"prompt_name": name, "pool_factor": factor}
 
     def prompts(self, directory: Path) -> Prompts:
         return SidedPrompts(Sides.read(directory, str(directory)))

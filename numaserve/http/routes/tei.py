@@ -103,10 +103,8 @@ async def _multi_vectors(app: App, request: Request, body: dict, model: FrontMod
     if encoding not in ("float", "base64"):
         raise ApiError(422, "encoding_format must be float (numbers) or base64 (bytes)")
     texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
-    prompt = body.get("prompt_name")
-    results = await app.core.run(
-        request, model, "multivector", texts, prompt_name=prompt, **cutting(body)
-    )
+    options = {"prompt_name": body.get("prompt_name"), "pool_factor": body.get("pool_factor")}
+    results = await app.core.run(request, model, "multivector", texts, **options, **cutting(body))
     rows = [inputs.stored(MULTIVECTOR.from_wire(r).vectors, kind) for r in results]
     if encoding == "base64":
         return ok([[base64.b64encode(row.tobytes()).decode() for row in m] for m in rows])
