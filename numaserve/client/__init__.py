@@ -64,7 +64,7 @@ from numaserve.client.errors import (
 
 # The results each task returns, importable from here: `from numaserve.client import Embedding`.
 from numaserve.tasks.classify import Classification
-from numaserve.tasks.embed import Embedding, TokenEmbedding
+from numaserve.tasks.embed import ChunkEmbeddings, Embedding, TokenEmbedding
 from numaserve.tasks.multivector import MultiVectors
 from numaserve.tasks.ner import Entities, Entity
 from numaserve.tasks.rerank import Ranked
@@ -74,6 +74,7 @@ from numaserve.wire.curve import ClientKeys
 __all__ = [
     "AsyncClient",
     "BadRequest",
+    "ChunkEmbeddings",
     "Classification",
     "Client",
     "ClientKeys",

@@ -15,6 +15,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     chunks_field,
+    late_chunking_field,
     pool_field,
     prompt_field,
     raw_scores_field,
@@ -59,6 +60,20 @@ class AsyncClient(Calls):
         return results(
             "embed", await self.call_texts("embed", batch, deadline_ms, **fields), single
         )
+
+    async def embed_chunks(
+        self,
+        texts: str | Sequence[str],
+        chunk_tokens: int | None = None,
+        spans: Sequence[Sequence[tuple[int, int]]] | None = None,
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        batch, single = as_batch(texts, pairs=False)
+        fields = {"late_chunking": late_chunking_field(chunk_tokens, spans, single)}
+        fields |= prompt_field(prompt_name)
+        body = await self.call_texts("embed", batch, deadline_ms, **fields)
+        return results("embed", body, single)
 
     async def embed_multi(
         self,

@@ -89,6 +89,16 @@ def raw_scores_field(raw_scores) -> dict:
     return {"raw_scores": True} if raw_scores else {}
 
 
+def late_chunking_field(chunk_tokens, spans, single: bool) -> dict:
+    """The request's late_chunking: a chunk size in tokens, or each text's spans."""
+    if (chunk_tokens is None) == (spans is None):
+        raise TypeError("late chunking takes chunk_tokens or spans, one of the two")
+    if chunk_tokens is not None:
+        return {"tokens": chunk_tokens}
+    every = [spans] if single else spans
+    return {"spans": [[list(span) for span in text_spans] for text_spans in every]}
+
+
 def pool_field(pool_factor) -> dict:
     """A multivector request's pool_factor where one is given."""
     if pool_factor is None:

@@ -14,6 +14,7 @@ from numaserve.client.arguments import (
     check_aggregation,
     check_deadline,
     chunks_field,
+    late_chunking_field,
     pool_field,
     prompt_field,
     raw_scores_field,
@@ -62,6 +63,23 @@ class Client(Calls):
         batch, single = as_batch(texts, pairs=False)
         fields = {"token_vectors": True, **prompt_field(prompt_name)}
         return results("embed", self.call_texts("embed", batch, deadline_ms, **fields), single)
+
+    def embed_chunks(
+        self,
+        texts: str | Sequence[str],
+        chunk_tokens: int | None = None,
+        spans: Sequence[Sequence[tuple[int, int]]] | None = None,
+        deadline_ms: float | None = None,
+        prompt_name: str | None = None,
+    ):
+        """Late chunking: one ChunkEmbeddings for a string (its chunks' vectors, each pooled
+        from its own tokens of one pass over the whole text), a list of them for a list. The
+        chunks: `chunk_tokens` tokens each, or `spans`, a list of (start, end) character
+        spans for each text."""
+        batch, single = as_batch(texts, pairs=False)
+        fields = {"late_chunking": late_chunking_field(chunk_tokens, spans, single)}
+        body = self.call_texts("embed", batch, deadline_ms, **fields, **prompt_field(prompt_name))
+        return results("embed", body, single)
 
     def embed_multi(
         self,

@@ -80,7 +80,6 @@ class RequestBook:
         self.max_windows = max_windows
         self.hold_until = hold_until
         self.task = TASKS[task]
-        self.tagged = TASKS[task].needs_tokens
         self.windowed = TASKS[task].reads_windows
         self.windows_by_default = TASKS[task].windows_by_default
         self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
@@ -171,7 +170,7 @@ class RequestBook:
         windows = self._windows(request)
         if windows > 1:
             return self.tokenizer.encode_windows(inputs, windows)
-        if self.tagged:  # a tagger's inputs are texts, never pairs
+        if self.task.tags(request.options):  # a tagger's inputs are texts, never pairs
             texts = cast(list[str], inputs)
             return self.tokenizer.encode_tagged(texts, request.truncate, request.cuts_left)
         encoded = self.tokenizer.encode(inputs, request.truncate, request.cuts_left)
@@ -237,7 +236,7 @@ class RequestBook:
         vectors are never cached: a text's are a hundred times its pooled vector's size, and
         the cache is bounded in entries."""
         misses = []
-        whole = bool(pending.request.options.get("token_vectors"))
+        whole = self.task.reads_rows(pending.request.options)
         uncached = whole or not self.cached
         bulk = pending.request.bulk
         for i, enc in enumerate(pending.encoded):

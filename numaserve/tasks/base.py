@@ -166,6 +166,15 @@ class Task:
         """This task's own request fields, checked, with their defaults filled in."""
         return {}
 
+    def reads_rows(self, options: dict) -> bool:
+        """Whether a request's results are its instances' token vectors (never cached), which
+        its router shard reads: embed's token_vectors and late chunking."""
+        return False
+
+    def tags(self, options: dict) -> bool:
+        """Whether a request's texts are tokenized with each token's span and spelling."""
+        return self.needs_tokens
+
     def inputs(self, request: Request) -> list:
         """What the model reads for a request: its texts (or pairs)."""
         return list(request.texts)

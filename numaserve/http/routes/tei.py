@@ -65,9 +65,18 @@ async def embed(app: App, request: Request) -> Response:
     check_task(model, "/embed")
     dimensions = inputs.dimensions_of(body)
     texts = inputs.texts(app.core, model, inputs.given(body, "inputs"), "inputs")
+    late = body.get("late_chunking")
     results = await app.core.run(
-        request, model, "embed", texts, prompt_name=body.get("prompt_name"), **cutting(body)
+        request,
+        model,
+        "embed",
+        texts,
+        prompt_name=body.get("prompt_name"),
+        late_chunking=late,
+        **cutting(body),
     )
+    if late is not None:  # each text's chunks' vectors, late chunking's
+        return ok([EMBED.from_wire(r).vectors.tolist() for r in results])
     return ok(inputs.embeddings(results, dimensions, flag(body, "normalize", True)))
 
 
