@@ -13,7 +13,7 @@ from numaserve.backends import load_model
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.client import BadRequest, MultiVectors
 from numaserve.config.schema import ModelConfig
-from numaserve.tasks.multivector import SidedPrompts, Sides
+from numaserve.tasks.sides import SidedPrompts, Sides
 from numaserve.testing.cluster import Cluster
 from tests.harness.checkpoints import (
     multi_vector_encoder,

@@ -6,7 +6,8 @@ A new task is a module here (a `Task`, base.py) and its line in TASKS. Beside th
 `requests.py` checks a client's request completely (the keys every request has; a task's own
 by its task); `pooling.py` and `prompts.py` read and apply a sentence-transformers model's
 pooling and prompts; `entities.py` groups a token classifier's tokens (`tokens.py`: what the
-tokenizer says of each); `agreement.py` holds the accuracy gate's bars for each kind of answer.
+tokenizer says of each); `sides.py` reads how a late-interaction checkpoint reads queries and
+documents; `late_chunking.py` pools a text's chunks from one pass over it; `agreement.py` holds the accuracy gate's bars for each kind of answer.
 May import: checkpoint/ and wire/.
 """
 
