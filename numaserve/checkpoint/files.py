@@ -79,6 +79,16 @@ def _transformer_directory(root: Path) -> Path:
     return root
 
 
+def read_modules(root: Path, missing: str) -> tuple[list[dict], list[str]]:
+    """A sentence-transformers checkpoint's modules.json, and each module's class name (their
+    module paths moved between versions); a ModelLoadError saying `missing` where it has none."""
+    path = root / "modules.json"
+    if not path.is_file():
+        raise ModelLoadError(missing)
+    modules = read_json(path)
+    return modules, [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+
+
 def read_json(path: Path):
     """A checkpoint's JSON file; a clear ModelLoadError if it cannot be read."""
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.checkpoint.files import read_json
+from numaserve.checkpoint.files import read_json, read_modules
 from numaserve.tasks.prompts import PROMPTS_FILE, Prompts, Text
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ class Sides:
         root = Path(directory)
         config = _json(root / PROMPTS_FILE)
         legacy = config.get("model_type") == PYLATE_V3
-        modules = _modules(root, path, legacy)
-        kinds = [_kind(m) for m in modules]
+        modules, kinds = _modules(root, path, legacy)
         saved = _json(root / _path(modules[0]) / "sentence_bert_config.json")
         transformer = {**_legacy_knobs(config), **saved}  # the module's own file wins
         if legacy:
@@ -158,26 +157,24 @@ def _cut(encoded, length: int):
 # -- reading the checkpoint --------------------------------------------------------------------
 
 
-def _modules(root: Path, path: str, legacy: bool) -> list[dict]:
-    modules_file = root / "modules.json"
-    if not modules_file.is_file():
-        raise ModelLoadError(
-            f"{path} has no modules.json: task: multivector serves a late-interaction model as "
-            "sentence-transformers' MultiVectorEncoder saves it"
-        )
-    modules = read_json(modules_file)
-    kinds = [_kind(m) for m in modules]
+def _modules(root: Path, path: str, legacy: bool) -> tuple[list[dict], list[str]]:
+    """The modules and their kinds, in an order numaserve runs."""
+    modules, kinds = read_modules(
+        root,
+        f"{path} has no modules.json: task: multivector serves a late-interaction model as "
+        "sentence-transformers' MultiVectorEncoder saves it",
+    )
     if legacy and kinds[:1] == [TRANSFORMER] and set(kinds[1:]) <= {DENSE}:
-        return modules
+        return modules, kinds
     body = kinds[1:-1]
     expected = [*[DENSE] * body.count(DENSE), *[NORMALIZE] * (NORMALIZE in body)]
     if kinds[:1] != [TRANSFORMER] or kinds[-1:] != [MASK] or body != expected:
         raise ModelLoadError(
-            f"{modules_file}: its modules run {' -> '.join(kinds) or 'nothing'}; numaserve runs "
+            f"{root / 'modules.json'}: its modules run {' -> '.join(kinds) or 'nothing'}; numaserve runs "
             f"a MultiVectorEncoder of {TRANSFORMER}, any {DENSE} modules, {NORMALIZE}, then "
             f"{MASK}, in that order"
         )
-    return modules
+    return modules, kinds
 
 
 def _legacy_knobs(config: dict) -> dict:
@@ -208,10 +205,6 @@ def _prompts(config: dict) -> dict[str, str]:
             prefix = config[key] or ""
             prompts[side] = prefix + (prompts.get(side) or "").removeprefix(prefix)
     return prompts
-
-
-def _kind(module: dict) -> str:
-    return str(module.get("type", "")).rsplit(".", 1)[-1]
 
 
 def _path(module: dict) -> str:

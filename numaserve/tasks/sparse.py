@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.checkpoint.files import read_json
+from numaserve.checkpoint.files import read_json, read_modules
 from numaserve.tasks.agreement import Verdict, cosine_verdict
 from numaserve.tasks.base import Head, Output, Task
 from numaserve.wire.protocol import embedding_from_wire, embedding_to_wire
@@ -54,19 +54,16 @@ class Splade:
 
     @classmethod
     def read(cls, directory: Path, path: str) -> Splade:
-        modules_file = directory / "modules.json"
-        if not modules_file.is_file():
-            raise ModelLoadError(
-                f"{path} has no modules.json: task: sparse serves a SPLADE model as "
-                "sentence-transformers' SparseEncoder saves it (MLMTransformer, SpladePooling)"
-            )
-        modules = read_json(modules_file)
-        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        modules, kinds = read_modules(
+            directory,
+            f"{path} has no modules.json: task: sparse serves a SPLADE model as "
+            "sentence-transformers' SparseEncoder saves it (MLMTransformer, SpladePooling)",
+        )
         if kinds == [TRANSFORMER, SPLADE] and _fills_masks(directory / modules[0].get("path", "")):
             kinds[0] = MLM
         if kinds != [MLM, SPLADE]:
             raise ModelLoadError(
-                f"{modules_file}: its modules are {', '.join(kinds) or 'none'}; numaserve "
+                f"{directory / 'modules.json'}: its modules are {', '.join(kinds) or 'none'}; numaserve "
                 f"serves a SparseEncoder of {MLM} (or a fill-mask {TRANSFORMER}) then {SPLADE}"
             )
         config_file = directory / modules[1].get("path", "") / "config.json"
