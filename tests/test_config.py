@@ -100,7 +100,8 @@ def test_integer_is_not_accepted_as_a_boolean():
 
 def test_value_outside_the_choices_lists_them():
     assert error("model: {task: summarize}") == (
-        "my.yaml: model.task: must be one of embed, classify, rerank, ner, sparse; got 'summarize'"
+        "my.yaml: model.task: must be one of embed, classify, rerank, ner, sparse, multivector; "
+        "got 'summarize'"
     )
 
 

@@ -50,12 +50,14 @@ def test_a_model_whose_pooling_leaves_its_prompts_out_is_refused(tmp_path):
         EMBED.check_checkpoint(path, str(path))
 
 
-def test_prompt_name_is_an_embed_option_and_a_string():
+def test_prompt_name_is_an_embed_and_multivector_option_and_a_string():
     body = {"id": 1, "op": "embed", "texts": ["a"], "prompt_name": "query"}
     assert parse_request(body, 8).options["prompt_name"] == "query"
     with pytest.raises(RequestError, match="prompt_name must be a prompt's name"):
         parse_request({**body, "prompt_name": 3}, 8)
-    with pytest.raises(RequestError, match="prompt_name is for embed, not classify"):
+    with pytest.raises(
+        RequestError, match="prompt_name is for embed and multivector, not classify"
+    ):
         parse_request({**body, "op": "classify"}, 8)
 
 

@@ -253,8 +253,8 @@ def test_unknown_task_exits_with_the_model_code(router, tmp_path):
     ).returncode
     assert code == exitcodes.MODEL
     assert (
-        "model.task: must be one of embed, classify, rerank, ner, sparse; got 'summarize'"
-        in log.read_text()
+        "model.task: must be one of embed, classify, rerank, ner, sparse, multivector; got "
+        "'summarize'" in log.read_text()
     )
 
 
