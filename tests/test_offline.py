@@ -40,13 +40,17 @@ def off_host(trace: str) -> list[str]:
     return found
 
 
+@pytest.mark.timeout(600)  # a first start's choice of model path, traced (below)
 def test_a_serving_server_opens_no_connection_off_the_host(tmp_path):
+    """The default config, as a user's first start runs it: `quantize: auto` chooses its
+    path first, loading every runtime it races (OpenVINO's telemetry would go out there),
+    minutes under strace; then requests for 40 s."""
     trace = tmp_path / "strace.log"
     prefix = ("strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg", "-o", str(trace))
     server = server_.Server(tmp_path, CONFIG, prefix=prefix)
     supervisor = None
     try:
-        server.wait_ready(timeout=240)
+        server.wait_ready(timeout=500)
         supervisor = server.status()["supervisor"]["pid"]  # strace's child, not server.proc
         with Client(server.endpoint, timeout=30) as client:
             deadline = time.monotonic() + 40  # onnxruntime's first event went out within 10 s
