@@ -59,3 +59,36 @@ def test_a_request_no_shard_answers_is_given_up_after_two_windows(slow_router):
         "code": "no_instance",
         "message": "no router shard answered; the server logged why",
     }
+
+
+def test_the_pieces_of_one_big_request_are_not_sent_again_while_the_shard_works_through_them(
+    slow_router, caplog
+):
+    """Two pieces of 20 texts at once: 40 runs, 2 s. Each piece's window allows for the
+    other's texts too (0.5 + 0.04 x 40 = 2.1 s); on its own texts alone (1.3 s) it was sent
+    again, and its texts run twice."""
+    from numaserve.front.upstream import Upstream
+
+    async def call() -> list[dict]:
+        upstream = Upstream(ctx, {"default": (slow_router.spec.local,)}, 0.5, 0.04)
+        upstream.start(asyncio.get_running_loop())
+        try:
+            while (await upstream.call("default", {"op": "ping"}))["status"] != "ok":
+                await asyncio.sleep(0.05)
+            pieces = [
+                {"op": "embed", "texts": [f"piece {p} text {i}" for i in range(20)]}
+                for p in range(2)
+            ]
+            calls = [upstream.call("default", piece, texts_ahead=20) for piece in pieces]
+            return await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
+        finally:
+            upstream.close()
+
+    ctx = zmq.Context()
+    try:
+        with caplog.at_level("WARNING", logger="numaserve.front"):
+            replies = asyncio.run(call())
+    finally:
+        ctx.destroy(linger=0)
+    assert [len(r["results"]) for r in replies] == [20, 20]
+    assert "sent again" not in caplog.text

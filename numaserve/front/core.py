@@ -98,8 +98,10 @@ class Core:
         # at once, and are answered whole.
         size = TOKEN_VECTOR_TEXTS if per_token(op, options) else max(len(texts), 1)
         starts = range(0, max(len(texts), 1), size)
+        ahead = len(texts) - size if len(starts) > 1 else 0  # the pieces share the shards
         futures = [
-            self.upstream.call(model.name, {**body, "texts": texts[i : i + size]}) for i in starts
+            self.upstream.call(model.name, {**body, "texts": texts[i : i + size]}, ahead)
+            for i in starts
         ]
         gathered = asyncio.gather(*futures)
         call.waiting_on(gathered)

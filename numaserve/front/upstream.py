@@ -90,13 +90,15 @@ class Upstream:
     def in_flight(self) -> int:
         return len(self.calls)
 
-    def call(self, model: str, body: dict) -> asyncio.Future:
-        """The shard's reply (a dict) to `body`, a request without its id, for `model`."""
+    def call(self, model: str, body: dict, texts_ahead: int = 0) -> asyncio.Future:
+        """The shard's reply (a dict) to `body`, a request without its id, for `model`.
+        `texts_ahead`: texts sent beside it that the shards may run first (the other pieces of
+        one big request), which its resend window allows for too."""
         future = self._loop().create_future()
         request_id = next(self.ids)
         body["id"] = request_id
         texts = body.get("texts")
-        count = len(texts) if isinstance(texts, list) else 1
+        count = (len(texts) if isinstance(texts, list) else 1) + texts_ahead
         window = self.retry_after_s + self.per_text_s * count
         call = Call(model, body, future, window, time.monotonic() + window)
         if self._send(call):
