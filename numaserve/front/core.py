@@ -94,16 +94,19 @@ class Core:
         if self.spec.named:
             body["model"] = model.name
         body.update((k, v) for k, v in options.items() if v is not None)
-        # Token vectors travel in pieces the shards take (TOKEN_VECTOR_TEXTS texts each), run
-        # at once, and are answered whole.
+        # Token vectors travel in pieces the shards take (TOKEN_VECTOR_TEXTS texts each), two
+        # at a time (one runs while the other's reply travels: more would only fill the
+        # queues), and are answered whole.
         size = TOKEN_VECTOR_TEXTS if per_token(op, options) else max(len(texts), 1)
-        starts = range(0, max(len(texts), 1), size)
-        ahead = len(texts) - size if len(starts) > 1 else 0  # the pieces share the shards
-        futures = [
-            self.upstream.call(model.name, {**body, "texts": texts[i : i + size]}, ahead)
-            for i in starts
-        ]
-        gathered = asyncio.gather(*futures)
+        pieces = [texts[i : i + size] for i in range(0, max(len(texts), 1), size)]
+        ahead = min(len(texts), 2 * size) - size if len(pieces) > 1 else 0
+        turns = asyncio.Semaphore(2)
+
+        async def piece(part: list):
+            async with turns:
+                return await self.upstream.call(model.name, {**body, "texts": part}, ahead)
+
+        gathered = asyncio.gather(*(piece(p) for p in pieces))
         call.waiting_on(gathered)
         replies = await gathered
         results = []
