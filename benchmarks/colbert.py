@@ -215,9 +215,11 @@ def main() -> None:
         result["documents_a_second"] = {k: [round(v, 1) for v in r] for k, r in rates.items()}
         result["speedup"] = round(statistics.median(ratios), 2)
         result["speedup_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+        save(args.out, result)  # each stage's figures kept as they come
         query = "how does a module keep its state between calls?"
         result["rerank_100_ms"] = {"maxsim": rerank_ms(server.endpoint, query, docs[:100], 10)}
         result["replies_1000"] = replies(server.url, docs[:1000])
+        save(args.out, result)
     finally:
         server.stop()
     ranker = save_cross_encoder(args.shape, work / "ranker")
@@ -227,8 +229,12 @@ def main() -> None:
         result["rerank_100_ms"]["cross_encoder"] = rerank_ms(server.endpoint, query, docs[:100], 10)
     finally:
         server.stop()
+    save(args.out, result)
     print(json.dumps(result, indent=1))
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def save(path: str, result: dict) -> None:
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
