@@ -28,8 +28,7 @@ def checkpoint_max_length(path: str, task: str = "embed") -> tuple[int, str, str
         top = root / "config_sentence_transformers.json"  # where PyLate's older saves say it
         places = [(config, "document_length"), (top, "document_length"), *places]
     for file, key in places:
-        data = read_json(file) if file.is_file() else {}
-        value = data.get(key) if isinstance(data, dict) else None
+        value = read_object(file).get(key)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelLoadError(f"{file}: {key} must be a positive integer; got {value!r}")
@@ -47,10 +46,7 @@ def prefix_tokens(path: str) -> tuple[str, ...]:
         root = Path(resolve_model_path(path))
     except ModelLoadError:
         return ()
-    top = root / "config_sentence_transformers.json"
-    data = read_json(top) if top.is_file() else {}
-    if not isinstance(data, dict):
-        return ()
+    data = read_object(root / "config_sentence_transformers.json")
     found = (data.get(key) for key in ("query_prefix", "document_prefix"))
     return tuple(p for p in found if isinstance(p, str) and p.strip())
 
@@ -58,13 +54,10 @@ def prefix_tokens(path: str) -> tuple[str, ...]:
 def _tokenizer_max_length(root: Path) -> tuple[int, str, str] | None:
     """A tokenizer's model_max_length, where it is a length the model's positions hold
     (transformers writes a huge number where a tokenizer sets none)."""
-    saved = root / "tokenizer_config.json"
-    data = read_json(saved) if saved.is_file() else {}
-    value = data.get("model_max_length") if isinstance(data, dict) else None
+    value = read_object(root / "tokenizer_config.json").get("model_max_length")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return None
-    model = read_json(root / "config.json") if (root / "config.json").is_file() else {}
-    positions = model.get("max_position_embeddings") if isinstance(model, dict) else None
+    positions = read_object(root / "config.json").get("max_position_embeddings")
     if isinstance(positions, int) and not isinstance(positions, bool) and value > positions:
         return None
     return value, "tokenizer's model_max_length", "tokenizer_config.json"
@@ -87,6 +80,13 @@ def read_modules(root: Path, missing: str) -> tuple[list[dict], list[str]]:
         raise ModelLoadError(missing)
     modules = read_json(path)
     return modules, [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+
+
+def read_object(path: Path) -> dict:
+    """A checkpoint's JSON file that holds an object; {} where there is no such file, or it
+    holds something else."""
+    data = read_json(path) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
 
 
 def read_json(path: Path):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import ModelLoadError
-from numaserve.checkpoint.files import read_json, read_modules
+from numaserve.checkpoint.files import read_modules, read_object
 from numaserve.tasks.prompts import PROMPTS_FILE, Prompts, Text
 
 if TYPE_CHECKING:
@@ -69,16 +69,16 @@ class Sides:
         MultiVectorEncoder converts it: the punctuation skiplist on documents unless it names
         another, and Normalize."""
         root = Path(directory)
-        config = _json(root / PROMPTS_FILE)
+        config = read_object(root / PROMPTS_FILE)
         legacy = config.get("model_type") == PYLATE_V3
         modules, kinds = _modules(root, path, legacy)
-        saved = _json(root / _path(modules[0]) / "sentence_bert_config.json")
+        saved = read_object(root / _path(modules[0]) / "sentence_bert_config.json")
         transformer = {**_legacy_knobs(config), **saved}  # the module's own file wins
         if legacy:
             words = config.get("skiplist_words")
             mask = {"skiplist_words": list(string.punctuation) if words is None else words}
         else:
-            mask = _json(root / _path(modules[-1]) / "config.json")
+            mask = read_object(root / _path(modules[-1]) / "config.json")
         if mask.get("keep_only_token_ids"):
             raise ModelLoadError(
                 f"{path}: its MultiVectorMask keeps only some token ids (an image model's "
@@ -211,11 +211,6 @@ def _path(module: dict) -> str:
     return str(module.get("path", ""))
 
 
-def _json(path: Path) -> dict:
-    data = read_json(path) if path.is_file() else {}
-    return data if isinstance(data, dict) else {}
-
-
 def _length(config: dict, key: str, path: str) -> int | None:
     value = config.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
@@ -259,7 +254,7 @@ class _Vocabulary:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(saved))
-        config = _json(root / "tokenizer_config.json")
+        config = read_object(root / "tokenizer_config.json")
         mask = config.get("mask_token")
         mask = mask.get("content") if isinstance(mask, dict) else mask
         return cls(tokenizer.get_vocab(with_added_tokens=True), mask)
