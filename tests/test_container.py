@@ -5,6 +5,7 @@ inside the container), and it serves over the published ports: ZeroMQ with Curve
 HTTP with an API key, metrics. SIGTERM drains. Slow (builds the image the first time, then
 podman's layer cache): CI runs it in its slow step, as root."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -24,6 +25,7 @@ from tests.harness.console import numaserve
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/numaserve:test"
+BASE = "localhost/numaserve-base:bookworm"
 MAX_IMAGE_MB = 700  # 666 MB measured: docs/container.md says where it goes
 
 pytestmark = [
@@ -77,9 +79,24 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return out
 
 
+def image_ids() -> set[str]:
+    """Every image in podman's store, intermediate ones included."""
+    listed = podman("images", "--all", "--quiet", "--no-trunc").stdout.split()
+    return {i.removeprefix("sha256:") for i in listed}  # as `image inspect` writes an Id
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    tag: str
+    # Images the build added, or the one its tag named before, beyond the tag's and the base's.
+    left_behind: frozenset[str]
+
+
 @pytest.fixture(scope="module")
-def image() -> str:
+def build() -> Build:
     env = {**os.environ, "PYTHON": sys.executable}  # pip downloads the wheels with this one
+    replaced = podman("image", "inspect", "--format", "{{.Id}}", IMAGE, check=False).stdout
+    before = image_ids() - {replaced.strip()}
     out = subprocess.run(
         [str(ROOT / "deploy/container/build"), IMAGE],
         capture_output=True,
@@ -89,7 +106,16 @@ def image() -> str:
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return IMAGE
+    kept = {
+        podman("image", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+        for name in (IMAGE, BASE)
+    }
+    return Build(IMAGE, frozenset(image_ids() - before - kept))
+
+
+@pytest.fixture(scope="module")
+def image(build) -> str:
+    return build.tag
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +189,12 @@ def test_the_image_is_small_and_holds_no_torch(image):
     modules = "MODULES = ['torch', 'ctranslate2', 'onnxruntime']; "
     out = podman("run", "--rm", "--entrypoint", "python3", image, "-c", modules + find).stdout
     assert out.strip() == "[False, True, True]"
+
+
+def test_a_build_leaves_no_image_behind_but_its_own(build):
+    """The build stage (torch, the exporter: 3 GB) and the image a rebuild replaces would
+    otherwise stay in podman's store, untagged, and fill the disk a build at a time."""
+    assert build.left_behind == frozenset()
 
 
 def test_each_process_is_pinned_inside_the_cpuset(served):
