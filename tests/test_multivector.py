@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 
 from numaserve.backends import load_model
 from numaserve.checkpoint.errors import ModelLoadError
@@ -15,6 +16,7 @@ from numaserve.client import BadRequest, MultiVectors
 from numaserve.config.schema import ModelConfig
 from numaserve.tasks.sides import SidedPrompts, Sides
 from numaserve.testing.cluster import Cluster
+from numaserve.testing.windows import document
 from tests.harness.checkpoints import (
     multi_vector_encoder,
     save_tiny_colbert,
@@ -117,6 +119,25 @@ def test_rerank_scores_each_document_by_maxsim_as_multi_vector_encoders_similari
     best = client.rerank(query, DOCUMENTS, top_k=2)
     assert [r.index for r in best] == list(np.argsort(-expected)[:2])
     assert all(r.logit is None for r in best)
+
+
+def test_rerank_reads_a_long_document_in_windows_and_scores_all_their_vectors_by_maxsim(
+    cluster, reference
+):
+    """Each window: "[D] " and 175 of the document's tokens (document_length 180), a quarter
+    of them shared with the next; each query vector's best match anywhere in the document."""
+    words = document(500).split()  # one token a word
+    starts = range(0, 500 - 175 + 132, 132)
+    windows = [" ".join(words[s : s + 175]) for s in starts]
+    rows = torch.cat(reference.encode_document(windows))
+    query = reference.encode_query([QUERIES[0]])[0]
+    expected = float((query @ rows.T).max(dim=1).values.sum())
+    client = cluster.client()
+    (whole,) = client.rerank(QUERIES[0], [" ".join(words)], raw_scores=True)
+    (cut,) = client.rerank(QUERIES[0], [" ".join(words)], max_chunks_per_doc=1)
+    assert whole.chunks == len(windows) == 4 and not whole.truncated
+    assert whole.logit == pytest.approx(expected, rel=1e-4)
+    assert cut.chunks == 1 and cut.truncated and cut.score < whole.score
 
 
 def test_token_pooling_pools_documents_as_hierarchical_token_pooling(cluster, reference):

@@ -13,6 +13,7 @@ from numaserve.router.cache import ResultCache
 from numaserve.router.dispatch import Dispatcher
 from numaserve.router.metrics import RouterMetrics
 from numaserve.status.report import Ready
+from numaserve.tasks.prompts import NO_PROMPTS, Prompts
 from numaserve.tasks.requests import Request
 from numaserve.wire import protocol
 from numaserve.wire.protocol import ErrorCode
@@ -38,6 +39,7 @@ class Shard:
         backlog=2048,
         max_batch=1,
         max_batch_tokens=None,
+        prompts=NO_PROMPTS,
     ):
         self.replies: list[tuple[list[bytes], dict]] = []
         self.dispatch = Dispatcher(
@@ -55,6 +57,7 @@ class Shard:
             hold_until=hold_until,
             max_windows=max_windows,
             max_backlog=backlog,
+            prompts=prompts,
         )
 
     def instance(self, name="w0", pool="short", model_key="model-a") -> bytes:
@@ -392,6 +395,16 @@ def test_a_long_document_is_scored_in_windows_each_a_text_of_its_own(tokenizer):
     assert long["chunks"] == sum(1 for r in ran if r[1] == 0) > 3 and not long["truncated"]
     assert long["score"] == 128.0  # the stand-in scores a window by its tokens: the best
     assert short["chunks"] == 1 and short["score"] == short["tokens"]
+
+
+def test_each_window_of_a_long_text_begins_with_the_prompt_its_request_names(tokenizer):
+    shard = Shard(tokenizer, queue_size=64, prompts=Prompts({"passage": "passage: "}))
+    shard.instance("w0", pool="long")
+    text = " ".join(f"word{i}" for i in range(200))  # about 400 tokens: 128 a window
+    shard.ask(text, prompt_name="passage", max_chunks_per_doc=8)
+    windows = [item.ids for pool in shard.dispatch.pools for item in pool.queue]
+    prompt = tuple(tokenizer.encode(["passage: "])[0].ids[:-1])  # [CLS] passage :
+    assert len(windows) >= 2 and all(w[: len(prompt)] == prompt for w in windows)
 
 
 def test_a_long_documents_windows_are_queued_two_forward_passes_at_a_time(tokenizer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,45 +214,85 @@ class Tokenizer:
             out.append(Encoded(tuple(enc.ids), bool(enc.overflowing), 0, tokens))
         return out
 
-    def encode_windows(self, inputs: list[Text], max_windows: int) -> list[Encoded]:
+    def encode_windows(
+        self, inputs: list[Text], max_windows: int, prompt: str = ""
+    ) -> list[Encoded]:
         """Texts, or pairs (query, document), that may be longer than the model reads: each
         text (a pair's document) read in up to `max_windows` windows, a pair's query repeated
-        in each, a window overlapping the next by WINDOW_OVERLAP of its tokens. An input that
-        fits, or a query that leaves a window no room, is one input as `encode` makes it."""
+        in each, a window overlapping the next by WINDOW_OVERLAP of its tokens. `prompt`
+        (a text's, never a pair's) begins every window of a text, as it begins the text. An
+        input that fits, or a query or prompt that leaves a window no room, is one input as
+        `encode` makes it."""
         out = []
         for i, text in enumerate(inputs):
-            alone = self._encode_alone(i, text, strict=False)
+            pair = not isinstance(text, str)
+            alone = self._encode_alone(i, text if pair else prompt + text, strict=False)
             if not alone.truncated or max_windows == 1:
                 out.append(alone)
-                continue
-            pair = not isinstance(text, str)
-            first, long = text if pair else ("", text)
-            room = self.max_length - self.specials[pair]
-            if pair:
-                room -= len(self.full.encode(first, add_special_tokens=False).ids)
-            if room < 2 * WINDOW_OVERLAP:
-                out.append(alone)  # the query leaves no room to slide a window in
-                continue
-            self.windowed.enable_truncation(
-                self.max_length,
-                stride=room // WINDOW_OVERLAP,
-                strategy="only_second" if pair else "longest_first",
-            )
-            span = room - room // WINDOW_OVERLAP  # new tokens a window adds
-            limit = CHARS_PER_TOKEN * (room + span * max_windows)
-            while True:  # a head of the text that fills max_windows + 1 windows, or all of it
-                part = self._head(long, limit)
-                enc = self.windowed.encode(first, part) if pair else self.windowed.encode(part)
-                windows = [enc, *enc.overflowing]
-                if len(windows) > max_windows or len(part) == len(long):
-                    break
-                limit *= 4  # rare: a head of few tokens (long runs of spaces)
-            kept = windows[:max_windows]
-            types = enc.type_ids
-            second = types.index(1) if pair and 1 in types else 0
-            more = tuple(tuple(w.ids) for w in kept[1:])
-            out.append(Encoded(tuple(enc.ids), len(windows) > max_windows, second, more=more))
+            elif pair:
+                out.append(self._pair_windows(text, max_windows) or alone)
+            else:
+                out.append(self._text_windows(text, prompt, max_windows) or alone)
         return out
+
+    def _pair_windows(self, pair: tuple[str, str], max_windows: int) -> Encoded | None:
+        """A long pair's windows over its second text, by the library's overflow (each
+        window repeats the first text); None where the first leaves no room."""
+        first, long = pair
+        room = self.max_length - self.specials[True]
+        room -= len(self.full.encode(first, add_special_tokens=False).ids)
+        if room < 2 * WINDOW_OVERLAP:
+            return None
+        self.windowed.enable_truncation(
+            self.max_length, stride=room // WINDOW_OVERLAP, strategy="only_second"
+        )
+        span = room - room // WINDOW_OVERLAP  # new tokens a window adds
+        limit = CHARS_PER_TOKEN * (room + span * max_windows)
+        while True:  # a head of the text that fills max_windows + 1 windows, or all of it
+            part = self._head(long, limit)
+            enc = self.windowed.encode(first, part)
+            windows = [enc, *enc.overflowing]
+            if len(windows) > max_windows or len(part) == len(long):
+                break
+            limit *= 4  # rare: a head of few tokens (long runs of spaces)
+        kept = windows[:max_windows]
+        types = enc.type_ids
+        second = types.index(1) if 1 in types else 0
+        more = tuple(tuple(w.ids) for w in kept[1:])
+        return Encoded(tuple(enc.ids), len(windows) > max_windows, second, more=more)
+
+    def _text_windows(self, text: str, prompt: str, max_windows: int) -> Encoded | None:
+        """A long text's windows, each framed as the text is: its leading special tokens,
+        the prompt's tokens, a slice of the text's, its closing special tokens. None where
+        the prompt leaves no room."""
+        lead, close = self._frame
+        head = (*lead, *self.full.encode(prompt, add_special_tokens=False).ids)
+        room = self.max_length - len(head) - len(close)
+        if room < 2 * WINDOW_OVERLAP:
+            return None
+        span = room - room // WINDOW_OVERLAP  # new tokens a window adds
+        limit = CHARS_PER_TOKEN * (room + span * max_windows)
+        while True:  # a head of the text that fills max_windows + 1 windows, or all of it
+            part = self._head(text, limit)
+            body = self.full.encode(part, add_special_tokens=False).ids
+            needed = 1 + -(-max(len(body) - room, 0) // span)
+            if needed > max_windows or len(part) == len(text):
+                break
+            limit *= 4  # rare: a head of few tokens (long runs of spaces)
+        windows = [
+            (*head, *body[s : s + room], *close)
+            for s in range(0, span * min(needed, max_windows), span)
+        ]
+        return Encoded(windows[0], needed > max_windows, more=tuple(windows[1:]))
+
+    @functools.cached_property
+    def _frame(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The special tokens the tokenizer puts before a single text, and after it."""
+        enc = self.full.encode("a")
+        mask = enc.special_tokens_mask
+        first = mask.index(0)
+        last = len(mask) - mask[::-1].index(0)
+        return tuple(enc.ids[:first]), tuple(enc.ids[last:])
 
     def _encode_alone(self, index: int, text: Text, strict: bool, left: bool = False) -> Encoded:
         """One text or pair, by the library alone: a pair, or any text cut on the left."""

@@ -80,8 +80,6 @@ class RequestBook:
         self.max_windows = max_windows
         self.hold_until = hold_until
         self.task = TASKS[task]
-        self.windowed = TASKS[task].reads_windows
-        self.windows_by_default = TASKS[task].windows_by_default
         self.prompts = prompts  # an embedding model's own (tasks/prompts.py)
         self.answers = TASKS[task].answers(tokenizer, prompts)  # what the task adds to results
         self.cached = TASKS[task].cached
@@ -164,12 +162,14 @@ class RequestBook:
     def _encode(self, request: Request) -> list:
         """The request's inputs, its model's prompt before each, tokenized (in windows,
         where its task reads a long document so)."""
-        if request.op != self.task.name:  # another task's request (serves_also)
-            return self.task.encode_for(request, self.tokenizer, self.prompts)
-        inputs = self.prompts.applied(request.options.get("prompt_name"), request.inputs())
         windows = self._windows(request)
+        if request.op != self.task.name:  # another task's request (serves_also)
+            return self.task.encode_for(request, self.tokenizer, self.prompts, windows)
+        name = request.options.get("prompt_name")
         if windows > 1:
-            return self.tokenizer.encode_windows(inputs, windows)
+            prompt = self.prompts.prompt(name)
+            return self.tokenizer.encode_windows(request.inputs(), windows, prompt)
+        inputs = self.prompts.applied(name, request.inputs())
         if self.task.tags(request.options):  # a tagger's inputs are texts, never pairs
             texts = cast(list[str], inputs)
             return self.tokenizer.encode_tagged(texts, request.truncate, request.cuts_left)
@@ -210,13 +210,14 @@ class RequestBook:
         """How many windows a long document of `request` may be read in, where its task
         reads windows and a cut on the right is allowed (1 otherwise: cut, or refused, as
         asked)."""
-        if not self.windowed or request.truncate is False or request.cuts_left:
+        task = TASKS[request.op]  # a rerank by MaxSim reads windows as a cross-encoder's
+        if not task.reads_windows or request.truncate is False or request.cuts_left:
             return 1
         if request.truncate is None and not self.tokenizer.truncate:
             return 1
         asked = request.options.get("max_chunks_per_doc")
         if asked is None:  # the model's max_chunks_per_doc where the task reads windows unasked
-            return self.max_windows if self.windows_by_default else 1
+            return self.max_windows if task.windows_by_default else 1
         return asked
 
     def cancel(self, envelope: list[bytes], request_id) -> None:
@@ -247,14 +248,16 @@ class RequestBook:
                     if hit is not None:
                         break
                 if hit is not None:
-                    self._put(pending, i, hit)
+                    self._put(pending, i, ids, hit)
                 else:
                     pool = self.dispatch.own_pool(len(ids))
                     misses.append(Item(pending, i, ids, pool, enc.second, whole, bulk))
         return misses
 
-    def _put(self, pending: Pending, index: int, result: dict) -> None:
-        """A result for input `index`: of a document read in windows, its best window's."""
+    def _put(self, pending: Pending, index: int, ids: tuple[int, ...], result: dict) -> None:
+        """A result for input `index`, read from `ids`: of a document read in windows, what
+        stands for its windows' (the best score, the summed vector, all rows that count)."""
+        result = self.answers.arrived(pending.request, index, ids, result)
         kept = pending.results[index]
         pending.results[index] = result if kept is None else self.answers.best(kept, result)
 
@@ -315,7 +318,7 @@ class RequestBook:
                 continue
             if pending.timed is not None and isinstance(pass_s, (int, float)):
                 pending.timed.inference = max(pending.timed.inference, pass_s)
-            self._put(pending, item.index, result)
+            self._put(pending, item.index, item.ids, result)
             pending.remaining -= 1
             if pending.remaining == 0:
                 self.complete(pending)

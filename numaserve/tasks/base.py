@@ -94,9 +94,14 @@ class Answers:
     def finish(self, request: Request, encoded: list, results: list[dict]) -> list[dict]:
         return results
 
+    def arrived(self, request: Request, index: int, ids: tuple[int, ...], result: dict) -> dict:
+        """An instance's result for input `index` of `request`, read from `ids` (one window
+        of a long input), as it arrives: before `best` puts windows together."""
+        return result
+
     def best(self, kept: dict, new: dict) -> dict:
         """Of two windows' results for one input, what stands for both (a task that reads
-        windows: rerank's best score, embed's summed vector)."""
+        windows: rerank's best score, embed's summed vector, late interaction's rows)."""
         raise NotImplementedError(f"{type(self).__name__} reads no input in windows")
 
 
@@ -183,9 +188,11 @@ class Task:
         """The checkpoint's own prompts a request may name (an embedding model's)."""
         return NO_PROMPTS
 
-    def encode_for(self, request: Request, tokenizer: Tokenizer, prompts: Prompts) -> list:
+    def encode_for(
+        self, request: Request, tokenizer: Tokenizer, prompts: Prompts, windows: int
+    ) -> list:
         """The tokenized inputs of a request of another task this one serves (serves_also),
-        as its model reads them."""
+        as its model reads them; a long one in up to `windows` windows, where it reads so."""
         raise NotImplementedError(f"{self.name} serves no other task's requests")
 
     def check_checkpoint(self, directory: Path, path: str) -> None:

@@ -89,35 +89,51 @@ class Multi(Head):
 
 
 class Kept(Answers):
-    """Drops the rows of skiplisted tokens on the sides the skiplist applies to; for a
-    rerank, scores each document by MaxSim against the query."""
+    """Drops the rows of skiplisted tokens on the sides the skiplist applies to, window by
+    window; a long document's windows give all their rows (MaxSim then takes each query
+    vector's best match anywhere in it); for a rerank, scores each document by MaxSim
+    against the query."""
 
     def __init__(self, sides: Sides):
         self.sides = sides
 
+    def arrived(self, request, index, ids, result):
+        if self.side(request, index) in self.sides.skip_sides and self.sides.skip_ids:
+            keep = [i for i, token in enumerate(ids) if token not in self.sides.skip_ids]
+            if len(keep) < len(ids):
+                result = {**result, "vectors": protocol.embedding_to_wire(rows_of(result)[keep])}
+        return result
+
+    def best(self, kept: dict, new: dict) -> dict:
+        import numpy as np
+
+        rows = np.concatenate([rows_of(kept), rows_of(new)])
+        return {**kept, "vectors": protocol.embedding_to_wire(rows)}
+
+    @staticmethod
+    def side(request, index: int) -> str:
+        """The side input `index` of `request` is read on: a rerank's query, then its
+        documents (encode_for); the side a request names."""
+        if request.op == RERANK.name:
+            return QUERY if index == 0 else DOCUMENT
+        return side_of(request.options.get("prompt_name"))
+
     def finish(self, request, encoded, results):
-        if request.op == RERANK.name:  # the query first, then the documents (encode_for)
-            sides = [QUERY] + [DOCUMENT] * (len(results) - 1)
-        else:
-            sides = [side_of(request.options.get("prompt_name"))] * len(results)
         factor = request.options.get("pool_factor")
-        for result, enc, side in zip(results, encoded, sides, strict=True):
-            if side in self.sides.skip_sides and self.sides.skip_ids:
-                self._skip(result, enc)
-            if factor and factor > 1 and side == DOCUMENT:
-                rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
-                result["vectors"] = protocol.embedding_to_wire(token_pooled(rows, factor))
+        if factor and factor > 1:
+            for i, result in enumerate(results):
+                if self.side(request, i) == DOCUMENT:
+                    result["vectors"] = protocol.embedding_to_wire(
+                        token_pooled(rows_of(result), factor)
+                    )
         if request.op != RERANK.name:
             return results
         return Ranking().finish(request, encoded[1:], maxsim(results[0], results[1:]))
 
-    def _skip(self, result: dict, encoded) -> None:
-        import numpy as np
 
-        keep = [i for i, token in enumerate(encoded.ids) if token not in self.sides.skip_ids]
-        if len(keep) < len(encoded.ids):
-            rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
-            result["vectors"] = protocol.embedding_to_wire(rows[np.array(keep, dtype=int)])
+def rows_of(result: dict) -> np.ndarray:
+    """A result's rows, `dim` wide."""
+    return protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
 
 
 def token_pooled(rows: np.ndarray, factor: float, protected: int = 1) -> np.ndarray:
@@ -194,16 +210,19 @@ class MultiVector(Task):
         assert isinstance(prompts, SidedPrompts)
         return Kept(prompts.sides)
 
-    def encode_for(self, request, tokenizer, prompts) -> list:
-        """A rerank's query, read as a query, then its documents, read as documents."""
+    def encode_for(self, request, tokenizer, prompts, windows) -> list:
+        """A rerank's query, read as a query, then its documents, read as documents: a long
+        one in up to `windows` windows, each beginning with the documents' prompt."""
         cut = dict(truncate=request.truncate, left=request.cuts_left)
         query = [request.options["query"]]
         documents = list(request.texts)
+        if windows > 1:
+            read = tokenizer.encode_windows(documents, windows, prompts.prompt(DOCUMENT))
+        else:
+            read = tokenizer.encode(prompts.applied(DOCUMENT, documents), **cut)
         return [
             *prompts.fitted(QUERY, tokenizer.encode(prompts.applied(QUERY, query), **cut)),
-            *prompts.fitted(
-                DOCUMENT, tokenizer.encode(prompts.applied(DOCUMENT, documents), **cut)
-            ),
+            *prompts.fitted(DOCUMENT, read),
         ]
 
     def check_checkpoint(self, directory: Path, path: str) -> None:
@@ -216,8 +235,7 @@ class MultiVector(Task):
         return {"vectors": protocol.embedding_to_wire(result), "dim": result.shape[1]}
 
     def from_wire(self, result: dict) -> MultiVectors:
-        rows = protocol.embedding_from_wire(result["vectors"]).reshape(-1, result["dim"])
-        return MultiVectors(rows, result["tokens"], result["truncated"])
+        return MultiVectors(rows_of(result), result["tokens"], result["truncated"])
 
     def gate_inputs(self, tokenizer, texts: list[str]) -> list:
         """Each text as a document, and as a query: expanded, where the model expands them."""

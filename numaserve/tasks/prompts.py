@@ -47,16 +47,21 @@ class Prompts:
             )
         return cls(table, default)
 
-    def applied(self, name: str | None, texts: list[Text]) -> list[Text]:
-        """`texts` with the prompt `name` (the default where None) before each (an embedding
-        model's: its texts are never pairs, which are passed on as they are)."""
+    def prompt(self, name: str | None) -> str:
+        """The text that goes before each text of a request naming prompt `name` (the
+        default where None): "" where there is none."""
         name = self.default if name is None else name
         if name is None:
-            return texts
+            return ""
         if name not in self.table:
             known = ", ".join(self.table) or "it has none"
             raise PromptError(f"prompt_name {name!r} is not one of this model's prompts ({known})")
-        prompt = self.table[name]
+        return self.table[name]
+
+    def applied(self, name: str | None, texts: list[Text]) -> list[Text]:
+        """`texts` with the prompt `name` before each (an embedding model's: its texts are
+        never pairs, which are passed on as they are)."""
+        prompt = self.prompt(name)
         return [prompt + t if isinstance(t, str) else t for t in texts] if prompt else texts
 
     def fitted(self, name: str | None, encoded: list) -> list:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from numaserve.checkpoint.errors import ModelLoadError
 from numaserve.checkpoint.files import read_modules, read_object
-from numaserve.tasks.prompts import PROMPTS_FILE, Prompts, Text
+from numaserve.tasks.prompts import PROMPTS_FILE, Prompts
 
 if TYPE_CHECKING:
     from numaserve.tasks.pooling import Dense
@@ -126,9 +126,8 @@ class SidedPrompts(Prompts):
         super().__init__(sides.prompts, None)
         self.sides = sides
 
-    def applied(self, name: str | None, texts: list[Text]) -> list[Text]:
-        prompt = self.sides.prompt(side_of(name))
-        return [prompt + t if isinstance(t, str) else t for t in texts] if prompt else texts
+    def prompt(self, name: str | None) -> str:
+        return self.sides.prompt(side_of(name))
 
     def fitted(self, name: str | None, encoded: list) -> list:
         sides = self.sides
