@@ -1,19 +1,23 @@
 """Late interaction (ColBERT) through the server, against sentence-transformers'
-MultiVectorEncoder in one process on the same cores.
+MultiVectorEncoder in one process on the same cores, and PyLate's own encode.
 
 A ColBERT of a published shape (random weights, seed 0, over MiniLM's vocabulary), saved as
 MultiVectorEncoder saves it (query expansion fixed at 32, a Dense projection without bias,
 Normalize, the punctuation skiplist, prompts "[Q] " and "[D] "), served by `numaserve start`
 with `quantize: auto` over every core. Measured, the sides in turns, round after round:
 - documents a second at saturation: clients sending 16 documents a request to the server,
-  against `MultiVectorEncoder.encode_document` (batch 32, torch with a thread a core);
+  against `MultiVectorEncoder.encode_document` (batch 32, torch with a thread a core) and
+  PyLate's `ColBERT.encode(is_query=False)` (the same backbone and projection width, batch 32,
+  its own environment: benchmarks/peer_apps/install.sh);
+- one document at a time: ms a document, one client, against `encode_document([doc])`;
 - reranking 100 documents of about 200 tokens for a query, ms a query: by MaxSim on this
-  server, against a cross-encoder of the same backbone served the same way;
+  server, against a cross-encoder of the same backbone served on the model path auto chose
+  for the ColBERT;
 - a 1,000-document /embed_all: its reply's bytes and time, as float32 numbers, int8 and
   binary, as numbers and in base64.
 
 Run:  .venv/bin/python -m benchmarks.colbert [--shape answerai-small] [--rounds 3] [--seconds 20]
-          [--clients 8]
+          [--clients 8] [--pylate .peers/pylate/bin/python]
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ import argparse
 import json
 import statistics
 import string
+import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from benchmarks import machine
+from numaserve.testing.server import Server
 
 # name: (layers, width, heads, feed-forward, projection, document length)
 SHAPES = {
@@ -37,9 +43,10 @@ SHAPES = {
 }
 PER_REQUEST = 16
 CONFIG = """
-model: {{path: "{path}", task: {task}, max_length: {length}}}
+model: {{path: "{path}", task: {task}, max_length: {length}{precision}}}
 server: {{endpoint: "@ENDPOINT@"}}
 """
+PYLATE = ".peers/pylate/bin/python"
 
 
 def save_colbert(shape: str, path: Path) -> Path:
@@ -144,6 +151,30 @@ def local_rate(model, docs: list[str], seconds: float) -> float:
     return count / (time.monotonic() - began)
 
 
+def pylate_rate(python: str, backbone_path: Path, shape: str, docs: list[str], seconds: float):
+    """PyLate's documents a second, in its own environment (benchmarks/peer_apps)."""
+    _, _, _, _, dim, length = SHAPES[shape]
+    asked = {"backbone": str(backbone_path), "dim": dim, "document_length": length}
+    out = subprocess.run(
+        [python, str(Path(__file__).parent / "peer_apps/pylate_encode.py")],
+        input=json.dumps({**asked, "documents": docs, "seconds": seconds}),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)["documents_a_second"]
+
+
+def single_ms(encode, docs: list[str], times: int) -> float:
+    """Median ms for one document at a time."""
+    spent = []
+    for i in range(times):
+        began = time.perf_counter()
+        encode(docs[i % len(docs)])
+        spent.append(time.perf_counter() - began)
+    return round(statistics.median(spent) * 1000, 2)
+
+
 def rerank_ms(endpoint: str, query: str, docs: list[str], times: int) -> float:
     from numaserve.client import Client
 
@@ -180,57 +211,96 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--pylate", default=PYLATE, help="the Python of PyLate's environment")
     parser.add_argument("--out", default="benchmarks/results/colbert.json")
     args = parser.parse_args()
     import os
 
     import torch
+
+    result: dict = {"machine": machine.topology(), "shape": args.shape, "clients": args.clients}
+    work = Path(tempfile.mkdtemp(prefix="colbert-bench-"))
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    colbert = save_colbert(args.shape, work / "colbert")
+    backbone(args.shape, work / "backbone")  # PyLate builds its ColBERT on it
+    query = "how does a module keep its state between calls?"
+    path = served_colbert(args, colbert, work, query, result)
+    ranker = save_cross_encoder(args.shape, work / "ranker")
+    precision = f", backend: {path['backend']}, quantize: {path['quantize']}"
+    config = CONFIG.format(path=ranker, task="rerank", length=512, precision=precision)
+    (work / "ranker-served").mkdir()
+    server = Server(work / "ranker-served", config)
+    try:
+        server.wait_ready(timeout=3600)
+        docs = documents(100)
+        result["rerank_100_ms"]["cross_encoder"] = rerank_ms(server.endpoint, query, docs, 10)
+    finally:
+        server.stop()
+    save(args.out, result)
+    print(json.dumps(result, indent=1))
+
+
+def served_colbert(args, colbert: Path, work: Path, query: str, result: dict) -> dict:
+    """The ColBERT's figures, kept in `result` as they come; the model path auto chose."""
     from sentence_transformers import MultiVectorEncoder
 
-    from numaserve.testing.server import Server
+    from numaserve.client import Client
 
-    result: dict = {"machine": machine.topology(), "shape": args.shape}
-    work = Path(tempfile.mkdtemp(prefix="colbert-bench-"))
-    length = SHAPES[args.shape][5]
-    colbert = save_colbert(args.shape, work / "colbert")
     docs = documents(2000)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     reference = MultiVectorEncoder(str(colbert), device="cpu")
-    for name in ("served", "ranker-served"):
-        (work / name).mkdir()
-    server = Server(work / "served", CONFIG.format(path=colbert, task="multivector", length=length))
+    pylate = Path(args.pylate).exists()
+    length = SHAPES[args.shape][5]
+    (work / "served").mkdir()
+    config = CONFIG.format(path=colbert, task="multivector", length=length, precision="")
+    server = Server(work / "served", config)
     try:
         began = time.monotonic()
         server.wait_ready(timeout=3600)
         result["ready_s"] = round(time.monotonic() - began, 1)
-        rates: dict[str, list[float]] = {"numaserve": [], "MultiVectorEncoder": []}
-        for _ in range(args.rounds):
-            rates["numaserve"].append(
-                served_rate(server.endpoint, docs, args.clients, args.seconds)
-            )
-            rates["MultiVectorEncoder"].append(local_rate(reference, docs, args.seconds))
-        ratios = [
-            a / b for a, b in zip(rates["numaserve"], rates["MultiVectorEncoder"], strict=True)
-        ]
-        result["documents_a_second"] = {k: [round(v, 1) for v in r] for k, r in rates.items()}
-        result["speedup"] = round(statistics.median(ratios), 2)
-        result["speedup_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
-        save(args.out, result)  # each stage's figures kept as they come
-        query = "how does a module keep its state between calls?"
+        with Client(server.endpoint, timeout=120) as client:
+            path = client.status()["instances"][0]["model_path"]["path"]
+            result["model_path"] = path
+            rates: dict[str, list[float]] = {"numaserve": [], "MultiVectorEncoder": []}
+            singles: dict[str, list[float]] = {"numaserve": [], "MultiVectorEncoder": []}
+            if pylate:
+                rates["PyLate"] = []
+            for _ in range(args.rounds):
+                rate = served_rate(server.endpoint, docs, args.clients, args.seconds)
+                rates["numaserve"].append(rate)
+                rates["MultiVectorEncoder"].append(local_rate(reference, docs, args.seconds))
+                if pylate:
+                    backbone_path = work / "backbone"
+                    rates["PyLate"].append(
+                        pylate_rate(args.pylate, backbone_path, args.shape, docs, args.seconds)
+                    )
+                singles["numaserve"].append(single_ms(client.embed_multi, docs, 50))
+                singles["MultiVectorEncoder"].append(
+                    single_ms(lambda d: reference.encode_document([d]), docs, 50)
+                )
+                result["documents_a_second"] = {
+                    k: [round(v, 1) for v in r] for k, r in rates.items()
+                }
+                result["one_document_ms"] = singles
+                save(args.out, result)  # each round's figures kept as they come
+        result["speedup"] = {
+            peer: ratios(rates["numaserve"], rates[peer]) for peer in rates if peer != "numaserve"
+        }
+        result["one_document_speedup"] = ratios(singles["MultiVectorEncoder"], singles["numaserve"])
         result["rerank_100_ms"] = {"maxsim": rerank_ms(server.endpoint, query, docs[:100], 10)}
         result["replies_1000"] = replies(server.url, docs[:1000])
         save(args.out, result)
     finally:
         server.stop()
-    ranker = save_cross_encoder(args.shape, work / "ranker")
-    server = Server(work / "ranker-served", CONFIG.format(path=ranker, task="rerank", length=512))
-    try:
-        server.wait_ready(timeout=3600)
-        result["rerank_100_ms"]["cross_encoder"] = rerank_ms(server.endpoint, query, docs[:100], 10)
-    finally:
-        server.stop()
-    save(args.out, result)
-    print(json.dumps(result, indent=1))
+    return path
+
+
+def ratios(ours: list[float], theirs: list[float]) -> dict:
+    """Round by round ratios: their median and range."""
+    each = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "median": round(statistics.median(each), 2),
+        "range": [round(min(each), 2), round(max(each), 2)],
+    }
 
 
 def save(path: str, result: dict) -> None:

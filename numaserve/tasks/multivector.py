@@ -19,6 +19,7 @@ Rows travel as little-endian float32 bytes, `tokens` of them, `dim` wide.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -99,10 +100,18 @@ class Kept(Answers):
 
     def arrived(self, request, index, ids, result):
         if self.side(request, index) in self.sides.skip_sides and self.sides.skip_ids:
-            keep = [i for i, token in enumerate(ids) if token not in self.sides.skip_ids]
-            if len(keep) < len(ids):
+            import numpy as np
+
+            keep = ~np.isin(np.array(ids), self.skipped)
+            if not keep.all():
                 result = {**result, "vectors": protocol.embedding_to_wire(rows_of(result)[keep])}
         return result
+
+    @functools.cached_property
+    def skipped(self) -> np.ndarray:
+        import numpy as np
+
+        return np.array(sorted(self.sides.skip_ids))
 
     def best(self, kept: dict, new: dict) -> dict:
         import numpy as np
