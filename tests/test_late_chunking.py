@@ -11,7 +11,7 @@ from tests.harness.checkpoints import save_tiny_embedder
 
 CONFIG = """
 model: {{path: "{path}", backend: torch, quantize: none, max_length: 256}}
-server: {{heartbeat_ms: 200}}
+server: {{heartbeat_ms: 200, max_texts: 64}}
 placement:
   pools: [{{name: main, max_tokens: 256, instances: 1}}]
 """
@@ -118,3 +118,12 @@ def test_each_long_context_architecture_chunks_late_as_its_whole_pass_pools(tmp_
     got = chunk_vectors(rows, chunks, Pooling.read(path))
     expected_rows, _ = whole_pass(path, TEXT)
     np.testing.assert_allclose(got, [pooled(expected_rows, c) for c in chunks], atol=1e-4)
+
+
+def test_spans_for_more_texts_than_one_request_takes_go_with_their_texts(cluster):
+    """The server takes 64 texts a request (server.max_texts), so the client sends 70 in two:
+    each with its own texts' spans."""
+    texts = [f"text {i} of many" for i in range(70)]
+    spans = [[(0, 4)] * (1 + i % 3) for i in range(70)]
+    got = cluster.client().embed_chunks(texts, spans=spans)
+    assert [len(g.vectors) for g in got] == [1 + i % 3 for i in range(70)]

@@ -4,7 +4,7 @@
 # torch is pinned to the CPU build, as in constraints.txt; ONNX Runtime, tokenizers and numpy
 # to numaserve's versions where the peer lets us choose. TorchServe also needs a JDK:
 # apt-get install openjdk-17-jre-headless.
-# Run:  benchmarks/peer_apps/install.sh    (about 8 minutes, 5 GB)
+# Run:  benchmarks/peer_apps/install.sh    (about 12 minutes, 6 GB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pins() { grep -i -E "^($1)==" constraints.txt; }
@@ -32,3 +32,8 @@ python3 -m venv .peers/st-openvino
     'optimum-intel==2.2.0' 'huggingface-hub==1.21.0' 'datasets==5.0.1' 'torch==2.13.0' \
     $(pins 'openvino|numpy')
 .peers/st-openvino/bin/pip uninstall -y -q torchvision
+
+# PyLate (which pins sentence-transformers 4), for benchmarks/colbert.py: its own ColBERT's
+# encode, run by benchmarks/peer_apps/pylate_encode.py.
+python3 -m venv .peers/pylate
+.peers/pylate/bin/pip install -q 'pylate==1.2.0' 'torch==2.13.0' $(pins 'numpy')

@@ -136,8 +136,8 @@ class AsyncClient(Calls):
         `deadline_ms` holds for each request."""
         if self.texts_unknown(texts):
             self.learn(await self.call("ping"))
-        pieces = self.pieces(op, texts, fields)
-        return joined([await self.call(op, p, deadline_ms, **fields) for p in pieces])
+        requests = self.requests(op, texts, fields)
+        return joined([await self.call(op, p, deadline_ms, **f) for p, f in requests])
 
     async def call(self, op: str, texts=None, deadline_ms: float | None = None, **fields) -> dict:
         check_deadline(deadline_ms)

@@ -270,6 +270,15 @@ class Calls:
             )
         )
 
+    def requests(self, op: str, texts: list, fields: dict) -> list[tuple[list, dict]]:
+        """`texts` as requests the server takes (`pieces`), each with its fields: a field
+        that holds something for each text (late chunking's spans) holds its piece's."""
+        out, start = [], 0
+        for piece in self.pieces(op, texts, fields):
+            out.append((piece, piece_fields(fields, start, len(piece))))
+            start += len(piece)
+        return out
+
     def pieces(self, op: str, texts: list, fields: dict) -> list[list]:
         """`texts` as requests the server takes: at most its max_texts each (64 where they
         ask for token vectors), and each within its max_message_bytes (a text over that is
@@ -366,3 +375,11 @@ class Link:
 def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: a number of seconds above 0; got {value!r}")
+
+
+def piece_fields(fields: dict, start: int, count: int) -> dict:
+    """The fields of a request for texts `start` to `start + count` of a call's."""
+    chunking = fields.get("late_chunking")
+    if not isinstance(chunking, dict) or "spans" not in chunking:
+        return fields
+    return {**fields, "late_chunking": {"spans": chunking["spans"][start : start + count]}}
