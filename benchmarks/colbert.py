@@ -4,7 +4,8 @@ MultiVectorEncoder in one process on the same cores, and PyLate's own encode.
 A ColBERT of a published shape (random weights, seed 0, over MiniLM's vocabulary), saved as
 MultiVectorEncoder saves it (query expansion fixed at 32, a Dense projection without bias,
 Normalize, the punctuation skiplist, prompts "[Q] " and "[D] "), served by `numaserve start`
-with `quantize: auto` over every core. Measured, the sides in turns, round after round:
+with `quantize: auto` over every core, its cache off (a cross-encoder's scores repeated would
+come from it). Measured, the sides in turns, round after round:
 - documents a second at saturation: clients sending 16 documents a request to the server,
   against `MultiVectorEncoder.encode_document` (batch 32, torch with a thread a core) and
   PyLate's `ColBERT.encode(is_query=False)` (the same backbone and projection width, batch 32,
@@ -45,7 +46,7 @@ SHAPES = {
 PER_REQUEST = 16
 CONFIG = """
 model: {{path: "{path}", task: {task}, max_length: {length}{precision}}}
-server: {{endpoint: "@ENDPOINT@"}}
+server: {{endpoint: "@ENDPOINT@", cache_entries: 0}}
 """
 PYLATE = ".peers/pylate/bin/python"
 
