@@ -220,10 +220,16 @@ def test_a_model_without_prompts_dense_or_skiplist_reads_both_sides_as_it_says(t
 
 
 @pytest.mark.parametrize(
-    "prefixes", [("[unused0]", "[unused1]"), ("[Q] ", "[D] ")], ids=["in-vocabulary", "added"]
+    "prefixes, model_type",
+    [
+        (("[unused0]", "[unused1]"), "ColBERT"),
+        (("[Q] ", "[D] "), "ColBERT"),
+        (("[Q] ", "[D] "), None),
+    ],
+    ids=["in-vocabulary", "added", "pylate-1.2"],
 )
-def test_pylates_older_saves_read_as_multi_vector_encoder_converts_them(tmp_path, prefixes):
-    path = save_tiny_pylate_v3(tmp_path, *prefixes)
+def test_pylates_saves_read_as_multi_vector_encoder_converts_them(tmp_path, prefixes, model_type):
+    path = save_tiny_pylate_v3(tmp_path, *prefixes, model_type=model_type)
     reference = multi_vector_encoder(path)
     for side, want in (
         ("query", reference.encode_query(QUERIES)),

@@ -64,19 +64,26 @@ class Sides:
 
     @classmethod
     def read(cls, directory: Path, path: str) -> Sides:
-        """A save of sentence-transformers 6, or PyLate's older one (its settings at the top
-        of config_sentence_transformers.json, and only a Transformer and a Dense), read as
-        MultiVectorEncoder converts it: the punctuation skiplist on documents unless it names
-        another, and Normalize."""
+        """A save of sentence-transformers 6, or PyLate's (its settings at the top of
+        config_sentence_transformers.json, and only a Transformer and a Dense; `model_type:
+        ColBERT` in older saves, none in PyLate 1.2's), read as MultiVectorEncoder converts
+        it: the punctuation skiplist on documents unless it names another (or, without a
+        model_type, names no prefixes either), and Normalize."""
         root = Path(directory)
         config = read_object(root / PROMPTS_FILE)
-        legacy = config.get("model_type") == PYLATE_V3
+        model_type = config.get("model_type")
+        legacy = model_type == PYLATE_V3 or (
+            model_type is None and any(key in config for key in PYLATE_KEYS)
+        )
         modules, kinds = _modules(root, path, legacy)
         saved = read_object(root / _path(modules[0]) / "sentence_bert_config.json")
         transformer = {**_legacy_knobs(config), **saved}  # the module's own file wins
         if legacy:
             words = config.get("skiplist_words")
-            mask = {"skiplist_words": list(string.punctuation) if words is None else words}
+            if words is None:
+                prefixed = "query_prefix" in config or "document_prefix" in config
+                words = list(string.punctuation) if model_type or prefixed else []
+            mask = {"skiplist_words": words}
         else:
             mask = read_object(root / _path(modules[-1]) / "config.json")
         if mask.get("keep_only_token_ids"):

@@ -361,12 +361,18 @@ def multi_vector_encoder(path: Path):
         return MultiVectorEncoder(str(path), device="cpu")
 
 
-def save_tiny_pylate_v3(path: Path, query_prefix: str = "[unused0]", document_prefix="[unused1]"):
+def save_tiny_pylate_v3(
+    path: Path,
+    query_prefix: str = "[unused0]",
+    document_prefix="[unused1]",
+    model_type: str | None = "ColBERT",
+):
     """A 2-layer, 64-wide BertModel (random weights, fixed seed) in the shape of PyLate's
-    older ColBERT saves (answerai-colbert-small-v1's, for one): only a Transformer and a
-    PyLate Dense in modules.json, and the late-interaction settings at the top of
-    config_sentence_transformers.json (`model_type: ColBERT`, the prefixes, query and document
-    lengths, `attend_to_expansion_tokens`, the punctuation skiplist). A prefix the vocabulary
+    ColBERT saves (answerai-colbert-small-v1's, for one): only a Transformer and a PyLate
+    Dense in modules.json, and the late-interaction settings at the top of
+    config_sentence_transformers.json (the prefixes, query and document lengths,
+    `attend_to_expansion_tokens`, the punctuation skiplist; `model_type: ColBERT` in older
+    saves, none in PyLate 1.2's, the file checked against a real one). A prefix the vocabulary
     lacks ("[Q] ") is added to the tokenizer, as PyLate adds it."""
     import json
     import string
@@ -405,7 +411,7 @@ def save_tiny_pylate_v3(path: Path, query_prefix: str = "[unused0]", document_pr
     )
     save_file({"linear.weight": torch.randn(48, 64) / 8}, str(dense / "model.safetensors"))
     top = {
-        "model_type": "ColBERT",
+        **({"model_type": model_type} if model_type else {}),
         "prompts": {},
         "default_prompt_name": None,
         "similarity_fn_name": "MaxSim",
