@@ -72,9 +72,7 @@ class Sides:
         root = Path(directory)
         config = read_object(root / PROMPTS_FILE)
         model_type = config.get("model_type")
-        legacy = model_type == PYLATE_V3 or (
-            model_type is None and any(key in config for key in PYLATE_KEYS)
-        )
+        legacy = model_type == PYLATE_V3 or (model_type is None and _pylate_keys(config))
         modules, kinds = _modules(root, path, legacy)
         saved = read_object(root / _path(modules[0]) / "sentence_bert_config.json")
         transformer = {**_legacy_knobs(config), **saved}  # the module's own file wins
@@ -191,7 +189,7 @@ def _legacy_knobs(config: dict) -> dict:
     knobs = {k: config[k] for k in ("query_length", "document_length") if config.get(k) is not None}
     if "query_expansion" in config:
         return {**knobs, "query_expansion": config["query_expansion"]}
-    if not any(key in config for key in PYLATE_KEYS):
+    if not _pylate_keys(config):
         return knobs
     if config.get("do_query_expansion") is False:
         return {**knobs, "query_expansion": None}
@@ -201,6 +199,11 @@ def _legacy_knobs(config: dict) -> dict:
         **knobs,
         "query_expansion": {"strategy": "fixed", "attend": bool(attend), "length": length},
     }
+
+
+def _pylate_keys(config: dict) -> bool:
+    """Whether a config_sentence_transformers.json holds PyLate's settings at its top."""
+    return any(key in config for key in PYLATE_KEYS)
 
 
 def _prompts(config: dict) -> dict[str, str]:
